@@ -1,0 +1,134 @@
+// Package errcode holds the error codes of the Sandboxwich wire contract and
+// the error type that carries them through every layer.
+//
+// Each [Code] maps one-to-one to the "code" string of an error response. The
+// sentinel errors below (ErrNotFound, ErrConflict, …) match any [*Error] of
+// the same code under [errors.Is], so a caller can write
+//
+//	if errors.Is(err, errcode.ErrNotFound) { … }
+//
+// whether the error came from a store, the plane, or the HTTP client.
+package errcode
+
+import (
+	"errors"
+	"net/http"
+)
+
+// Code is a wire error code. Clients branch on it, never on messages.
+type Code string
+
+// The codes of CONTRACT §10.2.
+const (
+	BadRequest                     Code = "bad_request"
+	InvalidRequest                 Code = "invalid_request"
+	Unauthorized                   Code = "unauthorized"
+	AuthorizationDenied            Code = "authorization_denied"
+	NotFound                       Code = "not_found"
+	MethodNotAllowed               Code = "method_not_allowed"
+	Conflict                       Code = "conflict"
+	ClaimContended                 Code = "sterile_cell_claim_contended"
+	RuntimeClassBoundaryUnverified Code = "runtime_class_boundary_unverified"
+	PayloadTooLarge                Code = "payload_too_large"
+	UnsupportedMediaType           Code = "unsupported_media_type"
+	Internal                       Code = "internal"
+	AuthNotConfigured              Code = "auth_not_configured"
+	InvalidIdempotencyKey          Code = "invalid_idempotency_key"
+	IdempotencyKeyReused           Code = "idempotency_key_reused"
+	IdempotencyInProgress          Code = "idempotency_in_progress"
+	ExecUnsupported                Code = "exec_unsupported"
+)
+
+// HTTPStatus is the status a code is answered with. InvalidRequest is 422
+// here (a well-formed body of the wrong shape); the HTTP layer answers 400
+// for malformed JSON and bad path UUIDs itself.
+func (c Code) HTTPStatus() int {
+	switch c {
+	case BadRequest, InvalidIdempotencyKey:
+		return http.StatusBadRequest
+	case InvalidRequest:
+		return http.StatusUnprocessableEntity
+	case Unauthorized:
+		return http.StatusUnauthorized
+	case AuthorizationDenied:
+		return http.StatusForbidden
+	case NotFound:
+		return http.StatusNotFound
+	case MethodNotAllowed:
+		return http.StatusMethodNotAllowed
+	case Conflict, ClaimContended, RuntimeClassBoundaryUnverified, IdempotencyKeyReused, IdempotencyInProgress:
+		return http.StatusConflict
+	case PayloadTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case UnsupportedMediaType:
+		return http.StatusUnsupportedMediaType
+	case ExecUnsupported:
+		return http.StatusNotImplemented
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// Error is an error with a wire code. Message is safe to show to the caller:
+// it never holds secrets or internals. Err, when set, is the underlying cause
+// for logs and errors.Is/As; it is not part of the wire message.
+type Error struct {
+	Code    Code
+	Message string
+	Err     error
+}
+
+// Error returns the message, prefixed by the code.
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return string(e.Code)
+	}
+	return string(e.Code) + ": " + e.Message
+}
+
+// Unwrap returns the underlying cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is an *Error with the same code, so that the
+// sentinels match every error of their code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code && t.Message == "" && t.Err == nil
+}
+
+// New returns an *Error with the given code and message.
+func New(code Code, message string) *Error { return &Error{Code: code, Message: message} }
+
+// Wrap returns an *Error with the given code and message whose cause is err.
+func Wrap(code Code, message string, err error) *Error {
+	return &Error{Code: code, Message: message, Err: err}
+}
+
+// CodeOf returns the code of the first *Error in err's chain, or Internal.
+func CodeOf(err error) Code {
+	if e, ok := errors.AsType[*Error](err); ok {
+		return e.Code
+	}
+	return Internal
+}
+
+// Sentinels, one per code, for errors.Is.
+var (
+	ErrBadRequest                     = &Error{Code: BadRequest}
+	ErrInvalidRequest                 = &Error{Code: InvalidRequest}
+	ErrUnauthorized                   = &Error{Code: Unauthorized}
+	ErrAuthorizationDenied            = &Error{Code: AuthorizationDenied}
+	ErrNotFound                       = &Error{Code: NotFound}
+	ErrMethodNotAllowed               = &Error{Code: MethodNotAllowed}
+	ErrConflict                       = &Error{Code: Conflict}
+	ErrClaimContended                 = &Error{Code: ClaimContended}
+	ErrRuntimeClassBoundaryUnverified = &Error{Code: RuntimeClassBoundaryUnverified}
+	ErrPayloadTooLarge                = &Error{Code: PayloadTooLarge}
+	ErrUnsupportedMediaType           = &Error{Code: UnsupportedMediaType}
+	ErrInternal                       = &Error{Code: Internal}
+	ErrAuthNotConfigured              = &Error{Code: AuthNotConfigured}
+	ErrInvalidIdempotencyKey          = &Error{Code: InvalidIdempotencyKey}
+	ErrIdempotencyKeyReused           = &Error{Code: IdempotencyKeyReused}
+	ErrIdempotencyInProgress          = &Error{Code: IdempotencyInProgress}
+	ErrExecUnsupported                = &Error{Code: ExecUnsupported}
+)

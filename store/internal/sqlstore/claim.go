@@ -1,0 +1,316 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/fence"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+var (
+	errDigestMismatch = errcode.New(errcode.Conflict, "claim_id was already used for a different claim")
+	errClaimNotLive   = errcode.Wrap(errcode.Conflict, "the lease recorded for this claim_id is no longer live", lease.ErrNotLive)
+	errContended      = errcode.New(errcode.ClaimContended, "no consistent claim attempt; retry with the same claim_id")
+)
+
+// Claim implements store.Store.
+func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResult, error) {
+	if p.TenantID == "" || p.Sign == nil || p.LeaseSeconds == 0 || p.LeaseID == uuid.Nil {
+		return store.ClaimResult{}, errcode.New(errcode.InvalidRequest, "claim parameters are incomplete")
+	}
+	var res store.ClaimResult
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		res = store.ClaimResult{}
+		return s.claimOnce(ctx, tx, &p, &res)
+	})
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, errRetry):
+		// Every attempt lost a compare-and-set or a serialization race. A
+		// fenced claim may be retried safely; an unfenced one just found
+		// nothing it could take.
+		if p.ClaimID != uuid.Nil {
+			return store.ClaimResult{}, errContended
+		}
+		return store.ClaimResult{}, nil
+	}
+	return store.ClaimResult{}, s.fail("claim", err)
+}
+
+func (s *Store) claimOnce(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams, res *store.ClaimResult) error {
+	r := p.Release
+	if s.d.LockInventory != nil {
+		key := strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature}, "\x00")
+		if err := s.d.LockInventory(ctx, tx, key); err != nil {
+			return err
+		}
+	}
+	fenced := p.ClaimID != uuid.Nil
+	if fenced {
+		done, err := s.replay(ctx, tx, p, res)
+		if done || err != nil {
+			return err
+		}
+	}
+
+	id, pool, deadline, err := s.pickCell(ctx, tx, p)
+	if errors.Is(err, sql.ErrNoRows) {
+		if fenced {
+			_, err = tx.ExecContext(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, nil, us(p.Now))
+			return s.retryOnUnique(err)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	cellID, err := uuid.Parse(id)
+	if err != nil {
+		return err
+	}
+	expires := p.Now.Add(secondsDuration(p.LeaseSeconds))
+	if d := fromUS(deadline); d.Before(expires) {
+		expires = d
+	}
+	l := lease.Lease{
+		ID:         p.LeaseID,
+		CellID:     cellID,
+		Generation: lease.GenerationLeased,
+		Release:    r,
+		Binding:    p.Binding,
+		ExpiresAt:  fromUS(us(expires)),
+	}
+	l.AttestationDigest = p.Sign(l)
+	b := p.Binding
+	n, err := affected(tx.ExecContext(ctx, s.q.leaseCell, l.ID.String(), b.OrganizationID, b.WorkspaceID,
+		b.ThreadID, b.RunnerSessionID, us(l.ExpiresAt), l.AttestationDigest, us(p.Now), id))
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errRetry
+	}
+	if pool.Valid {
+		n, err := affected(tx.ExecContext(ctx, s.q.memberLeased, us(p.Now), id))
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return errRetry
+		}
+	}
+	if fenced {
+		_, err := tx.ExecContext(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, l.ID.String(), us(p.Now))
+		if err := s.retryOnUnique(err); err != nil {
+			return err
+		}
+	}
+	*res = store.ClaimResult{Lease: &l, PoolName: pool.String}
+	return nil
+}
+
+// replay applies the fence row of a fenced claim, if there is one. It
+// reports done when the claim's outcome is decided by the row.
+func (s *Store) replay(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams, res *store.ClaimResult) (bool, error) {
+	var digest string
+	var c cellRow
+	err := tx.QueryRowxContext(ctx, s.q.fence, p.TenantID, p.ClaimID.String()).Scan(append([]any{&digest}, c.dest()...)...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	empty := c.id == ""
+	var cell lease.Cell
+	if !empty {
+		if cell, err = c.cell(); err != nil {
+			return false, err
+		}
+	}
+	rec := &fence.Record{Digest: digest, Empty: empty, Live: !empty && cell.LeaseLive(p.Now)}
+	switch fence.Decide(rec, p.Digest) {
+	case fence.Conflict:
+		return true, errDigestMismatch
+	case fence.ReplayEmpty:
+		*res = store.ClaimResult{Replayed: true}
+		return true, nil
+	case fence.ReplayLease:
+		*res = store.ClaimResult{Lease: cell.Lease, Replayed: true, PoolName: cell.PoolName}
+		return true, nil
+	default: // fence.NoLongerLive: expired or terminal never regenerates authority.
+		if cell.State == lease.Leased {
+			if err := s.quarantine(ctx, tx, &cell, p.Now); err != nil {
+				return false, err
+			}
+			return true, commitThen{errClaimNotLive}
+		}
+		return true, errClaimNotLive
+	}
+}
+
+// pickCell selects the oldest claimable cell, skipping the cells of pools
+// held at their ready floor.
+func (s *Store) pickCell(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams) (id string, pool sql.NullString, deadline int64, err error) {
+	r := p.Release
+	args := []any{p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
+		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
+	query := s.q.candidateFirst
+	var held []any
+	for {
+		err = tx.QueryRowxContext(ctx, query, append(args, held...)...).Scan(&id, &pool, &deadline)
+		if err != nil || !pool.Valid {
+			return id, pool, deadline, err
+		}
+		floor := p.ReadyFloors[pool.String]
+		if floor <= 0 {
+			return id, pool, deadline, nil
+		}
+		var ready int
+		if err = tx.GetContext(ctx, &ready, s.q.readyMembers, pool.String); err != nil {
+			return "", pool, 0, err
+		}
+		if ready > floor {
+			return id, pool, deadline, nil
+		}
+		held = append(held, pool.String)
+		query = s.q.rebind(s.q.candidateRaw + ` AND (c.pool_name IS NULL OR c.pool_name NOT IN (?` +
+			strings.Repeat(", ?", len(held)-1) + `))` + s.q.candidateOrder)
+	}
+}
+
+func (s *Store) retryOnUnique(err error) error {
+	if err != nil && s.d.UniqueViolation(err) {
+		// A concurrent claim with the same claim_id and another inventory
+		// committed first: the next attempt sees its fence row.
+		return errRetry
+	}
+	return err
+}
+
+// quarantine compare-and-sets a live cell to quarantined.
+func (s *Store) quarantine(ctx context.Context, tx *sqlx.Tx, c *lease.Cell, now time.Time) error {
+	if c.State.Terminal() {
+		return nil
+	}
+	n, err := affected(tx.ExecContext(ctx, s.q.quarantine, us(now), c.ID.String(), string(c.State), c.Generation))
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errRetry
+	}
+	c.State = lease.Quarantined
+	return nil
+}
+
+// Lease implements store.Store.
+func (s *Store) Lease(ctx context.Context, tenantID string, leaseID uuid.UUID) (store.LeaseRecord, error) {
+	rec, err := scanRecord(s.r.QueryRowxContext(ctx, s.q.recordByLease, leaseID.String(), tenantID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.LeaseRecord{}, errLeaseNotFound
+	}
+	return rec, s.fail("lease", err)
+}
+
+var errLeaseNotFound = errcode.New(errcode.NotFound, "lease not found")
+
+// CheckLease implements store.Store. The common case, a live lease, is one
+// read; only a lease found no longer live takes a write transaction.
+func (s *Store) CheckLease(ctx context.Context, p store.LeaseCheck) (store.LeaseRecord, error) {
+	rec, err := s.Lease(ctx, p.TenantID, p.LeaseID)
+	if err != nil {
+		return rec, err
+	}
+	if err := rec.Cell.CheckProof(p.Proof, p.Now); !errors.Is(err, lease.ErrNotLive) || rec.Cell.State.Terminal() {
+		return rec, fenceError(err)
+	}
+	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+		var err error
+		rec, err = s.lockedRecord(ctx, tx, p.TenantID, p.LeaseID)
+		if err != nil {
+			return err
+		}
+		return s.applyFence(ctx, tx, &rec, p)
+	})
+	return rec, s.fail("check lease", err)
+}
+
+// lockedRecord reads a lease record inside a write transaction.
+func (s *Store) lockedRecord(ctx context.Context, tx *sqlx.Tx, tenantID string, leaseID uuid.UUID) (store.LeaseRecord, error) {
+	rec, err := scanRecord(tx.QueryRowxContext(ctx, s.q.recordByLease, leaseID.String(), tenantID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, errLeaseNotFound
+	}
+	return rec, err
+}
+
+// applyFence checks the lease fence inside a transaction, quarantining a
+// lease found no longer live.
+func (s *Store) applyFence(ctx context.Context, tx *sqlx.Tx, rec *store.LeaseRecord, p store.LeaseCheck) error {
+	err := rec.Cell.CheckProof(p.Proof, p.Now)
+	if errors.Is(err, lease.ErrNotLive) && !rec.Cell.State.Terminal() {
+		if qerr := s.quarantine(ctx, tx, &rec.Cell, p.Now); qerr != nil {
+			return qerr
+		}
+		return commitThen{fenceError(err)}
+	}
+	return fenceError(err)
+}
+
+func fenceError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, lease.ErrFenceMismatch):
+		return errcode.Wrap(errcode.Conflict, "lease proof does not match the live lease fence", err)
+	case errors.Is(err, lease.ErrNotLive):
+		return errcode.Wrap(errcode.Conflict, "lease is no longer live", err)
+	}
+	return err
+}
+
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, p store.ReleaseParams) (store.LeaseRecord, error) {
+	if !lease.ValidDisposition(p.Disposition) {
+		return store.LeaseRecord{}, errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
+	}
+	var rec store.LeaseRecord
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		var err error
+		if rec, err = s.lockedRecord(ctx, tx, p.TenantID, p.LeaseID); err != nil {
+			return err
+		}
+		if err := s.applyFence(ctx, tx, &rec, p.LeaseCheck); err != nil {
+			return err
+		}
+		m := rec.Member
+		if m == nil {
+			return errcode.New(errcode.NotFound, "lease has no pool membership; its worker destroys the cell")
+		}
+		switch {
+		case m.State == lease.MemberLeased:
+			return s.recordStop(ctx, tx, m, &rec.Cell, p.Disposition, "released by tenant", p.Now)
+		case m.State == lease.MemberStopping && m.RequestedDisposition == p.Disposition:
+			return nil // exact retry: the stop is already recorded
+		case m.State == lease.MemberStopping:
+			if err := s.cleanupPending(ctx, tx, m, &rec.Cell, "release retried with another disposition", p.Now); err != nil {
+				return err
+			}
+			return commitThen{errcode.New(errcode.Conflict,
+				"disposition differs from the recorded stop; the cell is quarantined")}
+		}
+		return errcode.New(errcode.Conflict, "lease membership is "+string(m.State))
+	})
+	return rec, s.fail("release", err)
+}

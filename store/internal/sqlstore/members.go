@@ -1,0 +1,368 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+var errMemberNotFound = errcode.New(errcode.NotFound, "pool member not found")
+
+// CreateMember implements store.Store.
+func (s *Store) CreateMember(ctx context.Context, p store.CreateMemberParams) (store.Member, error) {
+	m := store.Member{CellID: p.CellID, Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
+		CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
+	_, err := s.w.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, us(p.Now), us(p.Now))
+	if err != nil && s.d.UniqueViolation(err) {
+		return m, errcode.New(errcode.Conflict, "cell_id was already used")
+	}
+	return m, s.fail("create member", err)
+}
+
+// AdmitMember implements store.Store.
+func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cell, error) {
+	r := p.Release
+	c := lease.Cell{
+		ID:             p.CellID,
+		WorkerID:       p.WorkerID,
+		PoolName:       p.Pool,
+		ProviderCellID: p.ProviderCellID,
+		State:          lease.Ready,
+		Generation:     lease.GenerationReady,
+		Release:        r,
+		ExpiresAt:      fromUS(us(p.ReadyDeadline)),
+		CreatedAt:      fromUS(us(p.Now)),
+	}
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		m, err := s.memberTx(ctx, tx, p.CellID)
+		if err != nil {
+			return err
+		}
+		if m.State != lease.MemberProvisioning || m.Pool != p.Pool {
+			return errcode.New(errcode.Conflict, "member is "+string(m.State)+", not provisioning")
+		}
+		c.TenantID = m.TenantID
+		if _, err := tx.ExecContext(ctx, s.q.cellInsertPool, c.ID.String(), c.TenantID, c.WorkerID, c.PoolName,
+			c.ProviderCellID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature,
+			us(c.ExpiresAt), us(p.Now), us(p.Now)); err != nil {
+			if s.d.UniqueViolation(err) {
+				return errcode.New(errcode.Conflict, "cell_id or provider_cell_id was already used")
+			}
+			return err
+		}
+		n, err := affected(tx.ExecContext(ctx, s.q.memberAdmit, p.Identity, us(p.Now), c.ID.String(), p.Pool))
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return errRetry
+		}
+		return nil
+	})
+	return c, s.fail("admit member", err)
+}
+
+// BeginStop implements store.Store.
+func (s *Store) BeginStop(ctx context.Context, p store.StopIntent) (store.Member, error) {
+	if !lease.ValidDisposition(p.Disposition) {
+		return store.Member{}, errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
+	}
+	var m store.Member
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		rec, err := s.memberRecord(ctx, tx, p.CellID)
+		if err != nil {
+			return err
+		}
+		m = *rec.Member
+		if !slices.Contains(p.From, m.State) {
+			return errcode.New(errcode.Conflict, "member is "+string(m.State))
+		}
+		var cell *lease.Cell
+		if rec.Cell.ID != uuid.Nil {
+			cell = &rec.Cell
+		}
+		return s.recordStop(ctx, tx, &m, cell, p.Disposition, p.Reason, p.Now)
+	})
+	return m, s.fail("begin stop", err)
+}
+
+// recordStop moves a member to stopping under the fence of its cell as it
+// is now. A ready cell is quarantined at once so it can never be claimed; a
+// leased cell stays leased until the provider confirms.
+func (s *Store) recordStop(ctx context.Context, tx *sqlx.Tx, m *store.Member, c *lease.Cell, d lease.Disposition, reason string, now time.Time) error {
+	var leaseID uuid.UUID
+	var gen uint64
+	if c != nil {
+		gen = c.Generation
+		if c.Lease != nil {
+			leaseID = c.Lease.ID
+		}
+		if c.State == lease.Ready {
+			if err := s.quarantine(ctx, tx, c, now); err != nil {
+				return err
+			}
+		}
+	}
+	n, err := affected(tx.ExecContext(ctx, s.q.memberStop, string(d), nullUUID(leaseID), gen, reason, us(now),
+		m.CellID.String(), string(m.State)))
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errRetry
+	}
+	m.State, m.RequestedDisposition, m.StopLeaseID, m.StopGeneration = lease.MemberStopping, d, leaseID, gen
+	m.LastError, m.UpdatedAt = reason, fromUS(us(now))
+	return nil
+}
+
+// cleanupPending records a failed, uncertain or mismatched stop: the member
+// is retried later and its cell is quarantined now.
+func (s *Store) cleanupPending(ctx context.Context, tx *sqlx.Tx, m *store.Member, c *lease.Cell, reason string, now time.Time) error {
+	if c != nil {
+		if err := s.quarantine(ctx, tx, c, now); err != nil {
+			return err
+		}
+	}
+	n, err := affected(tx.ExecContext(ctx, s.q.memberCleanup, reason, us(now), m.CellID.String()))
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errRetry
+	}
+	m.State, m.LastError, m.UpdatedAt = lease.MemberCleanupPending, reason, fromUS(us(now))
+	m.Attempts++
+	return nil
+}
+
+// CompleteStop implements store.Store.
+func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Member, error) {
+	var m store.Member
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		rec, err := s.memberRecord(ctx, tx, p.CellID)
+		if err != nil {
+			return err
+		}
+		m = *rec.Member
+		var cell *lease.Cell
+		if rec.Cell.ID != uuid.Nil {
+			cell = &rec.Cell
+		}
+		if m.State != lease.MemberStopping && m.State != lease.MemberCleanupPending {
+			if m.State.Terminal() {
+				return nil // already completed
+			}
+			return errcode.New(errcode.Conflict, "member is "+string(m.State)+", no stop recorded")
+		}
+		if m.StopLeaseID != p.StopLeaseID || m.StopGeneration != p.StopGeneration || m.RequestedDisposition != p.Disposition {
+			if err := s.cleanupPending(ctx, tx, &m, cell, "stop completed under another fence", p.Now); err != nil {
+				return err
+			}
+			return commitThen{errcode.New(errcode.Conflict, "stop outcome does not match the recorded fence")}
+		}
+		if !p.Proven {
+			reason := p.Error
+			if reason == "" {
+				reason = "deletion not proven"
+			}
+			return s.cleanupPending(ctx, tx, &m, cell, reason, p.Now)
+		}
+		final := p.Disposition
+		if cell != nil {
+			final = lease.TerminalFor(cell.State, p.Disposition)
+			// A stopping member's cell is leased or already terminal:
+			// recordStop quarantined it if it was ready.
+			if !cell.State.Terminal() {
+				if err := s.terminal(ctx, tx, cell, final, p.Now); err != nil {
+					return err
+				}
+			}
+		}
+		n, err := affected(tx.ExecContext(ctx, s.q.memberDone, string(final), us(p.Now), m.CellID.String()))
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return errRetry
+		}
+		m.State, m.ProviderAbsent, m.LastError, m.UpdatedAt = lease.MemberState(final), true, "", fromUS(us(p.Now))
+		m.Attempts++
+		return nil
+	})
+	return m, s.fail("complete stop", err)
+}
+
+// terminal compare-and-sets a leased cell to a terminal state.
+func (s *Store) terminal(ctx context.Context, tx *sqlx.Tx, c *lease.Cell, to lease.State, now time.Time) error {
+	n, err := affected(tx.ExecContext(ctx, s.q.toTerminal, string(to), us(now), c.ID.String(), c.Lease.ID.String()))
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errRetry
+	}
+	c.State = to
+	return nil
+}
+
+// memberRecord reads a member and its cell (if admitted) in a transaction.
+// The record's Cell is zero when no cell was inserted yet.
+func (s *Store) memberRecord(ctx context.Context, tx *sqlx.Tx, cellID uuid.UUID) (store.LeaseRecord, error) {
+	m, err := s.memberTx(ctx, tx, cellID)
+	if err != nil {
+		return store.LeaseRecord{}, err
+	}
+	rec := store.LeaseRecord{Member: &m}
+	r, err := scanRecord(tx.QueryRowxContext(ctx, s.q.recordByCell, cellID.String()))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return rec, err
+	default:
+		rec.Cell = r.Cell
+	}
+	return rec, nil
+}
+
+func (s *Store) memberTx(ctx context.Context, tx *sqlx.Tx, cellID uuid.UUID) (store.Member, error) {
+	m, err := scanMember(tx.QueryRowxContext(ctx, s.q.memberByID, cellID.String()))
+	if errors.Is(err, sql.ErrNoRows) {
+		return m, errMemberNotFound
+	}
+	return m, err
+}
+
+// Member implements store.Store.
+func (s *Store) Member(ctx context.Context, cellID uuid.UUID) (store.Member, error) {
+	m, err := scanMember(s.r.QueryRowxContext(ctx, s.q.memberByID, cellID.String()))
+	if errors.Is(err, sql.ErrNoRows) {
+		return m, errMemberNotFound
+	}
+	return m, s.fail("member", err)
+}
+
+// Members implements store.Store.
+func (s *Store) Members(ctx context.Context, pool string, states ...lease.MemberState) ([]store.Member, error) {
+	q := `SELECT ` + memberCols + ` FROM pool_members m WHERE m.pool_name = ?`
+	args := []any{pool}
+	if len(states) > 0 {
+		q += ` AND m.state IN (?` + strings.Repeat(", ?", len(states)-1) + `)`
+		for _, st := range states {
+			args = append(args, string(st))
+		}
+	}
+	rows, err := s.r.QueryxContext(ctx, s.r.Rebind(q+` ORDER BY m.created_us, m.cell_id`), args...)
+	if err != nil {
+		return nil, s.fail("members", err)
+	}
+	defer rows.Close()
+	var out []store.Member
+	for rows.Next() {
+		m, err := scanMember(rows)
+		if err != nil {
+			return nil, s.fail("members", err)
+		}
+		out = append(out, m)
+	}
+	return out, s.fail("members", rows.Err())
+}
+
+// MemberCounts implements store.Store.
+func (s *Store) MemberCounts(ctx context.Context) (map[string]map[lease.MemberState]int, error) {
+	rows, err := s.r.QueryxContext(ctx, s.q.memberCounts)
+	if err != nil {
+		return nil, s.fail("member counts", err)
+	}
+	defer rows.Close()
+	out := map[string]map[lease.MemberState]int{}
+	for rows.Next() {
+		var pool, state string
+		var n int
+		if err := rows.Scan(&pool, &state, &n); err != nil {
+			return nil, s.fail("member counts", err)
+		}
+		if out[pool] == nil {
+			out[pool] = map[lease.MemberState]int{}
+		}
+		out[pool][lease.MemberState(state)] = n
+	}
+	return out, s.fail("member counts", rows.Err())
+}
+
+// CellCounts implements store.Store.
+func (s *Store) CellCounts(ctx context.Context) (map[lease.State]int, error) {
+	rows, err := s.r.QueryxContext(ctx, s.q.cellCounts)
+	if err != nil {
+		return nil, s.fail("cell counts", err)
+	}
+	defer rows.Close()
+	out := map[lease.State]int{}
+	for rows.Next() {
+		var state string
+		var n int
+		if err := rows.Scan(&state, &n); err != nil {
+			return nil, s.fail("cell counts", err)
+		}
+		out[lease.State(state)] = n
+	}
+	return out, s.fail("cell counts", rows.Err())
+}
+
+// LockMember implements store.Store.
+func (s *Store) LockMember(ctx context.Context, cellID uuid.UUID, owner string, until, now time.Time) (bool, error) {
+	n, err := affected(s.w.ExecContext(ctx, s.q.memberLock, owner, us(until), cellID.String(), owner, us(now)))
+	return n == 1, s.fail("lock member", err)
+}
+
+// UnlockMember implements store.Store.
+func (s *Store) UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error {
+	_, err := s.w.ExecContext(ctx, s.q.memberUnlock, cellID.String(), owner)
+	return s.fail("unlock member", err)
+}
+
+// BeginIdempotent implements store.Store.
+func (s *Store) BeginIdempotent(ctx context.Context, p store.IdempotencyParams) (store.IdempotencyRecord, error) {
+	var rec store.IdempotencyRecord
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		n, err := affected(tx.ExecContext(ctx, s.q.idemUpsert, p.TenantID, p.Key, p.Fingerprint,
+			us(p.Now), us(p.InFlightUntil), us(p.Now)))
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			rec = store.IdempotencyRecord{Fingerprint: p.Fingerprint, Created: true}
+			return nil
+		}
+		var body string
+		rec = store.IdempotencyRecord{}
+		if err := tx.QueryRowxContext(ctx, s.q.idemGet, p.TenantID, p.Key).Scan(&rec.Fingerprint, &rec.Done, &rec.Status, &body); err != nil {
+			return err
+		}
+		rec.Body = []byte(body)
+		return nil
+	})
+	return rec, s.fail("begin idempotent", err)
+}
+
+// FinishIdempotent implements store.Store.
+func (s *Store) FinishIdempotent(ctx context.Context, p store.IdempotencyResult) error {
+	_, err := s.w.ExecContext(ctx, s.q.idemFinish, p.Status, string(p.Body), us(p.ExpiresAt), p.TenantID, p.Key)
+	return s.fail("finish idempotent", err)
+}
+
+// DropIdempotent implements store.Store.
+func (s *Store) DropIdempotent(ctx context.Context, tenantID, key string) error {
+	_, err := s.w.ExecContext(ctx, s.q.idemDrop, tenantID, key)
+	return s.fail("drop idempotent", err)
+}

@@ -1,0 +1,297 @@
+package sqlstore
+
+import (
+	"database/sql"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+// cellCols and memberCols are the column lists scanCell and scanMember read,
+// in order. Member columns come from a LEFT JOIN, so all may be NULL.
+const (
+	cellCols = `c.id, c.tenant_id, c.worker_id, c.pool_name, c.provider_cell_id, c.state, c.generation,
+	c.release_set_id, c.runtime_class, c.policy_digest, c.release_signature, c.ready_deadline_us, c.created_us,
+	c.lease_id, c.organization_id, c.workspace_id, c.thread_id, c.runner_session_id, c.lease_expires_us,
+	c.attestation_digest`
+	memberCols = `m.cell_id, m.pool_name, m.tenant_id, m.state, m.requested_disposition, m.stop_lease_id,
+	m.stop_generation, m.provider_absent, m.identity, m.last_error, m.attempts, m.created_us, m.updated_us`
+)
+
+type scanner interface{ Scan(dest ...any) error }
+
+// cellRow is one row of cellCols as scanned.
+type cellRow struct {
+	id, tenant, worker             string
+	pool                           sql.NullString
+	providerCellID, state          string
+	generation                     int64
+	setID, class, digest, sig      string
+	deadline, created              int64
+	leaseID, org, ws, thread, sess sql.NullString
+	expires                        sql.NullInt64
+	attestation                    sql.NullString
+}
+
+func (r *cellRow) dest() []any {
+	return []any{&r.id, &r.tenant, &r.worker, &r.pool, &r.providerCellID, &r.state, &r.generation,
+		&r.setID, &r.class, &r.digest, &r.sig, &r.deadline, &r.created,
+		&r.leaseID, &r.org, &r.ws, &r.thread, &r.sess, &r.expires, &r.attestation}
+}
+
+func (r *cellRow) cell() (lease.Cell, error) {
+	id, err := uuid.Parse(r.id)
+	if err != nil {
+		return lease.Cell{}, fmt.Errorf("cell id %q: %w", r.id, err)
+	}
+	c := lease.Cell{
+		ID:             id,
+		TenantID:       r.tenant,
+		WorkerID:       r.worker,
+		PoolName:       r.pool.String,
+		ProviderCellID: r.providerCellID,
+		State:          lease.State(r.state),
+		Generation:     uint64(r.generation),
+		Release: lease.Release{
+			ReleaseSetID: r.setID,
+			RuntimeClass: lease.RuntimeClass(r.class),
+			PolicyDigest: r.digest,
+			Signature:    r.sig,
+		},
+		ExpiresAt: fromUS(r.deadline),
+		CreatedAt: fromUS(r.created),
+	}
+	if r.leaseID.Valid {
+		lid, err := uuid.Parse(r.leaseID.String)
+		if err != nil {
+			return lease.Cell{}, fmt.Errorf("lease id %q: %w", r.leaseID.String, err)
+		}
+		c.Lease = &lease.Lease{
+			ID:         lid,
+			CellID:     id,
+			Generation: c.Generation,
+			Release:    c.Release,
+			Binding: lease.Binding{
+				OrganizationID:  r.org.String,
+				WorkspaceID:     r.ws.String,
+				ThreadID:        r.thread.String,
+				RunnerSessionID: r.sess.String,
+			},
+			ExpiresAt:         fromUS(r.expires.Int64),
+			AttestationDigest: r.attestation.String,
+		}
+	}
+	return c, nil
+}
+
+// memberRow is one row of memberCols as scanned.
+type memberRow struct {
+	cellID, pool, tenant, state sql.NullString
+	disposition, stopLease      sql.NullString
+	stopGeneration              sql.NullInt64
+	absent                      sql.NullBool
+	identity, lastError         sql.NullString
+	attempts                    sql.NullInt64
+	created, updated            sql.NullInt64
+}
+
+func (r *memberRow) dest() []any {
+	return []any{&r.cellID, &r.pool, &r.tenant, &r.state, &r.disposition, &r.stopLease,
+		&r.stopGeneration, &r.absent, &r.identity, &r.lastError, &r.attempts, &r.created, &r.updated}
+}
+
+// member returns nil when the joined row had no membership.
+func (r *memberRow) member() (*store.Member, error) {
+	if !r.cellID.Valid {
+		return nil, nil
+	}
+	id, err := uuid.Parse(r.cellID.String)
+	if err != nil {
+		return nil, fmt.Errorf("member id %q: %w", r.cellID.String, err)
+	}
+	m := &store.Member{
+		CellID:               id,
+		Pool:                 r.pool.String,
+		TenantID:             r.tenant.String,
+		State:                lease.MemberState(r.state.String),
+		RequestedDisposition: lease.Disposition(r.disposition.String),
+		StopGeneration:       uint64(r.stopGeneration.Int64),
+		ProviderAbsent:       r.absent.Bool,
+		Identity:             r.identity.String,
+		LastError:            r.lastError.String,
+		Attempts:             int(r.attempts.Int64),
+		CreatedAt:            fromUS(r.created.Int64),
+		UpdatedAt:            fromUS(r.updated.Int64),
+	}
+	if r.stopLease.Valid {
+		if m.StopLeaseID, err = uuid.Parse(r.stopLease.String); err != nil {
+			return nil, fmt.Errorf("stop lease id %q: %w", r.stopLease.String, err)
+		}
+	}
+	return m, nil
+}
+
+// scanRecord scans cellCols followed by memberCols.
+func scanRecord(sc scanner) (store.LeaseRecord, error) {
+	var c cellRow
+	var m memberRow
+	if err := sc.Scan(append(c.dest(), m.dest()...)...); err != nil {
+		return store.LeaseRecord{}, err
+	}
+	cell, err := c.cell()
+	if err != nil {
+		return store.LeaseRecord{}, err
+	}
+	mem, err := m.member()
+	return store.LeaseRecord{Cell: cell, Member: mem}, err
+}
+
+func scanCell(sc scanner) (lease.Cell, error) {
+	var c cellRow
+	if err := sc.Scan(c.dest()...); err != nil {
+		return lease.Cell{}, err
+	}
+	return c.cell()
+}
+
+func scanMember(sc scanner) (store.Member, error) {
+	var m memberRow
+	if err := sc.Scan(m.dest()...); err != nil {
+		return store.Member{}, err
+	}
+	mem, err := m.member()
+	if err != nil {
+		return store.Member{}, err
+	}
+	return *mem, nil
+}
+
+// nullUUID stores uuid.Nil as NULL.
+func nullUUID(id uuid.UUID) sql.NullString {
+	if id == uuid.Nil {
+		return sql.NullString{}
+	}
+	return sql.NullString{String: id.String(), Valid: true}
+}
+
+func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
+
+// queries holds every statement, rebound to the dialect's placeholders.
+type queries struct {
+	schemaVersion string
+
+	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, memberLeased string
+	recordByLease, recordByCell, cellByWorker, claimOfLease            string
+	quarantine, toTerminal, prepare                                    string
+	expireReady, expireLeased, expireIdempotency                       string
+
+	memberInsert, memberAdmit, cellInsertPool, memberStop, memberByID string
+	memberCleanup, memberDone, memberLock, memberUnlock               string
+	memberCounts, cellCounts                                          string
+
+	idemUpsert, idemGet, idemFinish, idemDrop string
+
+	// candidateFirst is candidate + candidateOrder: the common claim path.
+	candidateFirst string
+	// candidateRaw is candidate before rebinding, for the rare path that
+	// excludes pools held at their ready floor.
+	candidateRaw string
+	rebind       func(string) string
+}
+
+func bindQueries(db *sqlx.DB) queries {
+	q := queries{
+		rebind: db.Rebind,
+		schemaVersion: `SELECT max(version_id) FROM goose_db_version WHERE is_applied`,
+
+		fence: `SELECT f.request_digest, ` + cellCols + `
+			FROM claim_fences f LEFT JOIN cells c ON c.lease_id = f.lease_id
+			WHERE f.tenant_id = ? AND f.claim_id = ?`,
+		candidate: `SELECT c.id, c.pool_name, c.ready_deadline_us FROM cells c
+			WHERE c.tenant_id = ? AND c.runtime_class = ? AND c.release_set_id = ? AND c.policy_digest = ?
+			  AND c.release_signature = ? AND c.state = 'ready' AND c.ready_deadline_us > ?`,
+		candidateOrder: ` ORDER BY c.created_us, c.id LIMIT 1`,
+		readyMembers: `SELECT count(*) FROM pool_members WHERE pool_name = ? AND state = 'ready'`,
+		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
+			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
+			updated_us = ?
+			WHERE id = ? AND state = 'ready' AND generation = 1 AND lease_id IS NULL`,
+		fenceInsert: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
+			VALUES (?, ?, ?, ?, ?)`,
+		memberLeased: `UPDATE pool_members SET state = 'leased', updated_us = ? WHERE cell_id = ? AND state = 'ready'`,
+
+		recordByLease: `SELECT ` + cellCols + `, ` + memberCols + `
+			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id
+			WHERE c.lease_id = ? AND c.tenant_id = ?`,
+		recordByCell: `SELECT ` + cellCols + `, ` + memberCols + `
+			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id WHERE c.id = ?`,
+		cellByWorker: `SELECT ` + cellCols + ` FROM cells c WHERE c.id = ? AND c.worker_id = ?`,
+		claimOfLease: `SELECT claim_id FROM claim_fences WHERE lease_id = ?`,
+
+		// quarantine and toTerminal are the compare-and-sets of every later
+		// transition: the row must still be in the state, generation and
+		// lease the caller decided from.
+		quarantine: `UPDATE cells SET state = 'quarantined', updated_us = ?
+			WHERE id = ? AND state = ? AND generation = ? AND state IN ('ready', 'leased')`,
+		toTerminal: `UPDATE cells SET state = ?, updated_us = ?
+			WHERE id = ? AND state = 'leased' AND generation = 2 AND lease_id = ?`,
+		prepare: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
+			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us)
+			VALUES (?, ?, ?, NULL, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT DO NOTHING`,
+		expireReady: `UPDATE cells SET state = 'quarantined', updated_us = ?
+			WHERE pool_name IS NULL AND state = 'ready' AND ready_deadline_us <= ?`,
+		expireLeased: `UPDATE cells SET state = 'quarantined', updated_us = ?
+			WHERE pool_name IS NULL AND state = 'leased' AND lease_expires_us <= ?`,
+		expireIdempotency: `DELETE FROM idempotency_records WHERE expires_us <= ?`,
+
+		memberInsert: `INSERT INTO pool_members (cell_id, pool_name, tenant_id, state, created_us, updated_us)
+			VALUES (?, ?, ?, 'provisioning', ?, ?)`,
+		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, updated_us = ?
+			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
+		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
+			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us)
+			VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?)`,
+		memberStop: `UPDATE pool_members SET state = 'stopping', requested_disposition = ?, stop_lease_id = ?,
+			stop_generation = ?, last_error = ?, updated_us = ?
+			WHERE cell_id = ? AND state = ?`,
+		memberByID: `SELECT ` + memberCols + ` FROM pool_members m WHERE m.cell_id = ?`,
+		memberCleanup: `UPDATE pool_members SET state = 'cleanup_pending', attempts = attempts + 1, last_error = ?,
+			updated_us = ? WHERE cell_id = ? AND state IN ('stopping', 'cleanup_pending')`,
+		memberDone: `UPDATE pool_members SET state = ?, provider_absent = TRUE, attempts = attempts + 1,
+			last_error = '', lock_owner = NULL, lock_until_us = NULL, updated_us = ?
+			WHERE cell_id = ? AND state IN ('stopping', 'cleanup_pending')`,
+		memberLock: `UPDATE pool_members SET lock_owner = ?, lock_until_us = ?
+			WHERE cell_id = ? AND (lock_owner IS NULL OR lock_owner = ? OR lock_until_us <= ?)`,
+		memberUnlock: `UPDATE pool_members SET lock_owner = NULL, lock_until_us = NULL
+			WHERE cell_id = ? AND lock_owner = ?`,
+		memberCounts: `SELECT pool_name, state, count(*) FROM pool_members GROUP BY pool_name, state`,
+		cellCounts:   `SELECT state, count(*) FROM cells GROUP BY state`,
+
+		idemUpsert: `INSERT INTO idempotency_records (tenant_id, idem_key, fingerprint, done, status, body, created_us, expires_us)
+			VALUES (?, ?, ?, FALSE, 0, '', ?, ?)
+			ON CONFLICT (tenant_id, idem_key) DO UPDATE SET fingerprint = excluded.fingerprint, done = FALSE,
+				status = 0, body = '', created_us = excluded.created_us, expires_us = excluded.expires_us
+			WHERE idempotency_records.expires_us <= ?`,
+		idemGet: `SELECT fingerprint, done, status, body FROM idempotency_records WHERE tenant_id = ? AND idem_key = ?`,
+		idemFinish: `UPDATE idempotency_records SET done = TRUE, status = ?, body = ?, expires_us = ?
+			WHERE tenant_id = ? AND idem_key = ? AND NOT done`,
+		idemDrop: `DELETE FROM idempotency_records WHERE tenant_id = ? AND idem_key = ? AND NOT done`,
+	}
+	q.candidateRaw = q.candidate
+	for _, p := range []*string{
+		&q.schemaVersion, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
+		&q.recordByLease, &q.recordByCell, &q.cellByWorker, &q.claimOfLease, &q.quarantine, &q.toTerminal,
+		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberAdmit,
+		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
+		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
+	} {
+		*p = db.Rebind(*p)
+	}
+	q.candidateFirst = q.candidate + q.candidateOrder
+	return q
+}

@@ -1,0 +1,173 @@
+// Package sqlstore implements store.Store once, over database/sql through
+// sqlx, for every SQL dialect the project ships. A Dialect supplies the few
+// things that differ: placeholders, how claims on one inventory are
+// serialized, and which driver errors are worth another attempt.
+//
+// Both schemas store times as Unix microseconds and the same column names, so
+// every query below is written once with ? placeholders and rebound per
+// dialect at construction.
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sandboxwich/sandboxwich/errcode"
+)
+
+// Dialect is what differs between SQL backends.
+type Dialect struct {
+	// Name names the dialect in errors ("sqlite", "postgres").
+	Name string
+	// Bind is the sqlx bind type of the driver's placeholders.
+	Bind int
+	// LockInventory, when set, serializes claims on one inventory (tenant
+	// and exact release) inside the transaction tx. SQLite needs none: its
+	// writers are already serialized by BEGIN IMMEDIATE on one connection.
+	LockInventory func(ctx context.Context, tx *sqlx.Tx, key string) error
+	// Retryable reports whether a transaction failed for a transient reason
+	// (serialization failure, deadlock, busy database) worth another try.
+	Retryable func(error) bool
+	// UniqueViolation reports whether err is a unique-constraint violation.
+	UniqueViolation func(error) bool
+	// SchemaVersion is the migration version Ping requires.
+	SchemaVersion int64
+}
+
+// Store implements store.Store over a writer pool and a reader pool, which
+// may be the same *sqlx.DB.
+type Store struct {
+	w, r *sqlx.DB
+	d    Dialect
+	q    queries
+}
+
+// New returns a Store. w runs every transaction that writes; r serves reads
+// that need no transaction.
+func New(w, r *sqlx.DB, d Dialect) *Store {
+	return &Store{w: w, r: r, d: d, q: bindQueries(w)}
+}
+
+// Close closes both pools.
+func (s *Store) Close() error {
+	err := s.w.Close()
+	if s.r != s.w {
+		err = errors.Join(err, s.r.Close())
+	}
+	return err
+}
+
+// Ping reports whether the database answers and is migrated to the version
+// this build expects.
+func (s *Store) Ping(ctx context.Context) error {
+	var v sql.NullInt64
+	if err := s.r.GetContext(ctx, &v, s.q.schemaVersion); err != nil {
+		return fmt.Errorf("%s: schema version: %w", s.d.Name, err)
+	}
+	if v.Int64 != s.d.SchemaVersion {
+		return fmt.Errorf("%s: schema at version %d, this build needs %d (run `sandboxwich migrate`)",
+			s.d.Name, v.Int64, s.d.SchemaVersion)
+	}
+	return nil
+}
+
+// commitThen makes a transaction commit and its caller still receive err:
+// for outcomes that change state and are reported as conflicts (a lease
+// found expired is quarantined, and the caller is told so).
+type commitThen struct{ err error }
+
+func (c commitThen) Error() string { return c.err.Error() }
+
+// errRetry asks for a new attempt: a compare-and-set found the row changed.
+var errRetry = errors.New("compare-and-set lost; retry")
+
+const maxAttempts = 8
+
+// inTx runs fn in one write transaction, retrying it from scratch on
+// transient failures and on errRetry. It returns errRetry when every attempt
+// lost.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
+	var err error
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if attempt > 0 {
+			if werr := backoff(ctx, attempt); werr != nil {
+				return werr
+			}
+		}
+		err = s.once(ctx, fn)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errRetry) && !s.d.Retryable(err) {
+			return err
+		}
+	}
+	if s.d.Retryable(err) {
+		return fmt.Errorf("%w: %w", errRetry, err)
+	}
+	return err
+}
+
+func (s *Store) once(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
+	tx, err := s.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	err = fn(tx)
+	if ct, ok := err.(commitThen); ok {
+		if cerr := tx.Commit(); cerr != nil {
+			return cerr
+		}
+		return ct.err
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func backoff(ctx context.Context, attempt int) error {
+	d := time.Duration(attempt*attempt) * 200 * time.Microsecond
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// fail maps an unexpected database error to an internal error that keeps
+// its cause for logs; wire errors pass through unchanged.
+func (s *Store) fail(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := errors.AsType[*errcode.Error](err); ok {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return errcode.Wrap(errcode.Internal, "storage failure", fmt.Errorf("%s %s: %w", s.d.Name, op, err))
+}
+
+func affected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func us(t time.Time) int64 { return t.UnixMicro() }
+
+func fromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
+
+func secondsDuration(n uint64) time.Duration { return time.Duration(n) * time.Second }

@@ -1,0 +1,137 @@
+// Package postgres is the shared Store: lib/pq through sqlx, for deployments
+// where many server replicas share one PostgreSQL database.
+//
+// Concurrency: a claim takes a transaction-scoped advisory lock on its
+// inventory (tenant and exact release) before it reads anything. Claims on
+// one inventory therefore run one at a time across every connection and
+// process — which keeps the ready floor exact and lets identical fenced
+// retries see each other's fence row — while claims on other inventories
+// proceed in parallel. Every write is still a compare-and-set on (state,
+// generation, lease_id), so pool reconciliation, which does not take the
+// lock, can never make a claim take a cell that changed under it; the loser
+// of such a race retries. SKIP LOCKED alone would not do: two claims could
+// each count the ready floor before the other's lease committed.
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/store/internal/sqlstore"
+)
+
+//go:embed migrations/*.sql
+var embedded embed.FS
+
+// Migrations holds the versioned PostgreSQL migrations (goose format).
+var Migrations, _ = fs.Sub(embedded, "migrations")
+
+// Store is the PostgreSQL implementation of store.Store.
+type Store struct {
+	*sqlstore.Store
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Options tunes Open. The zero value is the recommended configuration.
+type Options struct {
+	// SkipMigrate leaves the schema as it is; Ping then fails until
+	// `sandboxwich migrate` has run.
+	SkipMigrate bool
+	// MaxConns bounds the connection pool (default 16).
+	MaxConns int
+}
+
+// Open connects to the database at url (a postgres:// URL or lib/pq
+// key=value string), migrates it unless told not to, and returns a Store.
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	db, err := sqlx.Open("postgres", url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: open: %w", err)
+	}
+	n := opts.MaxConns
+	if n <= 0 {
+		n = 16
+	}
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
+	st, err := New(ctx, db.DB, opts)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return st, nil
+}
+
+// New returns a Store over an open *sql.DB of the lib/pq driver, migrating
+// it unless told not to. The Store takes ownership of db.
+func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
+	if err := db.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("postgres: connect: %w", err)
+	}
+	if !opts.SkipMigrate {
+		if err := Migrate(ctx, db); err != nil {
+			return nil, err
+		}
+	}
+	version, err := sqlstore.LatestVersion(goose.DialectPostgres, db, Migrations)
+	if err != nil {
+		return nil, err
+	}
+	x := sqlx.NewDb(db, "postgres")
+	return &Store{sqlstore.New(x, x, sqlstore.Dialect{
+		Name:            "postgres",
+		Bind:            sqlx.DOLLAR,
+		LockInventory:   lockInventory,
+		Retryable:       retryable,
+		UniqueViolation: uniqueViolation,
+		SchemaVersion:   version,
+	})}, nil
+}
+
+// Migrate applies the embedded migrations to db under a session advisory
+// lock, so replicas starting together migrate once.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return err
+	}
+	return sqlstore.Migrate(ctx, db, goose.DialectPostgres, Migrations, locker)
+}
+
+// lockInventory takes the transaction-scoped advisory lock of an inventory,
+// keyed by the first 64 bits of SHA-256 of the key.
+func lockInventory(ctx context.Context, tx *sqlx.Tx, key string) error {
+	sum := sha256.Sum256([]byte(key))
+	_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(binary.BigEndian.Uint64(sum[:8])))
+	return err
+}
+
+func pqCode(err error) pq.ErrorCode {
+	if e, ok := errors.AsType[*pq.Error](err); ok {
+		return e.Code
+	}
+	return ""
+}
+
+func retryable(err error) bool {
+	switch pqCode(err) {
+	case "40001", "40P01", "55P03": // serialization failure, deadlock, lock not available
+		return true
+	}
+	return false
+}
+
+func uniqueViolation(err error) bool { return pqCode(err) == "23505" }

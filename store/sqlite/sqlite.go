@@ -1,0 +1,132 @@
+// Package sqlite is the embedded Store: modernc.org/sqlite (pure Go, no cgo)
+// through sqlx, for one process on one host.
+//
+// Discipline: every write transaction runs on a single connection with
+// BEGIN IMMEDIATE, so writers queue in Go rather than spinning on
+// SQLITE_BUSY, and a claim's read-decide-write happens under SQLite's write
+// lock. Reads that need no transaction use a separate read-only pool, which
+// WAL mode lets run beside the writer. synchronous=FULL makes a committed
+// claim survive power loss, so a lease handed out is never forgotten.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/pressly/goose/v3"
+	sqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/store/internal/sqlstore"
+)
+
+//go:embed migrations/*.sql
+var embedded embed.FS
+
+// Migrations holds the versioned SQLite migrations (goose format).
+var Migrations, _ = fs.Sub(embedded, "migrations")
+
+// Store is the SQLite implementation of store.Store.
+type Store struct {
+	*sqlstore.Store
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Options tunes Open. The zero value is the recommended configuration.
+type Options struct {
+	// SkipMigrate leaves the schema as it is; Ping then fails until
+	// `sandboxwich migrate` has run.
+	SkipMigrate bool
+	// ReadConns is the size of the read-only pool (default 4).
+	ReadConns int
+}
+
+// Open opens (creating if needed) the database file at path, migrates it
+// unless told not to, and returns a Store.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	if path == "" {
+		return nil, errors.New("sqlite: empty database path")
+	}
+	w, err := sqlx.Open("sqlite", dsn(path, "_txlock=immediate"))
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	fail := func(err error) (*Store, error) {
+		_ = w.Close()
+		return nil, err
+	}
+	if err := w.PingContext(ctx); err != nil {
+		return fail(fmt.Errorf("sqlite: open %s: %w", path, err))
+	}
+	if !opts.SkipMigrate {
+		if err := Migrate(ctx, w.DB); err != nil {
+			return fail(err)
+		}
+	}
+	version, err := sqlstore.LatestVersion(goose.DialectSQLite3, w.DB, Migrations)
+	if err != nil {
+		return fail(err)
+	}
+	r, err := sqlx.Open("sqlite", dsn(path, "_pragma=query_only(1)"))
+	if err != nil {
+		return fail(fmt.Errorf("sqlite: open %s: %w", path, err))
+	}
+	n := opts.ReadConns
+	if n <= 0 {
+		n = 4
+	}
+	r.SetMaxOpenConns(n)
+	r.SetMaxIdleConns(n)
+	return &Store{sqlstore.New(w, r, sqlstore.Dialect{
+		Name:            "sqlite",
+		Bind:            sqlx.QUESTION,
+		Retryable:       retryable,
+		UniqueViolation: uniqueViolation,
+		SchemaVersion:   version,
+	})}, nil
+}
+
+// Migrate applies the embedded migrations to db.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	return sqlstore.Migrate(ctx, db, goose.DialectSQLite3, Migrations, nil)
+}
+
+func dsn(path, extra string) string {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	return "file:" + path + "?" + q.Encode() + "&" + extra
+}
+
+func code(err error) int {
+	if e, ok := errors.AsType[*sqlite.Error](err); ok {
+		return e.Code()
+	}
+	return 0
+}
+
+func retryable(err error) bool {
+	switch code(err) & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
+}
+
+func uniqueViolation(err error) bool {
+	c := code(err)
+	return c == sqlite3.SQLITE_CONSTRAINT_UNIQUE || c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+}

@@ -1,0 +1,332 @@
+// Package store defines the persistence contract of Sandboxwich: the Store
+// interface that every backend implements, its parameter types, and the
+// errors it returns.
+//
+// A Store is where the invariants of sterile cells live. Every method that
+// changes state runs one transaction and decides inside it, from the rows it
+// reads there, never from a value the caller read earlier: each change is a
+// compare-and-set on (state, generation, lease_id). Callers pass the current
+// time in every parameter struct, so a Store never reads a clock.
+//
+// Errors that map to the wire contract are *errcode.Error values
+// (errors.Is(err, errcode.ErrNotFound), errcode.ErrConflict, …). Some methods
+// commit a change and still return a conflict (a lease found expired is
+// quarantined, and the caller is told it is no longer live); their doc
+// comments say so.
+//
+// Two implementations ship: store/sqlite and store/postgres. Both pass the
+// conformance suite in store/storetest, which any other implementation should
+// run too.
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// Store is the persistence contract. Implementations must be safe for
+// concurrent use by many goroutines and, for shared databases, by many
+// processes.
+type Store interface {
+	// Ping reports whether the database is reachable and migrated.
+	Ping(ctx context.Context) error
+	// Close releases the store's connections.
+	Close() error
+
+	// Claim runs one fenced or unfenced claim (CONTRACT §5) in one
+	// transaction, retrying internally on contention. A nil Lease in the
+	// result means no cell was available (and, when fenced, that this claim
+	// ID now durably records empty). Errors: errcode.ErrConflict (digest
+	// mismatch, or the recorded lease is no longer live — in that case an
+	// expired lease is quarantined first and committed),
+	// errcode.ErrClaimContended.
+	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
+
+	// Lease returns the cell holding leaseID within the tenant, with its
+	// pool membership when it has one. Unknown and foreign leases are both
+	// errcode.ErrNotFound.
+	Lease(ctx context.Context, tenantID string, leaseID uuid.UUID) (LeaseRecord, error)
+
+	// CheckLease applies the lease fence (lease.Cell.CheckProof) to leaseID
+	// within the tenant. A fence that matches a lease no longer live
+	// quarantines the cell if it is still ready or leased, commits, and
+	// returns a conflict wrapping lease.ErrNotLive; a mismatch returns a
+	// conflict wrapping lease.ErrFenceMismatch and changes nothing.
+	CheckLease(ctx context.Context, p LeaseCheck) (LeaseRecord, error)
+
+	// Release records a tenant's stop intent under the lease fence
+	// (CONTRACT §6): membership leased → stopping with the requested
+	// disposition. An exact retry while stopping changes nothing. A retry
+	// with another disposition is a cleanup fence mismatch: the membership
+	// becomes cleanup_pending and the cell quarantined, committed, and a
+	// conflict is returned. A cell without membership is
+	// errcode.ErrNotFound (after the fence).
+	Release(ctx context.Context, p ReleaseParams) (LeaseRecord, error)
+
+	// Prepare inserts a ready cell for an external worker. A reused cell ID
+	// (any earlier cell) or a reused (worker, provider cell ID) is
+	// errcode.ErrConflict.
+	Prepare(ctx context.Context, p PrepareParams) (lease.Cell, error)
+
+	// WorkerCell returns a cell of the worker with its claim, if any.
+	// Another worker's cell is errcode.ErrNotFound.
+	WorkerCell(ctx context.Context, workerID string, cellID uuid.UUID) (lease.Cell, *ClaimInfo, error)
+
+	// Retire moves a worker's ready generation-1 cell to quarantined. An
+	// exact repeat returns the cell unchanged; anything else is a conflict.
+	Retire(ctx context.Context, p RetireParams) (lease.Cell, error)
+
+	// Destroy ends a worker's leased cell with the requested disposition
+	// (CONTRACT §7 destroy). A cell not leased, or leased under another lease
+	// or generation, is quarantined (committed) and a conflict returned.
+	Destroy(ctx context.Context, p DestroyParams) (lease.Cell, error)
+
+	// ExpireUnmanaged quarantines ready and leased cells without membership
+	// whose ready deadline or lease expiry is at or before now, and removes
+	// expired idempotency records. It returns the number of cells changed.
+	ExpireUnmanaged(ctx context.Context, now time.Time) (int, error)
+
+	// CreateMember records a new membership in provisioning: the intent to
+	// create a provider object for a cell ID, before the provider is called.
+	CreateMember(ctx context.Context, p CreateMemberParams) (Member, error)
+
+	// AdmitMember, in one transaction, inserts the ready cell of a verified
+	// provisioning member and moves the member to ready. A member no longer
+	// provisioning is a conflict and nothing is inserted.
+	AdmitMember(ctx context.Context, p AdmitParams) (lease.Cell, error)
+
+	// BeginStop records the stop intent of a member (→ stopping) with its
+	// fence and requested disposition, if the member is in one of
+	// p.From. A ready cell is quarantined in the same transaction, so it can
+	// no longer be claimed. It returns the member as recorded; a member in
+	// another state is a conflict and nothing changes.
+	BeginStop(ctx context.Context, p StopIntent) (Member, error)
+
+	// CompleteStop records the outcome of a provider destroy. With proof of
+	// absence under the exact recorded fence, the cell takes its terminal
+	// disposition and the member becomes terminal with provider_absent. A
+	// fence mismatch, an error or an uncertain result moves the member to
+	// cleanup_pending and quarantines the cell.
+	CompleteStop(ctx context.Context, p StopOutcome) (Member, error)
+
+	// Members lists the memberships of a pool in the given states (all when
+	// none given), oldest first.
+	Members(ctx context.Context, pool string, states ...lease.MemberState) ([]Member, error)
+
+	// Member returns one membership by cell ID.
+	Member(ctx context.Context, cellID uuid.UUID) (Member, error)
+
+	// MemberCounts returns the number of memberships by state for every pool
+	// that has any.
+	MemberCounts(ctx context.Context) (map[string]map[lease.MemberState]int, error)
+
+	// CellCounts returns the number of cells by state.
+	CellCounts(ctx context.Context) (map[lease.State]int, error)
+
+	// LockMember takes or renews the executor lock of a member for owner
+	// until the given time, so that one process at a time acts on its
+	// provider object. It reports false when another owner holds an
+	// unexpired lock.
+	LockMember(ctx context.Context, cellID uuid.UUID, owner string, until, now time.Time) (bool, error)
+
+	// UnlockMember releases owner's executor lock, if it still holds it.
+	UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error
+
+	// BeginIdempotent looks up (tenant, key). When absent or expired it
+	// records a new in-flight entry that expires at p.InFlightUntil and
+	// returns it with Created set; otherwise it returns the stored record.
+	BeginIdempotent(ctx context.Context, p IdempotencyParams) (IdempotencyRecord, error)
+
+	// FinishIdempotent stores the response of an in-flight entry, keeping
+	// it until p.ExpiresAt.
+	FinishIdempotent(ctx context.Context, p IdempotencyResult) error
+
+	// DropIdempotent removes an in-flight entry whose response must not be
+	// stored (successful claims, 429 and 5xx).
+	DropIdempotent(ctx context.Context, tenantID, key string) error
+}
+
+// ClaimParams is one claim attempt.
+type ClaimParams struct {
+	TenantID string
+	// ClaimID fences the claim; uuid.Nil makes it an unfenced legacy claim.
+	ClaimID uuid.UUID
+	// Digest is fence.Digest of the request; used only when fenced.
+	Digest       string
+	Release      lease.Release
+	Binding      lease.Binding
+	LeaseSeconds uint64 // already clamped into [1, 300]
+	// LeaseID is the ID the new lease takes if a cell is leased.
+	LeaseID uuid.UUID
+	Now     time.Time
+	// ReadyFloors maps pool name to ready_floor for pools with a floor.
+	ReadyFloors map[string]int
+	// Sign returns the attestation digest of a new lease. It runs inside
+	// the transaction, so it must be pure and fast.
+	Sign func(lease.Lease) string
+}
+
+// ClaimResult is the outcome of a claim. Lease is nil when empty.
+type ClaimResult struct {
+	Lease *lease.Lease
+	// Replayed is true when a fenced retry returned its earlier outcome.
+	Replayed bool
+	// PoolName is the pool of the leased cell, if any.
+	PoolName string
+}
+
+// LeaseRecord is a leased (or formerly leased) cell with its membership.
+type LeaseRecord struct {
+	Cell   lease.Cell
+	Member *Member // nil for cells prepared by an external worker
+}
+
+// LeaseCheck is a lease fence check.
+type LeaseCheck struct {
+	TenantID string
+	LeaseID  uuid.UUID
+	Proof    lease.Proof
+	Now      time.Time
+}
+
+// ReleaseParams is a tenant's release of a lease.
+type ReleaseParams struct {
+	LeaseCheck
+	Disposition lease.Disposition
+}
+
+// PrepareParams inserts a cell prepared by an external worker.
+type PrepareParams struct {
+	CellID         uuid.UUID
+	TenantID       string
+	WorkerID       string
+	ProviderCellID string
+	Release        lease.Release
+	ExpiresAt      time.Time
+	Now            time.Time
+}
+
+// ClaimInfo is the claim that leased a cell, as a worker sees it.
+type ClaimInfo struct {
+	ClaimID    uuid.UUID // uuid.Nil for an unfenced claim
+	LeaseID    uuid.UUID
+	Generation uint64
+	ExpiresAt  time.Time
+}
+
+// RetireParams retires a worker's ready cell.
+type RetireParams struct {
+	WorkerID   string
+	CellID     uuid.UUID
+	Generation uint64
+	Now        time.Time
+}
+
+// DestroyParams ends a worker's leased cell.
+type DestroyParams struct {
+	WorkerID    string
+	CellID      uuid.UUID
+	LeaseID     uuid.UUID
+	Generation  uint64
+	Disposition lease.Disposition
+	Now         time.Time
+}
+
+// Member is a pool membership: the pool's record of one provider object.
+type Member struct {
+	CellID   uuid.UUID // also the provider's cell ID
+	Pool     string
+	TenantID string
+	State    lease.MemberState
+	// RequestedDisposition is fixed when the stop is first recorded.
+	RequestedDisposition lease.Disposition
+	// StopLeaseID and StopGeneration are the fence the stop was recorded
+	// under (uuid.Nil when the cell had no lease; 0 when no cell existed).
+	StopLeaseID    uuid.UUID
+	StopGeneration uint64
+	// ProviderAbsent is true only when a stop completed under the exact
+	// recorded fence with proof that the provider object is gone.
+	ProviderAbsent bool
+	// Identity is what the provider reported when the object was verified
+	// (e.g. a Pod UID).
+	Identity  string
+	LastError string
+	Attempts  int
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// CreateMemberParams records a provisioning intent.
+type CreateMemberParams struct {
+	CellID   uuid.UUID
+	Pool     string
+	TenantID string
+	Now      time.Time
+}
+
+// AdmitParams admits a verified member's cell to inventory.
+type AdmitParams struct {
+	CellID         uuid.UUID
+	Pool           string
+	WorkerID       string // the pool's provider identity
+	ProviderCellID string
+	Identity       string
+	Release        lease.Release
+	ReadyDeadline  time.Time
+	Now            time.Time
+}
+
+// StopIntent records that a member's provider object is to be destroyed.
+type StopIntent struct {
+	CellID      uuid.UUID
+	From        []lease.MemberState
+	Disposition lease.Disposition
+	Reason      string
+	Now         time.Time
+}
+
+// StopOutcome is the result of a provider destroy attempted under a fence.
+type StopOutcome struct {
+	CellID         uuid.UUID
+	StopLeaseID    uuid.UUID
+	StopGeneration uint64
+	Disposition    lease.Disposition
+	// Proven is true when the provider proved the object absent.
+	Proven bool
+	// Error describes a failed or uncertain attempt (never a secret).
+	Error string
+	Now   time.Time
+}
+
+// IdempotencyParams begins an idempotent request.
+type IdempotencyParams struct {
+	TenantID      string
+	Key           string
+	Fingerprint   string
+	Now           time.Time
+	InFlightUntil time.Time
+}
+
+// IdempotencyRecord is a stored idempotent request.
+type IdempotencyRecord struct {
+	Fingerprint string
+	// Created is true when this call recorded a new in-flight entry.
+	Created bool
+	// Done is true when a response is stored.
+	Done   bool
+	Status int
+	Body   []byte
+}
+
+// IdempotencyResult stores the response of an idempotent request.
+type IdempotencyResult struct {
+	TenantID  string
+	Key       string
+	Status    int
+	Body      []byte
+	ExpiresAt time.Time
+}
