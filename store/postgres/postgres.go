@@ -16,9 +16,9 @@ package postgres
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"database/sql"
 	"embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"

@@ -185,9 +185,9 @@ type queries struct {
 	schemaVersion string
 
 	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, memberLeased string
-	recordByLease, recordByCell, cellByWorker, claimOfLease            string
-	quarantine, toTerminal, prepare                                    string
-	expireReady, expireLeased, expireIdempotency                       string
+	recordByLease, recordByCell, cellByWorker, claimOfLease                              string
+	quarantine, toTerminal, prepare                                                      string
+	expireReady, expireLeased, expireIdempotency                                         string
 
 	memberInsert, memberAdmit, cellInsertPool, memberStop, memberByID string
 	memberCleanup, memberDone, memberLock, memberUnlock               string
@@ -205,7 +205,7 @@ type queries struct {
 
 func bindQueries(db *sqlx.DB) queries {
 	q := queries{
-		rebind: db.Rebind,
+		rebind:        db.Rebind,
 		schemaVersion: `SELECT max(version_id) FROM goose_db_version WHERE is_applied`,
 
 		fence: `SELECT f.request_digest, ` + cellCols + `
@@ -215,7 +215,7 @@ func bindQueries(db *sqlx.DB) queries {
 			WHERE c.tenant_id = ? AND c.runtime_class = ? AND c.release_set_id = ? AND c.policy_digest = ?
 			  AND c.release_signature = ? AND c.state = 'ready' AND c.ready_deadline_us > ?`,
 		candidateOrder: ` ORDER BY c.created_us, c.id LIMIT 1`,
-		readyMembers: `SELECT count(*) FROM pool_members WHERE pool_name = ? AND state = 'ready'`,
+		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = ? AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
 			updated_us = ?
