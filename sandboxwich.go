@@ -1,0 +1,349 @@
+// Package sandboxwich is a control plane for sterile cells: single-use
+// sandboxes for AI-agent evaluation.
+//
+// A [Plane] runs the tenant and worker operations of the contract over a
+// [store.Store] and an [attest.Keyring]:
+//
+//   - [Plane.Claim] atomically leases one never-exposed ready cell under a
+//     client-chosen claim ID fence and returns an HMAC lease attestation
+//     bound to the caller's organization, workspace, thread and runner
+//     session. A retry with the same claim ID and request returns the same
+//     lease and a byte-identical attestation; it never leases twice.
+//   - [Plane.Validate] checks a presented attestation against the live lease.
+//   - [Plane.Release] records the tenant's stop of a pool cell;
+//     [Plane.LeaseStatus] reports it until the provider proved deletion.
+//   - [Plane.Prepare], [Plane.Retire] and [Plane.Destroy] are the operations
+//     of external workers that manage their own provider.
+//
+// A cell never returns to inventory: every state change is a compare-and-set
+// inside one store transaction, and the schema refuses the rest.
+//
+// Errors are *errcode.Error values whose Code is the wire error code; test
+// them with errors.Is against the errcode sentinels (errcode.ErrNotFound,
+// errcode.ErrConflict, …).
+package sandboxwich
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/fence"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+// Lease durations (CONTRACT §5): a requested lease_seconds is clamped into
+// [MinLeaseSeconds, MaxLeaseSeconds], never rejected.
+const (
+	DefaultLeaseSeconds = 120
+	MinLeaseSeconds     = 1
+	MaxLeaseSeconds     = 300
+)
+
+// Plane runs sterile-cell operations. It is safe for concurrent use.
+type Plane struct {
+	store   store.Store
+	keys    *attest.Keyring
+	now     func() time.Time
+	newID   func() uuid.UUID
+	log     *slog.Logger
+	floors  map[string]int
+	onClaim func(ClaimResult)
+}
+
+// Option configures a Plane.
+type Option func(*Plane)
+
+// WithClock sets the clock (default time.Now). Times are truncated to whole
+// microseconds, the precision every store keeps.
+func WithClock(now func() time.Time) Option { return func(p *Plane) { p.now = now } }
+
+// WithIDs sets the source of new lease IDs (default UUIDv7).
+func WithIDs(newID func() uuid.UUID) Option { return func(p *Plane) { p.newID = newID } }
+
+// WithLogger sets the structured logger (default slog.Default). Secrets are
+// never logged.
+func WithLogger(l *slog.Logger) Option { return func(p *Plane) { p.log = l } }
+
+// WithReadyFloor holds back a pool's own ready cells while the pool has no
+// more than floor ready members.
+func WithReadyFloor(pool string, floor int) Option {
+	return func(p *Plane) { p.floors[pool] = floor }
+}
+
+// WithClaimHook registers a function called after every successful claim
+// that leased a cell (for example to trigger pool replenishment). It must
+// not block; it never sees the attestation.
+func WithClaimHook(fn func(ClaimResult)) Option { return func(p *Plane) { p.onClaim = fn } }
+
+// New returns a Plane over st, signing and verifying with keys.
+func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
+	if st == nil || keys == nil {
+		return nil, errors.New("sandboxwich: New needs a store and a keyring")
+	}
+	p := &Plane{
+		store:  st,
+		keys:   keys,
+		now:    time.Now,
+		newID:  func() uuid.UUID { return uuid.Must(uuid.NewV7()) },
+		log:    slog.Default(),
+		floors: map[string]int{},
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p, nil
+}
+
+// Store returns the plane's store.
+func (p *Plane) Store() store.Store { return p.store }
+
+// Keyring returns the plane's keyring.
+func (p *Plane) Keyring() *attest.Keyring { return p.keys }
+
+// Now returns the plane's current time, truncated to microseconds.
+func (p *Plane) Now() time.Time { return p.now().UTC().Truncate(time.Microsecond) }
+
+// ClaimRequest asks for one cell.
+type ClaimRequest struct {
+	// ClaimID fences the claim: a retry with the same ID and request
+	// returns the same outcome. uuid.Nil makes a legacy unfenced claim,
+	// where every request is a new claim.
+	ClaimID uuid.UUID
+	Release lease.Release
+	Binding lease.Binding
+	// LeaseSeconds is the requested lease duration; nil means the default.
+	// It is clamped into [MinLeaseSeconds, MaxLeaseSeconds].
+	LeaseSeconds *uint64
+}
+
+// ClaimResult is a claim's outcome. Lease is nil when no cell was available.
+type ClaimResult struct {
+	Lease *lease.Lease
+	// Attestation is the raw lease attestation (swla1_…): a secret for the
+	// claimer alone. It is never stored, only its digest.
+	Attestation string
+	// Replayed reports a fenced retry that returned an earlier outcome.
+	Replayed bool
+	// PoolName is the pool the leased cell came from, if any.
+	PoolName string
+}
+
+// LogValue keeps the attestation out of logs.
+func (r ClaimResult) LogValue() slog.Value {
+	if r.Lease == nil {
+		return slog.GroupValue(slog.Bool("empty", true), slog.Bool("replayed", r.Replayed))
+	}
+	return slog.GroupValue(slog.String("lease_id", r.Lease.ID.String()),
+		slog.String("cell_id", r.Lease.CellID.String()), slog.Bool("replayed", r.Replayed))
+}
+
+// Claim leases one ready cell of the tenant's inventory that matches the
+// request's release exactly (CONTRACT §5).
+func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (ClaimResult, error) {
+	if err := p.checkRelease(req.Release); err != nil {
+		return ClaimResult{}, err
+	}
+	if err := checkBinding(req.Binding); err != nil {
+		return ClaimResult{}, err
+	}
+	if tenantID == "" {
+		return ClaimResult{}, errcode.New(errcode.InvalidRequest, "tenant is required")
+	}
+	r, b := req.Release, req.Binding
+	params := store.ClaimParams{
+		TenantID:     tenantID,
+		ClaimID:      req.ClaimID,
+		Release:      r,
+		Binding:      b,
+		LeaseSeconds: ClampLeaseSeconds(req.LeaseSeconds),
+		LeaseID:      p.newID(),
+		Now:          p.Now(),
+		ReadyFloors:  p.floors,
+		Sign:         func(l lease.Lease) string { return attest.Digest(p.token(l)) },
+	}
+	if req.ClaimID != uuid.Nil {
+		params.Digest = fence.Digest(fence.ClaimRequest{
+			ReleaseSetID: r.ReleaseSetID, RuntimeClass: string(r.RuntimeClass), PolicyDigest: r.PolicyDigest,
+			Signature: r.Signature, OrganizationID: b.OrganizationID, WorkspaceID: b.WorkspaceID,
+			ThreadID: b.ThreadID, RunnerSessionID: b.RunnerSessionID, LeaseSeconds: req.LeaseSeconds,
+		})
+	}
+	res, err := p.store.Claim(ctx, params)
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	out := ClaimResult{Lease: res.Lease, Replayed: res.Replayed, PoolName: res.PoolName}
+	if res.Lease == nil {
+		return out, nil
+	}
+	// The token is a pure function of the stored lease and the key: an
+	// exact retry regenerates it byte for byte, unless the key changed.
+	out.Attestation = p.token(*res.Lease)
+	if !attest.EqualDigest(attest.Digest(out.Attestation), res.Lease.AttestationDigest) {
+		return ClaimResult{}, errcode.New(errcode.Conflict, "the lease attestation cannot be regenerated (the signing key changed)")
+	}
+	p.log.LogAttrs(ctx, slog.LevelDebug, "claim", slog.String("tenant", tenantID), slog.Any("result", out))
+	if p.onClaim != nil && !out.Replayed {
+		p.onClaim(out)
+	}
+	return out, nil
+}
+
+// ClampLeaseSeconds returns the lease duration a request gets.
+func ClampLeaseSeconds(requested *uint64) uint64 {
+	if requested == nil {
+		return DefaultLeaseSeconds
+	}
+	return min(max(*requested, MinLeaseSeconds), MaxLeaseSeconds)
+}
+
+// token computes the attestation of a lease.
+func (p *Plane) token(l lease.Lease) string {
+	return p.keys.LeaseToken(attest.LeaseClaims{
+		LeaseID:          l.ID.String(),
+		CellID:           l.CellID.String(),
+		Generation:       l.Generation,
+		ReleaseSetID:     l.Release.ReleaseSetID,
+		RuntimeClass:     string(l.Release.RuntimeClass),
+		PolicyDigest:     l.Release.PolicyDigest,
+		OrganizationID:   l.Binding.OrganizationID,
+		WorkspaceID:      l.Binding.WorkspaceID,
+		ThreadID:         l.Binding.ThreadID,
+		RunnerSessionID:  l.Binding.RunnerSessionID,
+		ExpiresAt:        l.ExpiresAt,
+		ReleaseSignature: l.Release.Signature,
+	})
+}
+
+// checkRelease validates a release's shape (400), class (422) and
+// signature (403), in that order.
+func (p *Plane) checkRelease(r lease.Release) error {
+	if !lease.ValidIdentifier(r.ReleaseSetID) || !lease.ValidPolicyDigest(r.PolicyDigest) {
+		return errcode.New(errcode.BadRequest, "release_set_id or policy_digest is invalid")
+	}
+	if !r.RuntimeClass.Valid() {
+		return errcode.New(errcode.InvalidRequest, "runtime_class must be kata_microvm or gvisor_lower_risk")
+	}
+	if !p.keys.VerifyRelease(r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature) {
+		return errcode.New(errcode.AuthorizationDenied, "release signature is invalid")
+	}
+	return nil
+}
+
+// CheckRelease reports whether a release is well formed and signed by the
+// plane's key, with the errors a claim would return.
+func (p *Plane) CheckRelease(r lease.Release) error { return p.checkRelease(r) }
+
+func checkBinding(b lease.Binding) error {
+	for _, f := range b.Fields() {
+		if !lease.ValidIdentifier(f.Value) {
+			return errcode.New(errcode.BadRequest, f.Name+" is invalid")
+		}
+	}
+	return nil
+}
+
+// Proof is what a tenant presents to act on a lease (the lease fence).
+type Proof struct {
+	// Attestation is the raw swla1_ token returned by the claim.
+	Attestation string
+	Generation  uint64
+	Binding     lease.Binding
+}
+
+// LogValue keeps the attestation out of logs.
+func (pr Proof) LogValue() slog.Value {
+	return slog.GroupValue(slog.Uint64("generation", pr.Generation))
+}
+
+func (p *Plane) check(tenantID string, leaseID uuid.UUID, pr Proof) store.LeaseCheck {
+	return store.LeaseCheck{
+		TenantID: tenantID,
+		LeaseID:  leaseID,
+		Proof: lease.Proof{
+			Generation:        pr.Generation,
+			Binding:           pr.Binding,
+			AttestationDigest: attest.Digest(pr.Attestation),
+		},
+		Now: p.Now(),
+	}
+}
+
+// Validate checks a presented lease fence and returns the live lease. A
+// lease found expired is quarantined and reported as a conflict.
+func (p *Plane) Validate(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof) (lease.Lease, error) {
+	rec, err := p.store.CheckLease(ctx, p.check(tenantID, leaseID, pr))
+	if err != nil {
+		return lease.Lease{}, err
+	}
+	return *rec.Cell.Lease, nil
+}
+
+// LeaseStatus is the state of a lease and its cell as the tenant sees it.
+type LeaseStatus struct {
+	LeaseID    uuid.UUID
+	CellID     uuid.UUID
+	Generation uint64
+	State      lease.State
+	// Disposition is the terminal state, or "" while the cell is live.
+	Disposition lease.Disposition
+	// ProviderAbsent is true once the provider proved the object gone under
+	// the exact recorded fence.
+	ProviderAbsent bool
+	// CleanupPending is true while a failed or uncertain stop is retried.
+	CleanupPending bool
+	// PoolName is the pool of the cell, "" for cells of external workers.
+	PoolName string
+}
+
+func statusOf(rec store.LeaseRecord) LeaseStatus {
+	c := rec.Cell
+	s := LeaseStatus{
+		LeaseID:     c.Lease.ID,
+		CellID:      c.ID,
+		Generation:  c.Generation,
+		State:       c.State,
+		Disposition: c.Disposition(),
+		PoolName:    c.PoolName,
+	}
+	if m := rec.Member; m != nil {
+		s.ProviderAbsent = m.ProviderAbsent
+		s.CleanupPending = m.State == lease.MemberCleanupPending
+	}
+	return s
+}
+
+// LeaseStatus returns the status of a lease of the tenant.
+func (p *Plane) LeaseStatus(ctx context.Context, tenantID string, leaseID uuid.UUID) (LeaseStatus, error) {
+	rec, err := p.store.Lease(ctx, tenantID, leaseID)
+	if err != nil {
+		return LeaseStatus{}, err
+	}
+	return statusOf(rec), nil
+}
+
+// Release records the tenant's stop of a pool cell under the lease fence;
+// the pool then destroys the cell and proves it (CONTRACT §6).
+func (p *Plane) Release(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, d lease.Disposition) (LeaseStatus, error) {
+	if !lease.ValidDisposition(d) {
+		return LeaseStatus{}, errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
+	}
+	rec, err := p.store.Release(ctx, store.ReleaseParams{LeaseCheck: p.check(tenantID, leaseID, pr), Disposition: d})
+	if err != nil {
+		return LeaseStatus{}, err
+	}
+	return statusOf(rec), nil
+}
+
+// SweepExpired quarantines expired cells of external workers and drops
+// expired idempotency records. It returns the number of cells quarantined.
+func (p *Plane) SweepExpired(ctx context.Context) (int, error) {
+	return p.store.ExpireUnmanaged(ctx, p.Now())
+}

@@ -1,0 +1,237 @@
+// Package wire holds the JSON bodies of the /v1 HTTP contract, shared by
+// the server (httpapi) and the Go client (client). Field names are
+// snake_case; absent optional response fields are emitted as null; UUIDs are
+// accepted in any common spelling and emitted lowercase and hyphenated;
+// timestamps are emitted as RFC 3339 UTC with a 0, 3, 6 or 9 digit fraction.
+package wire
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// Time is a timestamp on the wire: emitted in the contract's canonical UTC
+// form ("2026-08-07T12:00:00.123Z"), accepted with any RFC 3339 offset.
+type Time struct{ time.Time }
+
+// MarshalJSON emits the canonical form.
+func (t Time) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + attest.WireTime(t.Time) + `"`), nil
+}
+
+// UnmarshalJSON accepts any RFC 3339 timestamp.
+func (t *Time) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return errors.New("timestamp must be an RFC 3339 string")
+	}
+	v, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return errors.New("timestamp must be RFC 3339")
+	}
+	t.Time = v.UTC()
+	return nil
+}
+
+// Release is the signed trust class.
+type Release = lease.Release
+
+// Binding is the tenant-side identity of a lease.
+type Binding = lease.Binding
+
+// ClaimRequest is the body of POST /v1/sterile-cells/claim.
+type ClaimRequest struct {
+	ClaimID *uuid.UUID `json:"claim_id,omitempty"`
+	Release Release    `json:"release"`
+	Binding
+	LeaseSeconds *uint64 `json:"lease_seconds,omitempty"`
+}
+
+// Lease is the lease object of claim and validate responses.
+type Lease struct {
+	LeaseID    uuid.UUID `json:"lease_id"`
+	CellID     uuid.UUID `json:"cell_id"`
+	Generation uint64    `json:"generation"`
+	Release    Release   `json:"release"`
+	Binding
+	ExpiresAt Time `json:"expires_at"`
+}
+
+// LeaseOf returns the wire form of a lease.
+func LeaseOf(l *lease.Lease) *Lease {
+	if l == nil {
+		return nil
+	}
+	return &Lease{LeaseID: l.ID, CellID: l.CellID, Generation: l.Generation, Release: l.Release,
+		Binding: l.Binding, ExpiresAt: Time{l.ExpiresAt}}
+}
+
+// ClaimResponse answers a claim. Lease and LeaseAttestation are null when no
+// cell was available.
+type ClaimResponse struct {
+	OK               bool    `json:"ok"`
+	Lease            *Lease  `json:"lease"`
+	LeaseAttestation *string `json:"lease_attestation"`
+}
+
+// LeaseProof is the lease fence a tenant presents (validate, release, exec).
+type LeaseProof struct {
+	LeaseAttestation string `json:"lease_attestation"`
+	Generation       uint64 `json:"generation"`
+	Binding
+}
+
+// ValidateRequest is the body of POST /v1/sterile-cell-leases/{id}/validate.
+type ValidateRequest = LeaseProof
+
+// ValidateResponse answers a validate.
+type ValidateResponse struct {
+	OK    bool  `json:"ok"`
+	Lease Lease `json:"lease"`
+}
+
+// ReleaseRequest is the body of POST /v1/sterile-cell-leases/{id}/release.
+type ReleaseRequest struct {
+	LeaseProof
+	Disposition lease.Disposition `json:"disposition"`
+}
+
+// LeaseStatus is the status object of a lease.
+type LeaseStatus struct {
+	LeaseID        uuid.UUID          `json:"lease_id"`
+	CellID         uuid.UUID          `json:"cell_id"`
+	Generation     uint64             `json:"generation"`
+	State          lease.State        `json:"state"`
+	Disposition    *lease.Disposition `json:"disposition"`
+	ProviderAbsent bool               `json:"provider_absent"`
+	CleanupPending bool               `json:"cleanup_pending"`
+	// ProviderMode is "apply" or "dry_run" for pool cells, absent otherwise.
+	ProviderMode string `json:"provider_mode,omitempty"`
+}
+
+// StatusResponse answers a lease status read and a release.
+type StatusResponse struct {
+	OK     bool        `json:"ok"`
+	Status LeaseStatus `json:"status"`
+}
+
+// ExecRequest is the body of POST /v1/sterile-cell-leases/{id}/exec.
+type ExecRequest struct {
+	LeaseProof
+	Argv           []string          `json:"argv"`
+	StdinBase64    string            `json:"stdin_base64,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	TimeoutSeconds *uint64           `json:"timeout_seconds,omitempty"`
+}
+
+// ExecResponse answers an exec.
+type ExecResponse struct {
+	OK           bool   `json:"ok"`
+	ExitCode     int    `json:"exit_code"`
+	StdoutBase64 string `json:"stdout_base64"`
+	StderrBase64 string `json:"stderr_base64"`
+	Truncated    bool   `json:"truncated"`
+	DurationMS   int64  `json:"duration_ms"`
+}
+
+// PrepareRequest is the body of POST /v1/workers/{id}/sterile-cells/prepare.
+type PrepareRequest struct {
+	CellID         uuid.UUID `json:"cell_id"`
+	Release        Release   `json:"release"`
+	ProviderCellID string    `json:"provider_cell_id"`
+	ExpiresAt      Time      `json:"expires_at"`
+}
+
+// Cell is the cell object of the worker routes.
+type Cell struct {
+	CellID         uuid.UUID          `json:"cell_id"`
+	WorkerID       string             `json:"worker_id"`
+	ProviderCellID string             `json:"provider_cell_id"`
+	State          lease.State        `json:"state"`
+	Generation     uint64             `json:"generation"`
+	Release        Release            `json:"release"`
+	ExpiresAt      Time               `json:"expires_at"`
+	Disposition    *lease.Disposition `json:"disposition"`
+}
+
+// CellOf returns the wire form of a cell.
+func CellOf(c *lease.Cell) Cell {
+	return Cell{CellID: c.ID, WorkerID: c.WorkerID, ProviderCellID: c.ProviderCellID, State: c.State,
+		Generation: c.Generation, Release: c.Release, ExpiresAt: Time{c.ExpiresAt}, Disposition: DispositionOf(c.State)}
+}
+
+// DispositionOf returns the disposition of a cell in state s: nil while live.
+func DispositionOf(s lease.State) *lease.Disposition {
+	if !s.Terminal() {
+		return nil
+	}
+	return &s
+}
+
+// CellResponse answers prepare, retire and destroy.
+type CellResponse struct {
+	OK   bool `json:"ok"`
+	Cell Cell `json:"cell"`
+}
+
+// CellClaim is the claim that leased a worker's cell.
+type CellClaim struct {
+	ClaimID    *uuid.UUID `json:"claim_id"`
+	LeaseID    uuid.UUID  `json:"lease_id"`
+	Generation uint64     `json:"generation"`
+	ExpiresAt  Time       `json:"expires_at"`
+}
+
+// WorkerCellResponse answers GET /v1/workers/{id}/sterile-cells/{cell_id}.
+type WorkerCellResponse struct {
+	OK    bool       `json:"ok"`
+	Cell  Cell       `json:"cell"`
+	Claim *CellClaim `json:"claim"`
+}
+
+// RetireRequest is the body of the retire route.
+type RetireRequest struct {
+	Generation uint64 `json:"generation"`
+}
+
+// DestroyRequest is the body of the worker destroy route.
+type DestroyRequest struct {
+	LeaseID     uuid.UUID         `json:"lease_id"`
+	Generation  uint64            `json:"generation"`
+	Disposition lease.Disposition `json:"disposition"`
+}
+
+// Pool is one pool in GET /v1/pools.
+type Pool struct {
+	Name            string         `json:"name"`
+	Provider        string         `json:"provider"`
+	Mode            string         `json:"mode"`
+	TenantID        string         `json:"tenant_id"`
+	Release         Release        `json:"release"`
+	Target          int            `json:"target"`
+	ReadyFloor      int            `json:"ready_floor"`
+	MaxProvisioning int            `json:"max_provisioning"`
+	ReadyTTLSeconds int            `json:"ready_ttl_seconds"`
+	Members         map[string]int `json:"members"`
+	LastReconcileAt *Time          `json:"last_reconcile_at"`
+	LastError       *string        `json:"last_error"`
+}
+
+// PoolsResponse answers GET /v1/pools.
+type PoolsResponse struct {
+	OK    bool   `json:"ok"`
+	Pools []Pool `json:"pools"`
+}
+
+// ErrorResponse is the body of every error.
+type ErrorResponse struct {
+	OK      bool   `json:"ok"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}

@@ -1,0 +1,91 @@
+package sandboxwich
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+// Worker is an external worker: a process that manages its own provider and
+// prepares cells for one tenant (CONTRACT §7).
+type Worker struct {
+	ID             uuid.UUID
+	TenantID       string
+	RuntimeClasses []lease.RuntimeClass
+}
+
+// PrepareRequest registers a cell a worker has prepared.
+type PrepareRequest struct {
+	CellID         uuid.UUID
+	Release        lease.Release
+	ProviderCellID string
+	// ExpiresAt is the ready deadline, kept to the microsecond.
+	ExpiresAt time.Time
+}
+
+// Prepare registers a worker's ready cell. It is not idempotent: resolve an
+// ambiguous prepare with WorkerCell.
+func (p *Plane) Prepare(ctx context.Context, w Worker, req PrepareRequest) (lease.Cell, error) {
+	if err := p.checkRelease(req.Release); err != nil {
+		return lease.Cell{}, err
+	}
+	now := p.Now()
+	if !req.ExpiresAt.After(now) {
+		return lease.Cell{}, errcode.New(errcode.BadRequest, "expires_at is not in the future")
+	}
+	if !lease.ValidIdentifier(req.ProviderCellID) {
+		return lease.Cell{}, errcode.New(errcode.BadRequest, "provider_cell_id is invalid")
+	}
+	if !slices.Contains(w.RuntimeClasses, req.Release.RuntimeClass) {
+		return lease.Cell{}, errcode.New(errcode.AuthorizationDenied, "worker may not prepare "+string(req.Release.RuntimeClass)+" cells")
+	}
+	if req.CellID == uuid.Nil || w.ID == uuid.Nil || w.TenantID == "" {
+		return lease.Cell{}, errcode.New(errcode.InvalidRequest, "cell_id, worker and tenant are required")
+	}
+	return p.store.Prepare(ctx, store.PrepareParams{
+		CellID:         req.CellID,
+		TenantID:       w.TenantID,
+		WorkerID:       w.ID.String(),
+		ProviderCellID: req.ProviderCellID,
+		Release:        req.Release,
+		ExpiresAt:      req.ExpiresAt.UTC().Truncate(time.Microsecond),
+		Now:            now,
+	})
+}
+
+// WorkerCell returns one of the worker's cells and the claim that leased
+// it, if any.
+func (p *Plane) WorkerCell(ctx context.Context, w Worker, cellID uuid.UUID) (lease.Cell, *store.ClaimInfo, error) {
+	return p.store.WorkerCell(ctx, w.ID.String(), cellID)
+}
+
+// Retire quarantines one of the worker's ready generation-1 cells.
+func (p *Plane) Retire(ctx context.Context, w Worker, cellID uuid.UUID, generation uint64) (lease.Cell, error) {
+	return p.store.Retire(ctx, store.RetireParams{WorkerID: w.ID.String(), CellID: cellID, Generation: generation, Now: p.Now()})
+}
+
+// DestroyRequest ends a worker's leased cell.
+type DestroyRequest struct {
+	LeaseID     uuid.UUID
+	Generation  uint64
+	Disposition lease.Disposition
+}
+
+// Destroy ends one of the worker's leased cells with the requested
+// disposition, once its provider has torn the cell down. A request that does
+// not match the live lease quarantines the cell.
+func (p *Plane) Destroy(ctx context.Context, w Worker, cellID uuid.UUID, req DestroyRequest) (lease.Cell, error) {
+	if !lease.ValidDisposition(req.Disposition) {
+		return lease.Cell{}, errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
+	}
+	return p.store.Destroy(ctx, store.DestroyParams{
+		WorkerID: w.ID.String(), CellID: cellID, LeaseID: req.LeaseID,
+		Generation: req.Generation, Disposition: req.Disposition, Now: p.Now(),
+	})
+}
