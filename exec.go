@@ -2,11 +2,15 @@ package sandboxwich
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
 )
 
 // Exec limits (CONTRACT §6).
@@ -15,6 +19,9 @@ const (
 	MaxExecStdin       = 1 << 20
 	MaxExecEnv         = 64
 	DefaultExecTimeout = 60 * time.Second
+	// MaxExecOutput caps each of stdout and stderr; longer output is cut
+	// and reported as truncated.
+	MaxExecOutput = 1 << 20
 )
 
 // ExecRequest is one command to run in a leased cell.
@@ -28,18 +35,15 @@ type ExecRequest struct {
 }
 
 // ExecResult is a finished command.
-type ExecResult struct {
-	ExitCode       int
-	Stdout, Stderr []byte
-	// Truncated reports that an output stream hit its cap.
-	Truncated bool
-	Duration  time.Duration
-}
+type ExecResult = driver.ExecResult
 
-// Exec runs a command in the cell of a live lease. Order of checks: the lease
-// fence (not found, conflict), then a cell of an external worker (not found:
-// there is no provider here), then a provider without exec
-// (errcode.ErrExecUnsupported).
+// Exec runs a command in the cell of a live lease. Order of checks: the
+// lease fence (not found, conflict), then a cell of an external worker (not
+// found: there is no provider here), then a provider without exec
+// (errcode.ErrExecUnsupported). Before the command runs, the plane reads the
+// admitted runtime back from the provider; if it no longer matches the
+// signed runtime class, the cell is quarantined, its stop recorded, and
+// errcode.ErrRuntimeClassBoundaryUnverified returned.
 func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req ExecRequest) (ExecResult, error) {
 	if err := checkExec(req); err != nil {
 		return ExecResult{}, err
@@ -48,10 +52,60 @@ func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 	if err != nil {
 		return ExecResult{}, err
 	}
-	if rec.Member == nil {
+	m := rec.Member
+	if m == nil {
 		return ExecResult{}, errcode.New(errcode.NotFound, "cell was prepared by an external worker; exec through its worker")
 	}
-	return ExecResult{}, errcode.New(errcode.ExecUnsupported, "the cell's provider does not support exec")
+	var prov driver.Provider
+	if p.pools != nil {
+		if cfg, ok := p.pools.Pool(m.Pool); ok {
+			prov = cfg.Provider
+		}
+	}
+	execer, ok := prov.(driver.Execer)
+	if !ok {
+		return ExecResult{}, errcode.New(errcode.ExecUnsupported, "the cell's provider does not support exec")
+	}
+	obj := driver.Object{CellID: m.CellID, Identity: m.Identity}
+	l := rec.Cell.Lease
+	obs, err := prov.Inspect(ctx, obj)
+	if err == nil {
+		err = driver.Verify(obj, obs, l.Release.RuntimeClass)
+	}
+	if err != nil {
+		return ExecResult{}, p.unverified(ctx, m, err)
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = DefaultExecTimeout
+	}
+	timeout = min(timeout, l.ExpiresAt.Sub(p.Now()))
+	res, err := execer.Exec(ctx, obj, driver.ExecRequest{
+		Argv: req.Argv, Stdin: req.Stdin, Env: req.Env, Timeout: timeout, MaxOutput: MaxExecOutput,
+	})
+	if err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return ExecResult{}, err
+		}
+		return ExecResult{}, errcode.Wrap(errcode.Internal, "exec failed", err)
+	}
+	return res, nil
+}
+
+// unverified ends a cell whose runtime could not be verified: the cell is
+// quarantined and its stop recorded in one transaction, and the pool
+// destroys it.
+func (p *Plane) unverified(ctx context.Context, m *store.Member, cause error) error {
+	p.log.Warn("runtime class boundary unverified", "pool", m.Pool, "cell_id", m.CellID, "error", cause)
+	_, err := p.store.BeginStop(ctx, store.StopIntent{
+		CellID: m.CellID, From: []lease.MemberState{lease.MemberLeased}, Disposition: lease.Quarantined,
+		Quarantine: true, Reason: "runtime unverified before exec: " + cause.Error(), Now: p.Now(),
+	})
+	if err != nil && !errors.Is(err, errcode.ErrConflict) {
+		return err
+	}
+	p.pools.Trigger()
+	return errcode.Wrap(errcode.RuntimeClassBoundaryUnverified, "the cell's runtime class could not be verified; the cell is quarantined", cause)
 }
 
 func checkExec(req ExecRequest) error {

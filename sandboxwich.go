@@ -26,15 +26,19 @@ package sandboxwich
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/fence"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
@@ -55,6 +59,11 @@ type Plane struct {
 	log     *slog.Logger
 	floors  map[string]int
 	onClaim func(ClaimResult)
+
+	pools    *pool.Reconciler // nil without pools
+	poolCfgs []pool.Config
+	poolOpt  pool.Options
+	sweep    time.Duration // 0 disables the expiry sweeper
 }
 
 // Option configures a Plane.
@@ -77,6 +86,20 @@ func WithReadyFloor(pool string, floor int) Option {
 	return func(p *Plane) { p.floors[pool] = floor }
 }
 
+// WithPools configures pools the plane keeps warm (CONTRACT §8). Each
+// pool's release must be signed by the plane's key.
+func WithPools(pools ...pool.Config) Option {
+	return func(p *Plane) { p.poolCfgs = append(p.poolCfgs, pools...) }
+}
+
+// WithPoolOptions tunes the pool reconciler. Its clock, ID source and
+// logger default to the plane's.
+func WithPoolOptions(o pool.Options) Option { return func(p *Plane) { p.poolOpt = o } }
+
+// WithSweepInterval sets how often Run quarantines expired cells of
+// external workers (default 1 s); 0 disables the expiry sweeper.
+func WithSweepInterval(d time.Duration) Option { return func(p *Plane) { p.sweep = d } }
+
 // WithClaimHook registers a function called after every successful claim
 // that leased a cell (for example to trigger pool replenishment). It must
 // not block; it never sees the attestation.
@@ -94,12 +117,71 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 		newID:  func() uuid.UUID { return uuid.Must(uuid.NewV7()) },
 		log:    slog.Default(),
 		floors: map[string]int{},
+		sweep:  time.Second,
 	}
 	for _, o := range opts {
 		o(p)
 	}
+	if len(p.poolCfgs) == 0 {
+		return p, nil
+	}
+	for _, c := range p.poolCfgs {
+		if err := p.checkRelease(c.Release); err != nil {
+			return nil, fmt.Errorf("pool %q: release: %w", c.Name, err)
+		}
+		if c.ReadyFloor > 0 {
+			p.floors[c.Name] = c.ReadyFloor
+		}
+	}
+	o := p.poolOpt
+	if o.Now == nil {
+		o.Now = p.Now
+	}
+	if o.NewID == nil {
+		o.NewID = p.newID
+	}
+	if o.Logger == nil {
+		o.Logger = p.log
+	}
+	r, err := pool.New(p.store, p.poolCfgs, o)
+	if err != nil {
+		return nil, err
+	}
+	p.pools = r
 	return p, nil
 }
+
+// Run keeps the pools warm and sweeps expired cells until ctx ends. Call it
+// once, in its own goroutine; claims work without it, but pools are neither
+// refilled nor stopped.
+func (p *Plane) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	if p.pools != nil {
+		g.Go(func() error { return p.pools.Run(ctx) })
+	}
+	if p.sweep > 0 {
+		g.Go(func() error {
+			t := time.NewTicker(p.sweep)
+			defer t.Stop()
+			for {
+				if n, err := p.SweepExpired(ctx); err != nil && ctx.Err() == nil {
+					p.log.Warn("expiry sweep", "error", err)
+				} else if n > 0 {
+					p.log.Info("expired cells quarantined", "count", n)
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+				}
+			}
+		})
+	}
+	return g.Wait()
+}
+
+// Pools returns the pool reconciler, or nil when the plane has no pools.
+func (p *Plane) Pools() *pool.Reconciler { return p.pools }
 
 // Store returns the plane's store.
 func (p *Plane) Store() store.Store { return p.store }
@@ -190,8 +272,13 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		return ClaimResult{}, errcode.New(errcode.Conflict, "the lease attestation cannot be regenerated (the signing key changed)")
 	}
 	p.log.LogAttrs(ctx, slog.LevelDebug, "claim", slog.String("tenant", tenantID), slog.Any("result", out))
-	if p.onClaim != nil && !out.Replayed {
-		p.onClaim(out)
+	if !out.Replayed {
+		if p.pools != nil && out.PoolName != "" {
+			p.pools.Trigger()
+		}
+		if p.onClaim != nil {
+			p.onClaim(out)
+		}
 	}
 	return out, nil
 }
@@ -301,9 +388,12 @@ type LeaseStatus struct {
 	CleanupPending bool
 	// PoolName is the pool of the cell, "" for cells of external workers.
 	PoolName string
+	// ProviderMode is the pool provider's mode (apply or dry_run), "" for
+	// cells of external workers.
+	ProviderMode driver.Mode
 }
 
-func statusOf(rec store.LeaseRecord) LeaseStatus {
+func (p *Plane) statusOf(rec store.LeaseRecord) LeaseStatus {
 	c := rec.Cell
 	s := LeaseStatus{
 		LeaseID:     c.Lease.ID,
@@ -316,6 +406,11 @@ func statusOf(rec store.LeaseRecord) LeaseStatus {
 	if m := rec.Member; m != nil {
 		s.ProviderAbsent = m.ProviderAbsent
 		s.CleanupPending = m.State == lease.MemberCleanupPending
+		if p.pools != nil {
+			if cfg, ok := p.pools.Pool(m.Pool); ok {
+				s.ProviderMode = cfg.Provider.Capabilities().Mode
+			}
+		}
 	}
 	return s
 }
@@ -326,7 +421,7 @@ func (p *Plane) LeaseStatus(ctx context.Context, tenantID string, leaseID uuid.U
 	if err != nil {
 		return LeaseStatus{}, err
 	}
-	return statusOf(rec), nil
+	return p.statusOf(rec), nil
 }
 
 // Release records the tenant's stop of a pool cell under the lease fence;
@@ -339,7 +434,10 @@ func (p *Plane) Release(ctx context.Context, tenantID string, leaseID uuid.UUID,
 	if err != nil {
 		return LeaseStatus{}, err
 	}
-	return statusOf(rec), nil
+	if p.pools != nil {
+		p.pools.Trigger()
+	}
+	return p.statusOf(rec), nil
 }
 
 // SweepExpired quarantines expired cells of external workers and drops

@@ -94,6 +94,14 @@ type Store interface {
 	// create a provider object for a cell ID, before the provider is called.
 	CreateMember(ctx context.Context, p CreateMemberParams) (Member, error)
 
+	// Replenish records new provisioning members for a pool: in one
+	// transaction, serialized with every other Replenish of the pool (on
+	// every replica), it counts the live and provisioning members and
+	// inserts min(Target − live, MaxProvisioning − provisioning) new ones
+	// (never negative), each locked for Owner until LockUntil. It returns
+	// the members created.
+	Replenish(ctx context.Context, p ReplenishParams) ([]Member, error)
+
 	// AdmitMember, in one transaction, inserts the ready cell of a verified
 	// provisioning member and moves the member to ready. A member no longer
 	// provisioning is a conflict and nothing is inserted.
@@ -258,6 +266,8 @@ type Member struct {
 	Attempts  int
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Cell is the member's cell as it is now, nil before admission.
+	Cell *lease.Cell
 }
 
 // CreateMemberParams records a provisioning intent.
@@ -266,6 +276,19 @@ type CreateMemberParams struct {
 	Pool     string
 	TenantID string
 	Now      time.Time
+}
+
+// ReplenishParams asks for new provisioning members.
+type ReplenishParams struct {
+	Pool            string
+	TenantID        string
+	Target          int
+	MaxProvisioning int
+	// NewID returns the cell ID of each new member (UUIDv7).
+	NewID     func() uuid.UUID
+	Owner     string
+	LockUntil time.Time
+	Now       time.Time
 }
 
 // AdmitParams admits a verified member's cell to inventory.
@@ -285,8 +308,13 @@ type StopIntent struct {
 	CellID      uuid.UUID
 	From        []lease.MemberState
 	Disposition lease.Disposition
-	Reason      string
-	Now         time.Time
+	// Quarantine quarantines the cell at once, whatever its state (a
+	// runtime found unverified before an exec). Otherwise only a ready cell
+	// is quarantined, and a leased one stays leased until the provider
+	// confirms the stop.
+	Quarantine bool
+	Reason     string
+	Now        time.Time
 }
 
 // StopOutcome is the result of a provider destroy attempted under a fence.

@@ -131,7 +131,7 @@ func (s *Store) replay(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams, r
 	if err != nil {
 		return false, err
 	}
-	empty := c.id == ""
+	empty := !c.present()
 	var cell lease.Cell
 	if !empty {
 		if cell, err = c.cell(); err != nil {

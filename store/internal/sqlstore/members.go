@@ -22,11 +22,43 @@ var errMemberNotFound = errcode.New(errcode.NotFound, "pool member not found")
 func (s *Store) CreateMember(ctx context.Context, p store.CreateMemberParams) (store.Member, error) {
 	m := store.Member{CellID: p.CellID, Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
 		CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
-	_, err := s.w.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, us(p.Now), us(p.Now))
+	_, err := s.w.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, nil, nil, us(p.Now), us(p.Now))
 	if err != nil && s.d.UniqueViolation(err) {
 		return m, errcode.New(errcode.Conflict, "cell_id was already used")
 	}
 	return m, s.fail("create member", err)
+}
+
+// Replenish implements store.Store.
+func (s *Store) Replenish(ctx context.Context, p store.ReplenishParams) ([]store.Member, error) {
+	if p.Pool == "" || p.TenantID == "" || p.NewID == nil {
+		return nil, errcode.New(errcode.InvalidRequest, "replenish parameters are incomplete")
+	}
+	var out []store.Member
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		out = nil
+		if s.d.LockInventory != nil {
+			if err := s.d.LockInventory(ctx, tx, "pool\x00"+p.Pool); err != nil {
+				return err
+			}
+		}
+		var live, provisioning int
+		if err := tx.QueryRowxContext(ctx, s.q.memberLive, p.Pool).Scan(&live, &provisioning); err != nil {
+			return err
+		}
+		n := min(p.Target-live, p.MaxProvisioning-provisioning)
+		for range max(n, 0) {
+			m := store.Member{CellID: p.NewID(), Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
+				CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
+			if _, err := tx.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID,
+				nullString(p.Owner), us(p.LockUntil), us(p.Now), us(p.Now)); err != nil {
+				return err
+			}
+			out = append(out, m)
+		}
+		return nil
+	})
+	return out, s.fail("replenish", err)
 }
 
 // AdmitMember implements store.Store.
@@ -79,19 +111,19 @@ func (s *Store) BeginStop(ctx context.Context, p store.StopIntent) (store.Member
 	}
 	var m store.Member
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
-		rec, err := s.memberRecord(ctx, tx, p.CellID)
-		if err != nil {
+		var err error
+		if m, err = s.memberTx(ctx, tx, p.CellID); err != nil {
 			return err
 		}
-		m = *rec.Member
 		if !slices.Contains(p.From, m.State) {
 			return errcode.New(errcode.Conflict, "member is "+string(m.State))
 		}
-		var cell *lease.Cell
-		if rec.Cell.ID != uuid.Nil {
-			cell = &rec.Cell
+		if p.Quarantine && m.Cell != nil {
+			if err := s.quarantine(ctx, tx, m.Cell, p.Now); err != nil {
+				return err
+			}
 		}
-		return s.recordStop(ctx, tx, &m, cell, p.Disposition, p.Reason, p.Now)
+		return s.recordStop(ctx, tx, &m, m.Cell, p.Disposition, p.Reason, p.Now)
 	})
 	return m, s.fail("begin stop", err)
 }
@@ -150,15 +182,11 @@ func (s *Store) cleanupPending(ctx context.Context, tx *sqlx.Tx, m *store.Member
 func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Member, error) {
 	var m store.Member
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
-		rec, err := s.memberRecord(ctx, tx, p.CellID)
-		if err != nil {
+		var err error
+		if m, err = s.memberTx(ctx, tx, p.CellID); err != nil {
 			return err
 		}
-		m = *rec.Member
-		var cell *lease.Cell
-		if rec.Cell.ID != uuid.Nil {
-			cell = &rec.Cell
-		}
+		cell := m.Cell
 		if m.State != lease.MemberStopping && m.State != lease.MemberCleanupPending {
 			if m.State.Terminal() {
 				return nil // already completed
@@ -216,25 +244,6 @@ func (s *Store) terminal(ctx context.Context, tx *sqlx.Tx, c *lease.Cell, to lea
 	return nil
 }
 
-// memberRecord reads a member and its cell (if admitted) in a transaction.
-// The record's Cell is zero when no cell was inserted yet.
-func (s *Store) memberRecord(ctx context.Context, tx *sqlx.Tx, cellID uuid.UUID) (store.LeaseRecord, error) {
-	m, err := s.memberTx(ctx, tx, cellID)
-	if err != nil {
-		return store.LeaseRecord{}, err
-	}
-	rec := store.LeaseRecord{Member: &m}
-	r, err := scanRecord(tx.QueryRowxContext(ctx, s.q.recordByCell, cellID.String()))
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-	case err != nil:
-		return rec, err
-	default:
-		rec.Cell = r.Cell
-	}
-	return rec, nil
-}
-
 func (s *Store) memberTx(ctx context.Context, tx *sqlx.Tx, cellID uuid.UUID) (store.Member, error) {
 	m, err := scanMember(tx.QueryRowxContext(ctx, s.q.memberByID, cellID.String()))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -254,7 +263,8 @@ func (s *Store) Member(ctx context.Context, cellID uuid.UUID) (store.Member, err
 
 // Members implements store.Store.
 func (s *Store) Members(ctx context.Context, pool string, states ...lease.MemberState) ([]store.Member, error) {
-	q := `SELECT ` + memberCols + ` FROM pool_members m WHERE m.pool_name = ?`
+	q := `SELECT ` + memberCols + `, ` + cellCols + ` FROM pool_members m LEFT JOIN cells c ON c.id = m.cell_id
+		WHERE m.pool_name = ?`
 	args := []any{pool}
 	if len(states) > 0 {
 		q += ` AND m.state IN (?` + strings.Repeat(", ?", len(states)-1) + `)`

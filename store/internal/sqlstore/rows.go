@@ -24,17 +24,15 @@ const (
 
 type scanner interface{ Scan(dest ...any) error }
 
-// cellRow is one row of cellCols as scanned.
+// cellRow is one row of cellCols as scanned. Every field is nullable, so
+// the same row scans the right side of a LEFT JOIN; present reports whether
+// a cell was there.
 type cellRow struct {
-	id, tenant, worker             string
-	pool                           sql.NullString
-	providerCellID, state          string
-	generation                     int64
-	setID, class, digest, sig      string
-	deadline, created              int64
-	leaseID, org, ws, thread, sess sql.NullString
-	expires                        sql.NullInt64
-	attestation                    sql.NullString
+	id, tenant, worker, pool, providerCellID, state sql.NullString
+	setID, class, digest, sig                       sql.NullString
+	generation, deadline, created                   sql.NullInt64
+	leaseID, org, ws, thread, sess, attestation     sql.NullString
+	expires                                         sql.NullInt64
 }
 
 func (r *cellRow) dest() []any {
@@ -43,27 +41,29 @@ func (r *cellRow) dest() []any {
 		&r.leaseID, &r.org, &r.ws, &r.thread, &r.sess, &r.expires, &r.attestation}
 }
 
+func (r *cellRow) present() bool { return r.id.Valid }
+
 func (r *cellRow) cell() (lease.Cell, error) {
-	id, err := uuid.Parse(r.id)
+	id, err := uuid.Parse(r.id.String)
 	if err != nil {
-		return lease.Cell{}, fmt.Errorf("cell id %q: %w", r.id, err)
+		return lease.Cell{}, fmt.Errorf("cell id %q: %w", r.id.String, err)
 	}
 	c := lease.Cell{
 		ID:             id,
-		TenantID:       r.tenant,
-		WorkerID:       r.worker,
+		TenantID:       r.tenant.String,
+		WorkerID:       r.worker.String,
 		PoolName:       r.pool.String,
-		ProviderCellID: r.providerCellID,
-		State:          lease.State(r.state),
-		Generation:     uint64(r.generation),
+		ProviderCellID: r.providerCellID.String,
+		State:          lease.State(r.state.String),
+		Generation:     uint64(r.generation.Int64),
 		Release: lease.Release{
-			ReleaseSetID: r.setID,
-			RuntimeClass: lease.RuntimeClass(r.class),
-			PolicyDigest: r.digest,
-			Signature:    r.sig,
+			ReleaseSetID: r.setID.String,
+			RuntimeClass: lease.RuntimeClass(r.class.String),
+			PolicyDigest: r.digest.String,
+			Signature:    r.sig.String,
 		},
-		ExpiresAt: fromUS(r.deadline),
-		CreatedAt: fromUS(r.created),
+		ExpiresAt: fromUS(r.deadline.Int64),
+		CreatedAt: fromUS(r.created.Int64),
 	}
 	if r.leaseID.Valid {
 		lid, err := uuid.Parse(r.leaseID.String)
@@ -158,14 +158,23 @@ func scanCell(sc scanner) (lease.Cell, error) {
 	return c.cell()
 }
 
+// scanMember scans memberCols followed by cellCols (a LEFT JOIN).
 func scanMember(sc scanner) (store.Member, error) {
 	var m memberRow
-	if err := sc.Scan(m.dest()...); err != nil {
+	var c cellRow
+	if err := sc.Scan(append(m.dest(), c.dest()...)...); err != nil {
 		return store.Member{}, err
 	}
 	mem, err := m.member()
-	if err != nil {
-		return store.Member{}, err
+	if err != nil || mem == nil {
+		return store.Member{}, fmt.Errorf("member row: %v", err)
+	}
+	if c.present() {
+		cell, err := c.cell()
+		if err != nil {
+			return store.Member{}, err
+		}
+		mem.Cell = &cell
 	}
 	return *mem, nil
 }
@@ -189,9 +198,9 @@ type queries struct {
 	quarantine, toTerminal, prepare                                                      string
 	expireReady, expireLeased, expireIdempotency                                         string
 
-	memberInsert, memberAdmit, cellInsertPool, memberStop, memberByID string
-	memberCleanup, memberDone, memberLock, memberUnlock               string
-	memberCounts, cellCounts                                          string
+	memberInsert, memberLive, memberAdmit, cellInsertPool, memberStop, memberByID string
+	memberCleanup, memberDone, memberLock, memberUnlock                           string
+	memberCounts, cellCounts                                                      string
 
 	idemUpsert, idemGet, idemFinish, idemDrop string
 
@@ -249,8 +258,10 @@ func bindQueries(db *sqlx.DB) queries {
 			WHERE pool_name IS NULL AND state = 'leased' AND lease_expires_us <= ?`,
 		expireIdempotency: `DELETE FROM idempotency_records WHERE expires_us <= ?`,
 
-		memberInsert: `INSERT INTO pool_members (cell_id, pool_name, tenant_id, state, created_us, updated_us)
-			VALUES (?, ?, ?, 'provisioning', ?, ?)`,
+		memberInsert: `INSERT INTO pool_members (cell_id, pool_name, tenant_id, state, lock_owner, lock_until_us,
+			created_us, updated_us) VALUES (?, ?, ?, 'provisioning', ?, ?, ?, ?)`,
+		memberLive: `SELECT count(*), count(CASE WHEN state = 'provisioning' THEN 1 END) FROM pool_members
+			WHERE pool_name = ? AND state IN ('provisioning', 'ready', 'leased', 'stopping', 'cleanup_pending')`,
 		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, updated_us = ?
 			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
 		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
@@ -259,7 +270,7 @@ func bindQueries(db *sqlx.DB) queries {
 		memberStop: `UPDATE pool_members SET state = 'stopping', requested_disposition = ?, stop_lease_id = ?,
 			stop_generation = ?, last_error = ?, updated_us = ?
 			WHERE cell_id = ? AND state = ?`,
-		memberByID: `SELECT ` + memberCols + ` FROM pool_members m WHERE m.cell_id = ?`,
+		memberByID: `SELECT ` + memberCols + `, ` + cellCols + ` FROM pool_members m LEFT JOIN cells c ON c.id = m.cell_id WHERE m.cell_id = ?`,
 		memberCleanup: `UPDATE pool_members SET state = 'cleanup_pending', attempts = attempts + 1, last_error = ?,
 			updated_us = ? WHERE cell_id = ? AND state IN ('stopping', 'cleanup_pending')`,
 		memberDone: `UPDATE pool_members SET state = ?, provider_absent = TRUE, attempts = attempts + 1,
@@ -286,7 +297,7 @@ func bindQueries(db *sqlx.DB) queries {
 	for _, p := range []*string{
 		&q.schemaVersion, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
 		&q.recordByLease, &q.recordByCell, &q.cellByWorker, &q.claimOfLease, &q.quarantine, &q.toTerminal,
-		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberAdmit,
+		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
 	} {

@@ -1,0 +1,176 @@
+// Package driver defines what a provider of sterile cells must do, and no
+// more: create an object for a cell ID, report what the provider actually
+// admitted, destroy the object with proof, and optionally list objects and
+// run commands. Everything else — fences, states, verification against the
+// signed runtime class, retries — lives once in the plane and the pool
+// reconciler.
+//
+// A driver speaks only to its provider. It never imports the root package,
+// a store, or another driver. Its conformance is proven by
+// driver/drivertest.Run.
+package driver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// Mode says whether a provider creates real isolation boundaries.
+type Mode string
+
+// Provider modes.
+const (
+	// Apply providers create real objects: a verified observation is
+	// evidence that the runtime exists.
+	Apply Mode = "apply"
+	// DryRun providers simulate the whole life cycle. A dry-run result is
+	// never evidence that a runtime existed; every report says dry_run.
+	DryRun Mode = "dry_run"
+)
+
+// Capabilities describe a provider.
+type Capabilities struct {
+	// Kind names the provider ("gvisor", "kubernetes", "dry-run", …).
+	Kind string
+	// Mode is Apply or DryRun.
+	Mode Mode
+	// RuntimeClasses lists the classes the provider can serve.
+	RuntimeClasses []lease.RuntimeClass
+	// Identity is the provider identity that owns pool cells, reported as
+	// the cells' worker_id (e.g. "gvisor:hostname").
+	Identity string
+}
+
+// Object names one provider object: the cell it backs and the identity the
+// provider gave it (a container ID, a Pod UID…). Identity distinguishes the
+// object from a later one that reuses the same name. An empty Identity (a
+// provision that failed before its identity was recorded) names whatever
+// object backs the cell ID.
+type Object struct {
+	CellID   uuid.UUID
+	Identity string
+}
+
+// ProvisionRequest asks for one object.
+type ProvisionRequest struct {
+	CellID       uuid.UUID
+	RuntimeClass lease.RuntimeClass
+}
+
+// Observation is what the provider reports about an object when asked
+// afresh — never what the driver asked for.
+type Observation struct {
+	// Exists is false when the provider has no object of that name.
+	Exists bool
+	// Identity is the identity of the object found under the cell's name.
+	Identity string
+	// RuntimeClass is the class the provider demonstrably admitted the
+	// object with, or "" when it cannot be shown.
+	RuntimeClass lease.RuntimeClass
+	// Ready reports that the object can run commands now.
+	Ready bool
+	// Detail explains the observation for logs (never a secret).
+	Detail string
+}
+
+// Provider is the interface every driver implements. Implementations must
+// be safe for concurrent use; calls for different cells may run in parallel.
+type Provider interface {
+	// Capabilities reports what the provider is. It does no I/O.
+	Capabilities() Capabilities
+
+	// Provision creates the object for req.CellID and waits, within ctx,
+	// until it is ready. It is idempotent per cell ID: when the object
+	// already exists (a retry after a crash or a lost response) it returns
+	// that object instead of creating a second one. The returned object's
+	// Identity is what Inspect must report for the same object.
+	Provision(ctx context.Context, req ProvisionRequest) (Object, error)
+
+	// Inspect reads the object back from the provider. A missing object is
+	// an Observation with Exists false, not an error; an error means the
+	// provider could not be asked.
+	Inspect(ctx context.Context, obj Object) (Observation, error)
+
+	// Destroy deletes the object and returns nil only with proof that the
+	// exact object is absent: the provider says it does not exist, or that
+	// the name now belongs to another identity. Destroying an absent object
+	// returns nil. Anything less — a timeout, an error, a delete accepted
+	// but not yet confirmed — is returned as an error (see ErrUncertain),
+	// and the plane keeps the cell quarantined and counted until a later
+	// Destroy proves it.
+	Destroy(ctx context.Context, obj Object) error
+}
+
+// Lister is implemented by providers that can enumerate their objects, so
+// the reconciler can destroy orphans left by a crash.
+type Lister interface {
+	// List returns every object the provider holds for this pool.
+	List(ctx context.Context) ([]Object, error)
+}
+
+// Execer is implemented by providers that can run a command in a cell.
+type Execer interface {
+	// Exec runs one command in the object and waits for it, within ctx and
+	// req.Timeout. A command that ran and exited non-zero is not an error.
+	Exec(ctx context.Context, obj Object, req ExecRequest) (ExecResult, error)
+}
+
+// ExecRequest is one command.
+type ExecRequest struct {
+	Argv  []string
+	Stdin []byte
+	Env   map[string]string
+	// Timeout bounds the command; the driver kills it when it expires.
+	Timeout time.Duration
+	// MaxOutput caps each of stdout and stderr, in bytes.
+	MaxOutput int
+}
+
+// ExecResult is a finished command.
+type ExecResult struct {
+	ExitCode       int
+	Stdout, Stderr []byte
+	// Truncated reports that stdout or stderr hit MaxOutput.
+	Truncated bool
+	// TimedOut reports that the command was killed at its timeout.
+	TimedOut bool
+	Duration time.Duration
+}
+
+// ErrUncertain marks a destroy whose outcome could not be proven. Drivers
+// wrap it with the detail of what was observed.
+var ErrUncertain = errors.New("deletion not proven")
+
+// ErrNotFound is returned by Exec when the object does not exist.
+var ErrNotFound = errors.New("provider object not found")
+
+// Verify compares an observation of obj with the runtime class a release
+// was signed for. It returns nil only when the object exists under the
+// identity recorded at provisioning and the provider demonstrably admitted
+// it with exactly that class.
+func Verify(obj Object, o Observation, class lease.RuntimeClass) error {
+	switch {
+	case !o.Exists:
+		return &VerifyError{Reason: "object does not exist"}
+	case o.Identity != obj.Identity:
+		return &VerifyError{Reason: "object identity changed from " + obj.Identity + " to " + o.Identity}
+	case o.RuntimeClass != class:
+		got := string(o.RuntimeClass)
+		if got == "" {
+			got = "none"
+		}
+		return &VerifyError{Reason: "admitted runtime class is " + got + ", signed class is " + string(class)}
+	}
+	return nil
+}
+
+// VerifyError is a failed runtime verification:
+// runtime_class_boundary_unverified on the wire.
+type VerifyError struct{ Reason string }
+
+func (e *VerifyError) Error() string { return "runtime class boundary unverified: " + e.Reason }

@@ -1,0 +1,253 @@
+// Package fake is an in-memory provider with fault injection, for tests,
+// examples and the reference binary's clearly labelled `dry-run` provider.
+//
+// It simulates the whole life cycle: Provision records an object, Inspect
+// reports it admitted under the requested runtime class, Destroy removes it
+// and proves it gone. Its mode is driver.DryRun unless told otherwise, and a
+// dry-run result is never evidence that a runtime existed.
+//
+// Faults are injected by probability (Faults) or per cell (Drift, Vanish),
+// so tests can produce what a real provider does only on a bad day:
+// failed provisions, destroys that time out or cannot be confirmed,
+// responses lost after the provider acted, and runtime-class drift.
+package fake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// Faults are probabilities in [0, 1] of each injected failure.
+type Faults struct {
+	// ProvisionFailure fails a provision before anything is created.
+	ProvisionFailure float64
+	// DestroyUncertain returns an uncertain result without deleting.
+	DestroyUncertain float64
+	// DestroyTimeout blocks a destroy until its context ends.
+	DestroyTimeout float64
+	// LostResponse performs a provision or destroy and then reports an
+	// error, as if the response was lost on the way back.
+	LostResponse float64
+}
+
+// Config configures a Provider. The zero value is a dry-run provider with
+// no latency and no faults.
+type Config struct {
+	// Mode defaults to driver.DryRun.
+	Mode driver.Mode
+	// Kind defaults to "dry-run".
+	Kind string
+	// Latency delays every provision and destroy.
+	Latency time.Duration
+	Faults  Faults
+	// Seed makes fault injection reproducible.
+	Seed uint64
+}
+
+// Provider is the in-memory provider. It implements driver.Provider and
+// driver.Lister and is safe for concurrent use.
+type Provider struct {
+	cfg Config
+
+	mu      sync.Mutex
+	rng     *rand.Rand
+	objects map[uuid.UUID]*object
+	seq     int
+	calls   map[string]int
+}
+
+type object struct {
+	identity string
+	class    lease.RuntimeClass
+	drift    *lease.RuntimeClass
+}
+
+// New returns a Provider.
+func New(cfg Config) *Provider {
+	if cfg.Mode == "" {
+		cfg.Mode = driver.DryRun
+	}
+	if cfg.Kind == "" {
+		cfg.Kind = "dry-run"
+	}
+	return &Provider{
+		cfg:     cfg,
+		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5bd1e995)),
+		objects: map[uuid.UUID]*object{},
+		calls:   map[string]int{},
+	}
+}
+
+var _ interface {
+	driver.Provider
+	driver.Lister
+} = (*Provider)(nil)
+
+// Capabilities implements driver.Provider.
+func (p *Provider) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Kind:           p.cfg.Kind,
+		Mode:           p.cfg.Mode,
+		RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM},
+		Identity:       p.cfg.Kind,
+	}
+}
+
+// chance draws one fault decision.
+func (p *Provider) chance(prob float64) bool {
+	if prob <= 0 {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rng.Float64() < prob
+}
+
+func (p *Provider) wait(ctx context.Context) error {
+	if p.cfg.Latency <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(p.cfg.Latency)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (p *Provider) count(op string) {
+	p.mu.Lock()
+	p.calls[op]++
+	p.mu.Unlock()
+}
+
+// ErrInjected marks every injected failure.
+var ErrInjected = errors.New("fake: injected fault")
+
+// Provision implements driver.Provider.
+func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+	p.count("provision")
+	if err := p.wait(ctx); err != nil {
+		return driver.Object{}, err
+	}
+	if p.chance(p.cfg.Faults.ProvisionFailure) {
+		return driver.Object{}, fmt.Errorf("%w: provision failed", ErrInjected)
+	}
+	p.mu.Lock()
+	o, ok := p.objects[req.CellID]
+	if !ok {
+		p.seq++
+		o = &object{identity: fmt.Sprintf("fake-%d", p.seq), class: req.RuntimeClass}
+		p.objects[req.CellID] = o
+	}
+	obj := driver.Object{CellID: req.CellID, Identity: o.identity}
+	p.mu.Unlock()
+	if p.chance(p.cfg.Faults.LostResponse) {
+		return driver.Object{}, fmt.Errorf("%w: provision response lost", ErrInjected)
+	}
+	return obj, nil
+}
+
+// Inspect implements driver.Provider.
+func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
+	p.count("inspect")
+	if err := ctx.Err(); err != nil {
+		return driver.Observation{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o, ok := p.objects[obj.CellID]
+	if !ok {
+		return driver.Observation{Detail: "no such object"}, nil
+	}
+	class := o.class
+	if o.drift != nil {
+		class = *o.drift
+	}
+	return driver.Observation{Exists: true, Identity: o.identity, RuntimeClass: class, Ready: true,
+		Detail: "simulated (" + string(p.cfg.Mode) + ")"}, nil
+}
+
+// Destroy implements driver.Provider.
+func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
+	p.count("destroy")
+	if err := p.wait(ctx); err != nil {
+		return fmt.Errorf("%w: %w", driver.ErrUncertain, err)
+	}
+	if p.chance(p.cfg.Faults.DestroyTimeout) {
+		<-ctx.Done()
+		return fmt.Errorf("%w: %w", driver.ErrUncertain, ctx.Err())
+	}
+	if p.chance(p.cfg.Faults.DestroyUncertain) {
+		return fmt.Errorf("%w: %w: delete accepted, absence not confirmed", driver.ErrUncertain, ErrInjected)
+	}
+	p.mu.Lock()
+	o, ok := p.objects[obj.CellID]
+	if ok && (obj.Identity == "" || o.identity == obj.Identity) {
+		delete(p.objects, obj.CellID)
+	}
+	p.mu.Unlock()
+	if p.chance(p.cfg.Faults.LostResponse) {
+		return fmt.Errorf("%w: %w: destroy response lost", driver.ErrUncertain, ErrInjected)
+	}
+	return nil
+}
+
+// List implements driver.Lister.
+func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]driver.Object, 0, len(p.objects))
+	for id, o := range p.objects {
+		out = append(out, driver.Object{CellID: id, Identity: o.identity})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CellID.String() < out[j].CellID.String() })
+	return out, nil
+}
+
+// Drift makes Inspect report class for the cell's object from now on, as if
+// the provider had re-admitted it under another runtime.
+func (p *Provider) Drift(cellID uuid.UUID, class lease.RuntimeClass) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if o, ok := p.objects[cellID]; ok {
+		o.drift = &class
+	}
+}
+
+// Vanish deletes the cell's object out of band.
+func (p *Provider) Vanish(cellID uuid.UUID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.objects, cellID)
+}
+
+// Len returns the number of objects that exist.
+func (p *Provider) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.objects)
+}
+
+// Calls returns how many times an operation ("provision", "inspect",
+// "destroy") was called.
+func (p *Provider) Calls(op string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls[op]
+}

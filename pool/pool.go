@@ -1,0 +1,543 @@
+// Package pool keeps pools of sterile cells warm: the reconciler of
+// CONTRACT §8.
+//
+// Every provider action follows intent → act → complete under fence: the
+// intent is recorded in the store (a provisioning member, a stopping member
+// with its fence), the provider is called outside any transaction, and the
+// outcome is recorded only if the fence still matches. A crash at any point
+// leaves a record the next pass resumes from. An executor lock on each
+// member makes one process at a time act on its provider object, so several
+// replicas can reconcile one database.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+// Config is one pool.
+type Config struct {
+	Name     string
+	TenantID string
+	// Release is the signed trust class of every cell of the pool.
+	Release lease.Release
+	// Target is the number of live members to keep (provisioning, ready,
+	// leased, stopping and cleanup_pending all count).
+	Target int
+	// ReadyFloor holds back the pool's last ReadyFloor ready cells from
+	// claims (default 0, at most Target).
+	ReadyFloor int
+	// MaxProvisioning bounds concurrent provisions (default Target).
+	MaxProvisioning int
+	// ReadyTTL is how long a ready cell may wait for a claim (default 300 s).
+	ReadyTTL time.Duration
+	// Provider creates the pool's cells.
+	Provider driver.Provider
+}
+
+// DefaultReadyTTL is the ready TTL of a pool that sets none.
+const DefaultReadyTTL = 300 * time.Second
+
+// withDefaults fills defaults and validates, naming the offending field.
+func (c Config) withDefaults() (Config, error) {
+	if c.MaxProvisioning == 0 {
+		c.MaxProvisioning = c.Target
+	}
+	if c.ReadyTTL == 0 {
+		c.ReadyTTL = DefaultReadyTTL
+	}
+	bad := func(field, rule string) (Config, error) {
+		return c, fmt.Errorf("pool %q: %s %s", c.Name, field, rule)
+	}
+	switch {
+	case !lease.ValidIdentifier(c.Name):
+		return bad("name", "must be 1–256 characters of [A-Za-z0-9-_.:/]")
+	case !lease.ValidIdentifier(c.TenantID):
+		return bad("tenant_id", "must be 1–256 characters of [A-Za-z0-9-_.:/]")
+	case c.Target < 0:
+		return bad("target", "must not be negative")
+	case c.ReadyFloor < 0 || c.ReadyFloor > c.Target:
+		return bad("ready_floor", "must be between 0 and target")
+	case c.Target > 0 && (c.MaxProvisioning < 1 || c.MaxProvisioning > c.Target):
+		return bad("max_provisioning", "must be between 1 and target")
+	case c.ReadyTTL <= 0:
+		return bad("ready_ttl_seconds", "must be positive")
+	case c.Provider == nil:
+		return bad("provider", "is required")
+	case !slices.Contains(c.Provider.Capabilities().RuntimeClasses, c.Release.RuntimeClass):
+		return bad("release.runtime_class", fmt.Sprintf("%q is not served by provider %s",
+			c.Release.RuntimeClass, c.Provider.Capabilities().Kind))
+	}
+	return c, nil
+}
+
+// Options tune a Reconciler. Zero values take the defaults.
+type Options struct {
+	// Owner names this process in executor locks (default host:pid:random).
+	Owner string
+	// Interval between passes (default 1 s).
+	Interval time.Duration
+	// Parallelism bounds concurrent stops and verifications (default 8).
+	Parallelism int
+	// LockTTL bounds how long a crashed executor blocks a member
+	// (default 3 min); it must exceed the longest provider call.
+	LockTTL time.Duration
+	// ProvisionTimeout and DestroyTimeout bound provider calls
+	// (defaults 2 min and 1 min).
+	ProvisionTimeout, DestroyTimeout time.Duration
+	// VerifyInterval is how often ready members are re-verified
+	// (default 10 s).
+	VerifyInterval time.Duration
+	// OrphanInterval is how often listing providers are searched for
+	// objects without a live member (default 30 s).
+	OrphanInterval time.Duration
+	Now            func() time.Time
+	NewID          func() uuid.UUID
+	Logger         *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.Interval, time.Second)
+	def(&o.LockTTL, 3*time.Minute)
+	def(&o.ProvisionTimeout, 2*time.Minute)
+	def(&o.DestroyTimeout, time.Minute)
+	def(&o.VerifyInterval, 10*time.Second)
+	def(&o.OrphanInterval, 30*time.Second)
+	if o.Parallelism <= 0 {
+		o.Parallelism = 8
+	}
+	if o.Owner == "" {
+		host, _ := os.Hostname()
+		o.Owner = fmt.Sprintf("%s:%d:%08x", host, os.Getpid(), rand.Uint32())
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.NewID == nil {
+		o.NewID = func() uuid.UUID { return uuid.Must(uuid.NewV7()) }
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Reconciler runs the pools. It is safe for concurrent use.
+type Reconciler struct {
+	store   store.Store
+	opt     Options
+	trigger chan struct{}
+
+	mu    sync.Mutex
+	pools map[string]*poolState
+	order []string
+}
+
+type poolState struct {
+	cfg           Config
+	caps          driver.Capabilities
+	lastReconcile time.Time
+	lastError     string
+	lastOrphans   time.Time
+	verified      map[uuid.UUID]time.Time
+}
+
+// New returns a Reconciler for the pools. Pool names must be unique.
+func New(st store.Store, pools []Config, opt Options) (*Reconciler, error) {
+	r := &Reconciler{store: st, opt: opt.withDefaults(), trigger: make(chan struct{}, 1), pools: map[string]*poolState{}}
+	for _, c := range pools {
+		c, err := c.withDefaults()
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := r.pools[c.Name]; dup {
+			return nil, fmt.Errorf("pool %q: name is used twice", c.Name)
+		}
+		r.pools[c.Name] = &poolState{cfg: c, caps: c.Provider.Capabilities(), verified: map[uuid.UUID]time.Time{}}
+		r.order = append(r.order, c.Name)
+	}
+	return r, nil
+}
+
+// Pool returns a pool's configuration.
+func (r *Reconciler) Pool(name string) (Config, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps, ok := r.pools[name]
+	if !ok {
+		return Config{}, false
+	}
+	return ps.cfg, true
+}
+
+// Names returns the pool names in configuration order.
+func (r *Reconciler) Names() []string { return slices.Clone(r.order) }
+
+// SetTarget changes a pool's target; 0 drains it. The change takes effect
+// at the next pass.
+func (r *Reconciler) SetTarget(name string, target int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps, ok := r.pools[name]
+	if !ok {
+		return fmt.Errorf("pool %q: not configured", name)
+	}
+	c := ps.cfg
+	c.Target = target
+	c.ReadyFloor = min(c.ReadyFloor, target)
+	c.MaxProvisioning = max(min(c.MaxProvisioning, target), min(1, target))
+	c, err := c.withDefaults()
+	if err != nil {
+		return err
+	}
+	ps.cfg = c
+	r.Trigger()
+	return nil
+}
+
+// Trigger asks for a pass as soon as possible (after a claim, for example).
+// It never blocks.
+func (r *Reconciler) Trigger() {
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Run reconciles every Interval and on Trigger until ctx ends. A pass that
+// started provisions is followed at once by another, so a pool refills at
+// the pace of its provider.
+func (r *Reconciler) Run(ctx context.Context) error {
+	t := time.NewTicker(r.opt.Interval)
+	defer t.Stop()
+	for {
+		progressed := r.Pass(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if progressed {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-r.trigger:
+		}
+	}
+}
+
+// Pass runs one reconciliation of every pool and reports whether it
+// created members. Errors are recorded per pool (Status) and logged.
+func (r *Reconciler) Pass(ctx context.Context) (created bool) {
+	for _, name := range r.order {
+		r.mu.Lock()
+		ps := r.pools[name]
+		cfg := ps.cfg
+		r.mu.Unlock()
+		n, err := r.reconcile(ctx, ps, cfg)
+		created = created || n > 0
+		r.mu.Lock()
+		ps.lastReconcile = r.opt.Now().UTC()
+		ps.lastError = ""
+		if err != nil && ctx.Err() == nil {
+			ps.lastError = err.Error()
+			r.opt.Logger.Warn("pool reconcile", "pool", name, "error", err)
+		}
+		r.mu.Unlock()
+	}
+	return created
+}
+
+// liveStates are the member states that count against a pool's target.
+var liveStates = []lease.MemberState{lease.MemberProvisioning, lease.MemberReady, lease.MemberLeased,
+	lease.MemberStopping, lease.MemberCleanupPending}
+
+func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (int, error) {
+	members, err := r.store.Members(ctx, cfg.Name, liveStates...)
+	if err != nil {
+		return 0, err
+	}
+	now := r.opt.Now()
+	var errs errList
+	g := new(errgroup.Group)
+	g.SetLimit(r.opt.Parallelism)
+	excess := len(members) - cfg.Target
+	for _, m := range members {
+		act := r.decide(ps, cfg, m, now, &excess)
+		if act == nil {
+			continue
+		}
+		g.Go(func() error {
+			errs.add(r.locked(ctx, m.CellID, func() error { return act(ctx) }))
+			return nil
+		})
+	}
+	_ = g.Wait()
+
+	created, err := r.store.Replenish(ctx, store.ReplenishParams{
+		Pool: cfg.Name, TenantID: cfg.TenantID, Target: cfg.Target, MaxProvisioning: cfg.MaxProvisioning,
+		NewID: r.opt.NewID, Owner: r.opt.Owner, LockUntil: now.Add(r.opt.LockTTL), Now: now,
+	})
+	if err != nil {
+		errs.add(err)
+	}
+	p := new(errgroup.Group)
+	for _, m := range created {
+		p.Go(func() error {
+			errs.add(r.provision(ctx, cfg, m))
+			errs.add(r.store.UnlockMember(context.WithoutCancel(ctx), m.CellID, r.opt.Owner))
+			return nil
+		})
+	}
+	_ = p.Wait()
+
+	if lister, ok := cfg.Provider.(driver.Lister); ok && now.Sub(ps.lastOrphans) >= r.opt.OrphanInterval {
+		ps.lastOrphans = now
+		errs.add(r.destroyOrphans(ctx, cfg, lister))
+	}
+	return len(created), errs.err()
+}
+
+// decide returns what a member needs now, or nil.
+func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.Time, excess *int) func(context.Context) error {
+	stop := func(reason string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, reason)
+		}
+	}
+	switch m.State {
+	case lease.MemberProvisioning:
+		// Ours finish within the pass that created them, so one found here
+		// was left by a crash (its lock will have expired) or belongs to
+		// another replica (its lock holds, and locked skips it).
+		return func(ctx context.Context) error { return r.provision(ctx, cfg, m) }
+	case lease.MemberReady:
+		c := m.Cell
+		switch {
+		case c == nil || c.State != lease.Ready:
+			return stop("cell is no longer ready")
+		case !now.Before(c.ExpiresAt):
+			return stop("ready TTL expired")
+		case *excess > 0:
+			*excess--
+			return stop("pool is above its target")
+		}
+		r.mu.Lock()
+		due := now.Sub(ps.verified[m.CellID]) >= r.opt.VerifyInterval
+		r.mu.Unlock()
+		if !due {
+			return nil
+		}
+		return func(ctx context.Context) error {
+			if err := r.verify(ctx, cfg, m); err != nil {
+				return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, err.Error())
+			}
+			r.mu.Lock()
+			ps.verified[m.CellID] = now
+			r.mu.Unlock()
+			return nil
+		}
+	case lease.MemberLeased:
+		c := m.Cell
+		if c == nil || c.State != lease.Leased || c.Lease == nil || !now.Before(c.Lease.ExpiresAt) || !now.Before(c.ExpiresAt) {
+			return stop("lease expired or cell quarantined")
+		}
+	case lease.MemberStopping:
+		return func(ctx context.Context) error { return r.destroy(ctx, cfg, m) }
+	case lease.MemberCleanupPending:
+		// Back off: 1 s, 2 s, 4 s … up to a minute between attempts.
+		wait := time.Second << min(m.Attempts, 6)
+		if now.Sub(m.UpdatedAt) < min(wait, time.Minute) {
+			return nil
+		}
+		return func(ctx context.Context) error { return r.destroy(ctx, cfg, m) }
+	}
+	return nil
+}
+
+// locked runs fn holding the member's executor lock; a member locked by
+// another owner is skipped.
+func (r *Reconciler) locked(ctx context.Context, cellID uuid.UUID, fn func() error) error {
+	now := r.opt.Now()
+	ok, err := r.store.LockMember(ctx, cellID, r.opt.Owner, now.Add(r.opt.LockTTL), now)
+	if err != nil || !ok {
+		return err
+	}
+	defer func() { _ = r.store.UnlockMember(context.WithoutCancel(ctx), cellID, r.opt.Owner) }()
+	return fn()
+}
+
+// provision creates, verifies and admits a provisioning member, or records
+// its stop when any step fails.
+func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) error {
+	pctx, cancel := context.WithTimeout(ctx, r.opt.ProvisionTimeout)
+	obj, err := cfg.Provider.Provision(pctx, driver.ProvisionRequest{CellID: m.CellID, RuntimeClass: cfg.Release.RuntimeClass})
+	if err == nil {
+		m.Identity = obj.Identity
+		err = r.verify(pctx, cfg, m)
+	}
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // shutting down: the member stays provisioning and is resumed
+		}
+		r.opt.Logger.Warn("provision failed", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
+		return r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error())
+	}
+	now := r.opt.Now()
+	_, err = r.store.AdmitMember(ctx, store.AdmitParams{
+		CellID: m.CellID, Pool: cfg.Name, WorkerID: cfg.Provider.Capabilities().Identity,
+		ProviderCellID: m.CellID.String(), Identity: obj.Identity, Release: cfg.Release,
+		ReadyDeadline: now.Add(cfg.ReadyTTL), Now: now,
+	})
+	if err == nil {
+		r.opt.Logger.Info("cell ready", "pool", cfg.Name, "cell_id", m.CellID)
+	}
+	return err
+}
+
+// verify reads the member's object back and checks it against the pool's
+// signed runtime class.
+func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) error {
+	obj := driver.Object{CellID: m.CellID, Identity: m.Identity}
+	obs, err := cfg.Provider.Inspect(ctx, obj)
+	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	return driver.Verify(obj, obs, cfg.Release.RuntimeClass)
+}
+
+// stop records a member's stop intent and destroys its object.
+func (r *Reconciler) stop(ctx context.Context, cfg Config, m store.Member, from lease.MemberState, d lease.Disposition, quarantine bool, reason string) error {
+	m, err := r.store.BeginStop(ctx, store.StopIntent{CellID: m.CellID, From: []lease.MemberState{from},
+		Disposition: d, Quarantine: quarantine, Reason: reason, Now: r.opt.Now()})
+	if errors.Is(err, errcode.ErrConflict) {
+		return nil // the member moved on (claimed, or stopped by someone else)
+	}
+	if err != nil {
+		return err
+	}
+	r.opt.Logger.Info("cell stopping", "pool", cfg.Name, "cell_id", m.CellID, "reason", reason)
+	return r.destroy(ctx, cfg, m)
+}
+
+// destroy calls the provider under the member's recorded fence and records
+// the outcome: proof frees the slot, anything else is retried.
+func (r *Reconciler) destroy(ctx context.Context, cfg Config, m store.Member) error {
+	dctx, cancel := context.WithTimeout(ctx, r.opt.DestroyTimeout)
+	err := cfg.Provider.Destroy(dctx, driver.Object{CellID: m.CellID, Identity: m.Identity})
+	cancel()
+	if err != nil && ctx.Err() != nil {
+		return nil // shutting down: the stop stays recorded and is resumed
+	}
+	out := store.StopOutcome{CellID: m.CellID, StopLeaseID: m.StopLeaseID, StopGeneration: m.StopGeneration,
+		Disposition: m.RequestedDisposition, Proven: err == nil, Now: r.opt.Now()}
+	if err != nil {
+		out.Error = err.Error()
+	}
+	done, cerr := r.store.CompleteStop(ctx, out)
+	if cerr != nil {
+		return cerr
+	}
+	if err != nil {
+		r.opt.Logger.Warn("cell cleanup pending", "pool", cfg.Name, "cell_id", m.CellID, "attempts", done.Attempts, "error", err)
+		return nil
+	}
+	r.opt.Logger.Info("cell gone", "pool", cfg.Name, "cell_id", m.CellID, "state", done.State, "provider_absent", done.ProviderAbsent)
+	return nil
+}
+
+// destroyOrphans destroys provider objects that have no live member: left
+// by a crash between a provider call and its record, or by an operator.
+func (r *Reconciler) destroyOrphans(ctx context.Context, cfg Config, l driver.Lister) error {
+	objs, err := l.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list: %w", err)
+	}
+	var errs errList
+	for _, obj := range objs {
+		m, err := r.store.Member(ctx, obj.CellID)
+		switch {
+		case errors.Is(err, errcode.ErrNotFound), err == nil && m.State.Terminal():
+			dctx, cancel := context.WithTimeout(ctx, r.opt.DestroyTimeout)
+			errs.add(cfg.Provider.Destroy(dctx, obj))
+			cancel()
+			r.opt.Logger.Warn("orphan destroyed", "pool", cfg.Name, "cell_id", obj.CellID)
+		case err != nil:
+			errs.add(err)
+		}
+	}
+	return errs.err()
+}
+
+// Status is a pool's configuration and state, without secrets.
+type Status struct {
+	Config        Config
+	Capabilities  driver.Capabilities
+	Members       map[lease.MemberState]int
+	LastReconcile time.Time // zero before the first pass
+	LastError     string
+}
+
+// Status reports every pool, in configuration order.
+func (r *Reconciler) Status(ctx context.Context) ([]Status, error) {
+	counts, err := r.store.MemberCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Status, 0, len(r.order))
+	for _, name := range r.order {
+		ps := r.pools[name]
+		members := map[lease.MemberState]int{}
+		for _, st := range lease.MemberStates {
+			members[st] = counts[name][st]
+		}
+		out = append(out, Status{Config: ps.cfg, Capabilities: ps.caps, Members: members,
+			LastReconcile: ps.lastReconcile, LastError: ps.lastError})
+	}
+	return out, nil
+}
+
+// errList collects errors from concurrent actions.
+type errList struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (e *errList) add(err error) {
+	if err == nil {
+		return
+	}
+	e.mu.Lock()
+	e.errs = append(e.errs, err)
+	e.mu.Unlock()
+}
+
+func (e *errList) err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return errors.Join(e.errs...)
+}
