@@ -142,7 +142,7 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	if err := p.wait(ctx); err != nil {
 		return driver.Object{}, err
 	}
-	if p.chance(p.cfg.Faults.ProvisionFailure) {
+	if p.chance(p.faults().ProvisionFailure) {
 		return driver.Object{}, fmt.Errorf("%w: provision failed", ErrInjected)
 	}
 	p.mu.Lock()
@@ -154,7 +154,7 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	}
 	obj := driver.Object{CellID: req.CellID, Identity: o.identity}
 	p.mu.Unlock()
-	if p.chance(p.cfg.Faults.LostResponse) {
+	if p.chance(p.faults().LostResponse) {
 		return driver.Object{}, fmt.Errorf("%w: provision response lost", ErrInjected)
 	}
 	return obj, nil
@@ -186,11 +186,11 @@ func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 	if err := p.wait(ctx); err != nil {
 		return fmt.Errorf("%w: %w", driver.ErrUncertain, err)
 	}
-	if p.chance(p.cfg.Faults.DestroyTimeout) {
+	if p.chance(p.faults().DestroyTimeout) {
 		<-ctx.Done()
 		return fmt.Errorf("%w: %w", driver.ErrUncertain, ctx.Err())
 	}
-	if p.chance(p.cfg.Faults.DestroyUncertain) {
+	if p.chance(p.faults().DestroyUncertain) {
 		return fmt.Errorf("%w: %w: delete accepted, absence not confirmed", driver.ErrUncertain, ErrInjected)
 	}
 	p.mu.Lock()
@@ -199,7 +199,7 @@ func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 		delete(p.objects, obj.CellID)
 	}
 	p.mu.Unlock()
-	if p.chance(p.cfg.Faults.LostResponse) {
+	if p.chance(p.faults().LostResponse) {
 		return fmt.Errorf("%w: %w: destroy response lost", driver.ErrUncertain, ErrInjected)
 	}
 	return nil
@@ -218,6 +218,19 @@ func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CellID.String() < out[j].CellID.String() })
 	return out, nil
+}
+
+// SetFaults replaces the fault probabilities from now on.
+func (p *Provider) SetFaults(f Faults) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cfg.Faults = f
+}
+
+func (p *Provider) faults() Faults {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.Faults
 }
 
 // Drift makes Inspect report class for the cell's object from now on, as if
