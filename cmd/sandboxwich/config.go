@@ -1,0 +1,402 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// config is the server configuration (CONTRACT §11). Each setting is read
+// from, in increasing precedence: its default, the config file, the
+// environment (SANDBOXWICH_<KEY>), and a flag. Secrets (tokens) have no flag,
+// so they never appear in argv; the signing key is only ever read from a
+// file.
+type config struct {
+	Listen               string
+	DatabaseURL          string
+	AutoMigrate          bool
+	SigningKeyFile       string
+	TenantTokens         map[string]string // token → tenant
+	APIToken             string
+	DefaultTenant        string
+	OperatorToken        string
+	Workers              map[string]sandboxwich.Worker // token → worker
+	AllowInsecureNoAuth  bool
+	MetricsPublic        bool
+	SweepInterval        time.Duration
+	DisableExpirySweeper bool
+	LogLevel             string
+	LogFormat            string
+	ShutdownTimeout      time.Duration
+	TLSCertFile          string
+	TLSKeyFile           string
+	Pools                []poolConfig
+}
+
+// poolConfig is one pool as configured.
+type poolConfig struct {
+	Name            string            `json:"name"`
+	Provider        string            `json:"provider"`
+	TenantID        string            `json:"tenant_id"`
+	Release         lease.Release     `json:"release"`
+	Target          int               `json:"target"`
+	ReadyFloor      int               `json:"ready_floor"`
+	MaxProvisioning int               `json:"max_provisioning"`
+	ReadyTTLSeconds int               `json:"ready_ttl_seconds"`
+	Settings        map[string]string `json:"settings"`
+}
+
+// setting is one scalar configuration key.
+type setting struct {
+	key    string // config-file key; env is SANDBOXWICH_ + upper(key)
+	def    string
+	secret bool // no flag: secrets never come from argv
+	usage  string
+	apply  func(c *config, v string) error
+}
+
+func (s setting) env() string  { return "SANDBOXWICH_" + strings.ToUpper(s.key) }
+func (s setting) flag() string { return strings.ReplaceAll(s.key, "_", "-") }
+
+var settings = []setting{
+	{key: "listen", def: "127.0.0.1:3217", usage: "address to listen on",
+		apply: func(c *config, v string) error { c.Listen = v; return nil }},
+	{key: "database_url", def: "sqlite://sandboxwich.db", usage: "sqlite://relative/path, sqlite:///absolute/path or postgres://…",
+		apply: func(c *config, v string) error { c.DatabaseURL = v; return nil }},
+	{key: "auto_migrate", def: "true", usage: "apply database migrations at start-up",
+		apply: func(c *config, v string) error { return parseBool(&c.AutoMigrate, v) }},
+	{key: "sterile_cell_signing_key_file", usage: "file holding the HMAC signing key (mode 0600, ≥ 32 bytes)",
+		apply: func(c *config, v string) error { c.SigningKeyFile = v; return nil }},
+	{key: "tenant_tokens", secret: true, usage: "tenant=token pairs, comma-separated",
+		apply: func(c *config, v string) error { return parseTenantTokens(c, v) }},
+	{key: "api_token", secret: true, usage: "one shared tenant token, mapped to the default tenant",
+		apply: func(c *config, v string) error { c.APIToken = v; return nil }},
+	{key: "default_tenant", def: "default", usage: "tenant of the shared token and of insecure mode",
+		apply: func(c *config, v string) error { c.DefaultTenant = v; return identifier(v) }},
+	{key: "operator_token", secret: true, usage: "value of the x-sandboxwich-operator-token header",
+		apply: func(c *config, v string) error { c.OperatorToken = v; return nil }},
+	{key: "worker_tokens", secret: true, usage: "<worker_id>@<tenant>:<class>|<class>=sbw_wtok_…, comma-separated",
+		apply: func(c *config, v string) error { return parseWorkerTokens(c, v) }},
+	{key: "allow_insecure_no_auth", def: "false", usage: "LOCAL ONLY: unauthenticated requests act as the default tenant",
+		apply: func(c *config, v string) error { return parseBool(&c.AllowInsecureNoAuth, v) }},
+	{key: "metrics_public", def: "false", usage: "serve /metrics without a token",
+		apply: func(c *config, v string) error { return parseBool(&c.MetricsPublic, v) }},
+	{key: "sweep_interval_ms", def: "1000", usage: "interval of pool reconciliation and expiry sweeps",
+		apply: func(c *config, v string) error { return parseMillis(&c.SweepInterval, v) }},
+	{key: "disable_expiry_sweeper", def: "false", usage: "do not quarantine expired cells of external workers",
+		apply: func(c *config, v string) error { return parseBool(&c.DisableExpirySweeper, v) }},
+	{key: "log_level", def: "info", usage: "debug, info, warn or error",
+		apply: func(c *config, v string) error { c.LogLevel = v; return nil }},
+	{key: "log_format", def: "text", usage: "text or json",
+		apply: func(c *config, v string) error { c.LogFormat = v; return oneOf(v, "text", "json") }},
+	{key: "shutdown_timeout_ms", def: "30000", usage: "how long in-flight requests may finish at shutdown",
+		apply: func(c *config, v string) error { return parseMillis(&c.ShutdownTimeout, v) }},
+	{key: "tls_cert_file", usage: "serve HTTPS with this certificate (PEM)",
+		apply: func(c *config, v string) error { c.TLSCertFile = v; return nil }},
+	{key: "tls_key_file", usage: "serve HTTPS with this key (PEM)",
+		apply: func(c *config, v string) error { c.TLSKeyFile = v; return nil }},
+}
+
+// poolEnv lists the single pool's environment keys (SANDBOXWICH_STERILE_POOL_*).
+var poolEnv = []string{"NAME", "PROVIDER", "TARGET", "READY_FLOOR", "MAX_PROVISIONING", "READY_TTL_SECONDS",
+	"TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE"}
+
+// loadConfig reads the configuration for a command from args, the
+// environment and the config file named by --config or SANDBOXWICH_CONFIG.
+func loadConfig(e env, name string, args []string) (*config, error) {
+	fs := newFlags(e, name)
+	configFile := fs.String("config", e.getenv("SANDBOXWICH_CONFIG"), "optional JSON config file")
+	flagVals := map[string]*string{}
+	for _, s := range settings {
+		if !s.secret {
+			flagVals[s.key] = fs.String(s.flag(), "", s.usage+" (env "+s.env()+")")
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	file, filePools, err := readConfigFile(*configFile)
+	if err != nil {
+		return nil, err
+	}
+	c := &config{}
+	for _, s := range settings {
+		v, from := s.def, "default"
+		if fv, ok := file[s.key]; ok {
+			v, from = fv, "config file key "+s.key
+		}
+		if ev := e.getenv(s.env()); ev != "" {
+			v, from = ev, s.env()
+		}
+		if set[s.flag()] {
+			v, from = *flagVals[s.key], "--"+s.flag()
+		}
+		if err := s.apply(c, strings.TrimSpace(v)); err != nil {
+			return nil, fmt.Errorf("invalid %s: %w", from, err)
+		}
+	}
+	c.Pools = filePools
+	envPool, err := poolFromEnv(e, c.DefaultTenant)
+	if err != nil {
+		return nil, err
+	}
+	if envPool != nil {
+		c.Pools = append(c.Pools, *envPool)
+	}
+	return c, c.check()
+}
+
+func (c *config) check() error {
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("invalid TLS settings: SANDBOXWICH_TLS_CERT_FILE and SANDBOXWICH_TLS_KEY_FILE go together")
+	}
+	if c.APIToken != "" {
+		if _, dup := c.TenantTokens[c.APIToken]; dup {
+			return errors.New("invalid SANDBOXWICH_API_TOKEN: it is also a tenant token")
+		}
+	}
+	seen := map[string]bool{}
+	for _, p := range c.Pools {
+		if seen[p.Name] {
+			return fmt.Errorf("invalid pools: name %q is used twice", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	return nil
+}
+
+// authConfigured reports whether any token mode is configured.
+func (c *config) authConfigured() bool {
+	return len(c.TenantTokens) > 0 || c.APIToken != "" || len(c.Workers) > 0 || c.AllowInsecureNoAuth
+}
+
+func readConfigFile(path string) (map[string]string, []poolConfig, error) {
+	if path == "" {
+		return nil, nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("config file: %w", err)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	known := map[string]bool{"pools": true}
+	for _, s := range settings {
+		known[s.key] = true
+	}
+	out := map[string]string{}
+	for k, v := range raw {
+		if !known[k] {
+			return nil, nil, fmt.Errorf("config file %s: unknown key %q", path, k)
+		}
+		if k == "pools" {
+			continue
+		}
+		var s any
+		if err := json.Unmarshal(v, &s); err != nil {
+			return nil, nil, fmt.Errorf("config file %s: key %q: %w", path, k, err)
+		}
+		switch s := s.(type) {
+		case string:
+			out[k] = s
+		case bool, float64:
+			out[k] = string(v)
+		default:
+			return nil, nil, fmt.Errorf("config file %s: key %q must be a string, number or boolean", path, k)
+		}
+	}
+	var pools []poolConfig
+	if p, ok := raw["pools"]; ok {
+		dec := json.NewDecoder(bytes.NewReader(p))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&pools); err != nil {
+			return nil, nil, fmt.Errorf("config file %s: pools: %w", path, err)
+		}
+	}
+	return out, pools, nil
+}
+
+// poolFromEnv reads the single pool of SANDBOXWICH_STERILE_POOL_*; nil when
+// none of those variables is set.
+func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
+	v := map[string]string{}
+	for _, k := range poolEnv {
+		if s := strings.TrimSpace(e.getenv("SANDBOXWICH_STERILE_POOL_" + k)); s != "" {
+			v[k] = s
+		}
+	}
+	if len(v) == 0 {
+		return nil, nil
+	}
+	p := &poolConfig{
+		Name:     or(v["NAME"], "default"),
+		Provider: or(v["PROVIDER"], "gvisor"),
+		TenantID: or(v["TENANT_ID"], defaultTenant),
+		Release: lease.Release{
+			ReleaseSetID: v["RELEASE_SET_ID"],
+			RuntimeClass: lease.RuntimeClass(v["RUNTIME_CLASS"]),
+			PolicyDigest: v["POLICY_DIGEST"],
+			Signature:    v["RELEASE_SIGNATURE"],
+		},
+		Settings: map[string]string{},
+	}
+	for _, f := range []struct {
+		key string
+		dst *int
+		def string
+	}{{"TARGET", &p.Target, ""}, {"READY_FLOOR", &p.ReadyFloor, "0"},
+		{"MAX_PROVISIONING", &p.MaxProvisioning, "0"}, {"READY_TTL_SECONDS", &p.ReadyTTLSeconds, "300"}} {
+		s := or(v[f.key], f.def)
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("invalid SANDBOXWICH_STERILE_POOL_%s: %q is not a non-negative integer", f.key, s)
+		}
+		*f.dst = n
+	}
+	// Provider settings: SANDBOXWICH_<PROVIDER>_<KEY>, e.g. SANDBOXWICH_GVISOR_ROOTFS.
+	prefix := "SANDBOXWICH_" + strings.ToUpper(strings.ReplaceAll(p.Provider, "-", "_")) + "_"
+	for _, kv := range environ(e) {
+		k, val, _ := strings.Cut(kv, "=")
+		if rest, ok := strings.CutPrefix(k, prefix); ok && rest != "" {
+			p.Settings[strings.ToLower(rest)] = val
+		}
+	}
+	return p, nil
+}
+
+func environ(e env) []string {
+	if e.environ == nil {
+		return nil
+	}
+	return e.environ()
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func parseBool(dst *bool, v string) error {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("%q is not a boolean (true or false)", v)
+	}
+	*dst = b
+	return nil
+}
+
+func parseMillis(dst *time.Duration, v string) error {
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not a number of milliseconds", v)
+	}
+	*dst = time.Duration(n) * time.Millisecond
+	return nil
+}
+
+func identifier(v string) error {
+	if !lease.ValidIdentifier(v) {
+		return fmt.Errorf("%q is not an identifier (1–256 of [A-Za-z0-9-_.:/])", v)
+	}
+	return nil
+}
+
+func oneOf(v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is not one of %s", v, strings.Join(allowed, ", "))
+}
+
+// parseTenantTokens reads "acme=abc123,globex=def456". Messages never
+// repeat a token.
+func parseTenantTokens(c *config, v string) error {
+	c.TenantTokens = map[string]string{}
+	for i, pair := range splitList(v) {
+		tenant, token, ok := strings.Cut(pair, "=")
+		tenant, token = strings.TrimSpace(tenant), strings.TrimSpace(token)
+		switch {
+		case !ok || token == "":
+			return fmt.Errorf("entry %d is not tenant=token", i+1)
+		case identifier(tenant) != nil:
+			return fmt.Errorf("entry %d: tenant is not an identifier", i+1)
+		}
+		if _, dup := c.TenantTokens[token]; dup {
+			return fmt.Errorf("entry %d: token is used twice", i+1)
+		}
+		c.TenantTokens[token] = tenant
+	}
+	return nil
+}
+
+// parseWorkerTokens reads "<worker_id>@<tenant>:<class>|<class>=sbw_wtok_…".
+func parseWorkerTokens(c *config, v string) error {
+	c.Workers = map[string]sandboxwich.Worker{}
+	ids := map[uuid.UUID]bool{}
+	for i, entry := range splitList(v) {
+		spec, token, ok := strings.Cut(entry, "=")
+		token = strings.TrimSpace(token)
+		if !ok || !strings.HasPrefix(token, "sbw_wtok_") || len(token) <= len("sbw_wtok_") {
+			return fmt.Errorf("entry %d is not <worker_id>@<tenant>:<classes>=sbw_wtok_…", i+1)
+		}
+		idPart, rest, ok1 := strings.Cut(strings.TrimSpace(spec), "@")
+		tenant, classes, ok2 := strings.Cut(rest, ":")
+		id, err := uuid.Parse(idPart)
+		if !ok1 || !ok2 || err != nil {
+			return fmt.Errorf("entry %d: worker spec must be <uuid>@<tenant>:<class>|<class>", i+1)
+		}
+		if identifier(tenant) != nil {
+			return fmt.Errorf("entry %d: tenant is not an identifier", i+1)
+		}
+		w := sandboxwich.Worker{ID: id, TenantID: tenant}
+		for _, cl := range strings.Split(classes, "|") {
+			rc := lease.RuntimeClass(strings.TrimSpace(cl))
+			if !rc.Valid() {
+				return fmt.Errorf("entry %d: runtime class %q is not kata_microvm or gvisor_lower_risk", i+1, rc)
+			}
+			w.RuntimeClasses = append(w.RuntimeClasses, rc)
+		}
+		if ids[id] {
+			return fmt.Errorf("entry %d: worker %s is configured twice", i+1, id)
+		}
+		if _, dup := c.Workers[token]; dup {
+			return fmt.Errorf("entry %d: token is used twice", i+1)
+		}
+		ids[id] = true
+		c.Workers[token] = w
+	}
+	return nil
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}

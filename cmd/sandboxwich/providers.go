@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
+)
+
+// providerFactory builds a pool's provider from its settings. It must
+// refuse unknown settings, naming them.
+type providerFactory func(pool string, settings map[string]string) (driver.Provider, error)
+
+// providers maps SANDBOXWICH_STERILE_POOL_PROVIDER values to factories.
+var providers = map[string]providerFactory{
+	// dry-run simulates every cell: labelled dry_run in every report, never
+	// evidence that a runtime existed.
+	"dry-run": func(pool string, s map[string]string) (driver.Provider, error) {
+		latency, err := settingMillis(s, "latency_ms")
+		if err != nil {
+			return nil, err
+		}
+		return fake.New(fake.Config{Latency: latency}), unknownSettings(s, "latency_ms")
+	},
+}
+
+// newProvider builds the provider of a pool.
+func newProvider(p poolConfig) (driver.Provider, error) {
+	f, ok := providers[p.Provider]
+	if !ok {
+		kinds := make([]string, 0, len(providers))
+		for k := range providers {
+			kinds = append(kinds, k)
+		}
+		sort.Strings(kinds)
+		return nil, fmt.Errorf("pool %q: provider %q is not available in this build (available: %s)",
+			p.Name, p.Provider, strings.Join(kinds, ", "))
+	}
+	prov, err := f(p.Name, p.Settings)
+	if err != nil {
+		return nil, fmt.Errorf("pool %q: provider %s: %w", p.Name, p.Provider, err)
+	}
+	return prov, nil
+}
+
+func settingMillis(s map[string]string, key string) (time.Duration, error) {
+	v, ok := s[key]
+	if !ok || v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("setting %s: %q is not a number of milliseconds", key, v)
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}
+
+// unknownSettings refuses settings a provider does not read, so that a typo
+// fails at start-up instead of being ignored.
+func unknownSettings(s map[string]string, known ...string) error {
+	for k := range s {
+		found := false
+		for _, kk := range known {
+			found = found || k == kk
+		}
+		if !found {
+			return fmt.Errorf("unknown setting %q (known: %s)", k, strings.Join(known, ", "))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,273 @@
+package sandboxwich_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
+	"github.com/sandboxwich/sandboxwich/store/sqlite"
+)
+
+const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
+
+var binding = lease.Binding{OrganizationID: "org-1", WorkspaceID: "workspace-1", ThreadID: "thread-1", RunnerSessionID: "session-1"}
+
+type env struct {
+	ctx    context.Context
+	plane  *sandboxwich.Plane
+	keys   *attest.Keyring
+	rel    lease.Release
+	worker sandboxwich.Worker
+	now    time.Time
+}
+
+func newEnv(t *testing.T, opts ...sandboxwich.Option) *env {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "plane.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	keys, _ := attest.NewKeyring([]byte(testKey))
+	rel := lease.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.GVisorLowerRisk,
+		PolicyDigest: strings.Repeat("a", 64)}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	e := &env{ctx: ctx, keys: keys, rel: rel, now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC),
+		worker: sandboxwich.Worker{ID: uuid.New(), TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk}}}
+	opts = append([]sandboxwich.Option{sandboxwich.WithClock(func() time.Time { return e.now }),
+		sandboxwich.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	if e.plane, err = sandboxwich.New(st, keys, opts...); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) prepare(t *testing.T) lease.Cell {
+	t.Helper()
+	c, err := e.plane.Prepare(e.ctx, e.worker, sandboxwich.PrepareRequest{CellID: uuid.New(), Release: e.rel,
+		ProviderCellID: "p-" + uuid.NewString(), ExpiresAt: e.now.Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func u64(v uint64) *uint64 { return &v }
+
+func TestClaimValidationOrderAndCodes(t *testing.T) {
+	e := newEnv(t)
+	e.prepare(t)
+	bad := func(mut func(*sandboxwich.ClaimRequest)) sandboxwich.ClaimRequest {
+		r := sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding}
+		mut(&r)
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		req  sandboxwich.ClaimRequest
+		want *errcode.Error
+		msg  string
+	}{
+		{"bad release id", bad(func(r *sandboxwich.ClaimRequest) { r.Release.ReleaseSetID = "a b" }), errcode.ErrBadRequest, "release_set_id or policy_digest is invalid"},
+		{"uppercase digest", bad(func(r *sandboxwich.ClaimRequest) { r.Release.PolicyDigest = strings.Repeat("A", 64) }), errcode.ErrBadRequest, "release_set_id"},
+		{"bad class", bad(func(r *sandboxwich.ClaimRequest) { r.Release.RuntimeClass = "runc" }), errcode.ErrInvalidRequest, "runtime_class"},
+		{"signature", bad(func(r *sandboxwich.ClaimRequest) { r.Release.Signature += "x" }), errcode.ErrAuthorizationDenied, "signature"},
+		{"other class same sig", bad(func(r *sandboxwich.ClaimRequest) { r.Release.RuntimeClass = lease.KataMicroVM }), errcode.ErrAuthorizationDenied, "signature"},
+		{"release before binding", bad(func(r *sandboxwich.ClaimRequest) { r.Release.Signature = ""; r.Binding.OrganizationID = "" }), errcode.ErrAuthorizationDenied, "signature"},
+		{"org", bad(func(r *sandboxwich.ClaimRequest) { r.Binding.OrganizationID = "" }), errcode.ErrBadRequest, "organization_id is invalid"},
+		{"workspace", bad(func(r *sandboxwich.ClaimRequest) { r.Binding.WorkspaceID = "ws\x00" }), errcode.ErrBadRequest, "workspace_id is invalid"},
+		{"thread", bad(func(r *sandboxwich.ClaimRequest) { r.Binding.ThreadID = strings.Repeat("t", 257) }), errcode.ErrBadRequest, "thread_id is invalid"},
+		{"session", bad(func(r *sandboxwich.ClaimRequest) { r.Binding.RunnerSessionID = "ѕession" }), errcode.ErrBadRequest, "runner_session_id is invalid"},
+		{"org before session", bad(func(r *sandboxwich.ClaimRequest) { r.Binding.OrganizationID = "!"; r.Binding.RunnerSessionID = "!" }), errcode.ErrBadRequest, "organization_id"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.plane.Claim(e.ctx, "acme", tc.req)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("got %v, want %v containing %q", err, tc.want, tc.msg)
+			}
+		})
+	}
+	// Nothing was consumed by the bad requests.
+	res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("good claim after bad ones: %+v %v", res, err)
+	}
+}
+
+func TestLeaseSecondsClamped(t *testing.T) {
+	for _, tc := range []struct {
+		req  *uint64
+		want time.Duration
+	}{{nil, 120 * time.Second}, {u64(0), time.Second}, {u64(1), time.Second}, {u64(300), 300 * time.Second}, {u64(1000), 300 * time.Second}} {
+		e := newEnv(t)
+		e.prepare(t)
+		res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding, LeaseSeconds: tc.req})
+		if err != nil || res.Lease == nil {
+			t.Fatal(err)
+		}
+		if got := res.Lease.ExpiresAt.Sub(e.now); got != tc.want {
+			t.Errorf("lease_seconds %v: expiry in %v, want %v", tc.req, got, tc.want)
+		}
+	}
+}
+
+func TestAttestationIsVerifiableAndKeyChangeConflicts(t *testing.T) {
+	e := newEnv(t)
+	e.prepare(t)
+	claimID := uuid.New()
+	res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: e.rel, Binding: binding})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(res.Attestation, "swla1_") || len(res.Attestation) != 49 {
+		t.Fatalf("attestation shape: %d chars", len(res.Attestation))
+	}
+	// A plane with another key regenerates a different token for the
+	// stored lease: the replay is refused rather than minting new authority.
+	other, _ := attest.NewKeyring([]byte(strings.Repeat("k", 40)))
+	p2, _ := sandboxwich.New(e.plane.Store(), other, sandboxwich.WithClock(func() time.Time { return e.now }))
+	rel2 := e.rel
+	rel2.Signature = other.SignRelease(rel2.ReleaseSetID, string(rel2.RuntimeClass), rel2.PolicyDigest)
+	_, err = p2.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: rel2, Binding: binding})
+	if !errors.Is(err, errcode.ErrConflict) {
+		t.Fatalf("replay under another key: %v", err)
+	}
+}
+
+func TestTenantsAreIsolated(t *testing.T) {
+	e := newEnv(t)
+	e.prepare(t)
+	res, err := e.plane.Claim(e.ctx, "globex", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
+	if err != nil || res.Lease != nil {
+		t.Fatalf("foreign tenant claimed acme's cell: %+v %v", res, err)
+	}
+	res, _ = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
+	proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	_, errForeign := e.plane.Validate(e.ctx, "globex", res.Lease.ID, proof)
+	_, errUnknown := e.plane.Validate(e.ctx, "globex", uuid.New(), proof)
+	if !errors.Is(errForeign, errcode.ErrNotFound) || errForeign.Error() != errUnknown.Error() {
+		t.Fatalf("foreign %v vs unknown %v", errForeign, errUnknown)
+	}
+}
+
+func TestPrepareChecks(t *testing.T) {
+	e := newEnv(t)
+	req := func(mut func(*sandboxwich.PrepareRequest)) sandboxwich.PrepareRequest {
+		r := sandboxwich.PrepareRequest{CellID: uuid.New(), Release: e.rel, ProviderCellID: "p1", ExpiresAt: e.now.Add(time.Minute)}
+		mut(&r)
+		return r
+	}
+	kata := e.rel
+	kata.RuntimeClass = lease.KataMicroVM
+	kata.Signature = e.keys.SignRelease(kata.ReleaseSetID, string(kata.RuntimeClass), kata.PolicyDigest)
+	for _, tc := range []struct {
+		name string
+		req  sandboxwich.PrepareRequest
+		want *errcode.Error
+	}{
+		{"past", req(func(r *sandboxwich.PrepareRequest) { r.ExpiresAt = e.now }), errcode.ErrBadRequest},
+		{"provider id", req(func(r *sandboxwich.PrepareRequest) { r.ProviderCellID = "a b" }), errcode.ErrBadRequest},
+		{"class not allowed", req(func(r *sandboxwich.PrepareRequest) { r.Release = kata }), errcode.ErrAuthorizationDenied},
+		{"signature", req(func(r *sandboxwich.PrepareRequest) { r.Release.Signature = "swrs1_x" }), errcode.ErrAuthorizationDenied},
+	} {
+		if _, err := e.plane.Prepare(e.ctx, e.worker, tc.req); !errors.Is(err, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+// execProvider adds exec to the fake provider, recording commands.
+type execProvider struct {
+	*fake.Provider
+	ran [][]string
+}
+
+func (p *execProvider) Exec(_ context.Context, _ driver.Object, req driver.ExecRequest) (driver.ExecResult, error) {
+	p.ran = append(p.ran, req.Argv)
+	return driver.ExecResult{ExitCode: 0, Stdout: []byte(strings.Join(req.Argv, " "))}, nil
+}
+
+func TestExecVerifiesRuntimeBeforeEveryCommand(t *testing.T) {
+	prov := &execProvider{Provider: fake.New(fake.Config{Mode: driver.Apply})}
+	var rel lease.Release
+	e := newEnv(t)
+	rel = e.rel
+	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "p1", TenantID: "acme", Release: rel, Target: 1, Provider: prov}))
+	e.plane.Pools().Pass(e.ctx)
+	res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	out, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: []string{"echo", "hi"}})
+	if err != nil || string(out.Stdout) != "echo hi" {
+		t.Fatalf("exec: %+v %v", out, err)
+	}
+	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{}); !errors.Is(err, errcode.ErrInvalidRequest) {
+		t.Fatalf("empty argv: %v", err)
+	}
+	// The provider re-admits the object under another class: the next exec
+	// must not run, and the cell ends.
+	prov.Drift(res.Lease.CellID, lease.KataMicroVM)
+	_, err = e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: []string{"id"}})
+	if !errors.Is(err, errcode.ErrRuntimeClassBoundaryUnverified) {
+		t.Fatalf("exec after drift: %v", err)
+	}
+	if len(prov.ran) != 1 {
+		t.Fatalf("commands run: %v", prov.ran)
+	}
+	st, _ := e.plane.LeaseStatus(e.ctx, "acme", res.Lease.ID)
+	if st.State != lease.Quarantined {
+		t.Fatalf("cell after unverified exec: %+v", st)
+	}
+	e.plane.Pools().Pass(e.ctx)
+	st, _ = e.plane.LeaseStatus(e.ctx, "acme", res.Lease.ID)
+	if !st.ProviderAbsent || st.State != lease.Quarantined {
+		t.Fatalf("cell after stop: %+v", st)
+	}
+}
+
+func TestExecOnWorkerCellAndDryRun(t *testing.T) {
+	e := newEnv(t)
+	e.prepare(t)
+	res, _ := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
+	proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: []string{"id"}}); !errors.Is(err, errcode.ErrNotFound) {
+		t.Fatalf("exec on a worker's cell: %v", err)
+	}
+	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "dry", TenantID: "acme", Release: e.rel, Target: 1, Provider: fake.New(fake.Config{})}))
+	e.plane.Pools().Pass(e.ctx)
+	res, _ = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
+	proof = sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: []string{"id"}}); !errors.Is(err, errcode.ErrExecUnsupported) {
+		t.Fatalf("exec on dry-run: %v", err)
+	}
+	st, _ := e.plane.LeaseStatus(e.ctx, "acme", res.Lease.ID)
+	if st.ProviderMode != driver.DryRun {
+		t.Fatalf("provider mode: %+v", st)
+	}
+}
+
+func TestPoolReleaseMustBeSigned(t *testing.T) {
+	e := newEnv(t)
+	rel := e.rel
+	rel.Signature = "swrs1_forged"
+	_, err := sandboxwich.New(e.plane.Store(), e.keys, sandboxwich.WithPools(pool.Config{Name: "p", TenantID: "acme", Release: rel, Target: 1, Provider: fake.New(fake.Config{})}))
+	if err == nil || !strings.Contains(err.Error(), `pool "p"`) {
+		t.Fatalf("unsigned pool release accepted: %v", err)
+	}
+}
