@@ -25,6 +25,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
@@ -119,7 +120,7 @@ func lockInventory(ctx context.Context, tx *sqlx.Tx, key string) error {
 	return err
 }
 
-func pqCode(err error) pq.ErrorCode {
+func pqCode(err error) pqerror.Code {
 	if e, ok := errors.AsType[*pq.Error](err); ok {
 		return e.Code
 	}
@@ -128,10 +129,10 @@ func pqCode(err error) pq.ErrorCode {
 
 func retryable(err error) bool {
 	switch pqCode(err) {
-	case "40001", "40P01", "55P03": // serialization failure, deadlock, lock not available
+	case pqerror.TRSerializationFailure, pqerror.TRDeadlockDetected, pqerror.LockNotAvailable:
 		return true
 	}
 	return false
 }
 
-func uniqueViolation(err error) bool { return pqCode(err) == "23505" }
+func uniqueViolation(err error) bool { return pqCode(err) == pqerror.UniqueViolation }
