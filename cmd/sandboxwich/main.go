@@ -26,6 +26,8 @@ type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// environ lists the environment as KEY=value; nil means empty.
+	environ func() []string
 }
 
 type command struct {
@@ -40,7 +42,7 @@ func register(c command) { commands = append(commands, c) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:])
+	code := run(ctx, env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, environ: os.Environ}, os.Args[1:])
 	stop()
 	os.Exit(code)
 }
@@ -67,6 +69,10 @@ func run(ctx context.Context, e env, args []string) int {
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, new(exitCode)):
+		var ec exitCode
+		errors.As(err, &ec)
+		return int(ec) // the command already reported itself
 	case errors.Is(err, errUsage):
 		fmt.Fprintf(e.stderr, "sandboxwich %s: %v\n", args[0], err)
 		return 2

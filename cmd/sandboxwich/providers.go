@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,6 +28,16 @@ var providers = map[string]providerFactory{
 		}
 		return fake.New(fake.Config{Latency: latency}), unknownSettings(s, "latency_ms")
 	},
+}
+
+// requireRunsc fails at once, with the install command, when gVisor's
+// runsc is not installed.
+func requireRunsc() error {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		return errors.New("runsc (gVisor) is not installed: run `apt-get install -y runsc` " +
+			"(or `sandboxwich dev --provider dry-run` for SIMULATED cells without isolation)")
+	}
+	return nil
 }
 
 // newProvider builds the provider of a pool.

@@ -103,9 +103,18 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 }
 
 // Migrate applies the embedded migrations to db under a session advisory
-// lock, so replicas starting together migrate once.
+// lock, so replicas starting together migrate once. The lock is keyed by the
+// current schema: deployments (and tests) in other schemas of the same
+// database do not wait for each other.
 func Migrate(ctx context.Context, db *sql.DB) error {
-	locker, err := lock.NewPostgresSessionLocker()
+	var schema string
+	if err := db.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return fmt.Errorf("postgres: current schema: %w", err)
+	}
+	sum := sha256.Sum256([]byte("sandboxwich-migrate\x00" + schema))
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(int64(binary.BigEndian.Uint64(sum[:8]))),
+		lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,882 @@
+package main
+
+// The client subcommands: claim, validate, release, lease, exec and pools
+// for tenants and operators; prepare, cell, retire and destroy for external
+// workers. They talk to a running server through package client.
+//
+// Secrets never travel through argv: the bearer token comes from
+// SANDBOXWICH_TOKEN or --token-file, the operator token from
+// SANDBOXWICH_OPERATOR_TOKEN or --operator-token-file, and the lease
+// attestation only ever lives in the file named by --attestation-file, which
+// claim creates (new, mode 0600) and the other commands read. No command
+// prints an attestation or a token, with or without --json.
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+func init() {
+	register(command{name: "claim", summary: "claim a sterile cell (attestation goes to a new 0600 file)", run: cliClaim})
+	register(command{name: "validate", summary: "check a lease attestation against the live lease", run: cliValidate})
+	register(command{name: "release", summary: "release a leased pool cell (optionally --wait for proven deletion)", run: cliRelease})
+	register(command{name: "lease", summary: "show the status of a lease", run: cliLease})
+	register(command{name: "exec", summary: "run a command in a leased cell: exec [flags] -- argv…", run: cliExec})
+	register(command{name: "pools", summary: "list pools and their members (operator)", run: cliPools})
+	register(command{name: "prepare", summary: "worker: register a prepared ready cell", run: cliPrepare})
+	register(command{name: "cell", summary: "worker: show one of the worker's cells", run: cliCell})
+	register(command{name: "retire", summary: "worker: quarantine a ready cell", run: cliRetire})
+	register(command{name: "destroy", summary: "worker: end a leased cell after tearing it down", run: cliDestroy})
+}
+
+// exitCode is the exit status of a command run by `sandboxwich exec`, or 3
+// for a claim that found no cell. The message has already been printed (or
+// there is none): run() exits with the status and prints nothing.
+type exitCode int
+
+func (c exitCode) Error() string { return "exit status " + strconv.Itoa(int(c)) }
+
+// Defaults of the client commands.
+const (
+	cliDefaultServer  = "http://127.0.0.1:3217"
+	cliDefaultTimeout = 60 * time.Second
+	// cliEmptyClaim is the exit status of a claim that leased nothing.
+	cliEmptyClaim = exitCode(3)
+	// cliMaxSecretFile bounds token and attestation files.
+	cliMaxSecretFile = 4096
+)
+
+// cliFlags are the flags every client command has.
+type cliFlags struct {
+	fs                *flag.FlagSet
+	e                 env
+	server            string
+	tokenFile         string
+	operatorTokenFile string
+	caFile            string
+	json              bool
+	timeout           time.Duration
+}
+
+func newCLIFlags(e env, name string) *cliFlags {
+	f := &cliFlags{fs: newFlags(e, name), e: e}
+	server := e.getenv("SANDBOXWICH_URL")
+	if server == "" {
+		server = cliDefaultServer
+	}
+	f.fs.StringVar(&f.server, "server", server, "server base URL (env SANDBOXWICH_URL)")
+	f.fs.StringVar(&f.tokenFile, "token-file", "", "read the tenant or worker bearer token from this file (default: env SANDBOXWICH_TOKEN)")
+	f.fs.StringVar(&f.operatorTokenFile, "operator-token-file", "", "read the operator token from this file (default: env SANDBOXWICH_OPERATOR_TOKEN)")
+	f.fs.StringVar(&f.caFile, "ca-file", e.getenv("SANDBOXWICH_CA_FILE"), "PEM CA bundle to trust for an https server (env SANDBOXWICH_CA_FILE)")
+	f.fs.BoolVar(&f.json, "json", false, "print the wire JSON object instead of a summary")
+	f.fs.DurationVar(&f.timeout, "timeout", cliDefaultTimeout, "deadline of the whole command, retries and --wait included")
+	return f
+}
+
+// parse parses args; positional arguments are refused unless allowed.
+func (f *cliFlags) parse(args []string, positional bool) error {
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if !positional && f.fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, f.fs.Arg(0))
+	}
+	return nil
+}
+
+// set reports whether a flag was given on the command line.
+func (f *cliFlags) set(name string) bool {
+	found := false
+	f.fs.Visit(func(fl *flag.Flag) { found = found || fl.Name == name })
+	return found
+}
+
+// context bounds ctx by --timeout (0 means no bound).
+func (f *cliFlags) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	if f.timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, f.timeout)
+}
+
+// client builds the API client from the flags and the environment.
+func (f *cliFlags) client() (*client.Client, error) {
+	token, err := cliSecret(f.e, f.tokenFile, "SANDBOXWICH_TOKEN", "--token-file")
+	if err != nil {
+		return nil, err
+	}
+	op, err := cliSecret(f.e, f.operatorTokenFile, "SANDBOXWICH_OPERATOR_TOKEN", "--operator-token-file")
+	if err != nil {
+		return nil, err
+	}
+	opts := []client.Option{client.WithToken(token), client.WithOperatorToken(op)}
+	if f.caFile != "" {
+		pem, err := os.ReadFile(f.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-file: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--ca-file %s holds no PEM certificate", f.caFile)
+		}
+		opts = append(opts, client.WithTLSConfig(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
+	}
+	c, err := client.New(f.server, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --server: %v", errUsage, err)
+	}
+	return c, nil
+}
+
+// cliSecret reads a secret from file (trimmed) or, without a file, from the
+// environment variable.
+func cliSecret(e env, file, envName, flagName string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(e.getenv(envName)), nil
+	}
+	s, err := cliReadSecretFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flagName, err)
+	}
+	if s == "" {
+		return "", fmt.Errorf("%s %s is empty", flagName, file)
+	}
+	return s, nil
+}
+
+// cliReadSecretFile returns the trimmed content of a small file.
+func cliReadSecretFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, cliMaxSecretFile+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > cliMaxSecretFile {
+		return "", fmt.Errorf("%s is larger than %d bytes", path, cliMaxSecretFile)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// cliBinding registers the four binding flags.
+func cliBinding(fs *flag.FlagSet) *wire.Binding {
+	b := &wire.Binding{}
+	fs.StringVar(&b.OrganizationID, "org", "", "organization_id the lease is bound to (required)")
+	fs.StringVar(&b.WorkspaceID, "workspace", "", "workspace_id (required)")
+	fs.StringVar(&b.ThreadID, "thread", "", "thread_id (required)")
+	fs.StringVar(&b.RunnerSessionID, "session", "", "runner_session_id (required)")
+	return b
+}
+
+func cliCheckBinding(b *wire.Binding) error {
+	for _, f := range []struct{ flag, v string }{{"--org", b.OrganizationID}, {"--workspace", b.WorkspaceID},
+		{"--thread", b.ThreadID}, {"--session", b.RunnerSessionID}} {
+		if f.v == "" {
+			return fmt.Errorf("%w: %s is required", errUsage, f.flag)
+		}
+	}
+	return nil
+}
+
+// cliReleaseFlags registers the release flags.
+func cliReleaseFlags(fs *flag.FlagSet) *wire.Release {
+	r := &wire.Release{}
+	fs.StringVar(&r.ReleaseSetID, "release-set-id", "", "release_set_id of the signed release (required)")
+	fs.Func("runtime-class", "kata_microvm or gvisor_lower_risk (required)", func(v string) error {
+		r.RuntimeClass = lease.RuntimeClass(v)
+		if !r.RuntimeClass.Valid() {
+			return errors.New("must be kata_microvm or gvisor_lower_risk")
+		}
+		return nil
+	})
+	fs.StringVar(&r.PolicyDigest, "policy-digest", "", "policy_digest: 64 lowercase hex digits (required)")
+	fs.StringVar(&r.Signature, "release-signature", "", "release signature swrs1_… (required)")
+	return r
+}
+
+func cliCheckRelease(r *wire.Release) error {
+	for _, f := range []struct{ flag, v string }{{"--release-set-id", r.ReleaseSetID},
+		{"--runtime-class", string(r.RuntimeClass)}, {"--policy-digest", r.PolicyDigest}, {"--release-signature", r.Signature}} {
+		if f.v == "" {
+			return fmt.Errorf("%w: %s is required", errUsage, f.flag)
+		}
+	}
+	return nil
+}
+
+// cliUUID registers a UUID flag.
+func cliUUID(fs *flag.FlagSet, name, usage string) *uuid.UUID {
+	id := new(uuid.UUID)
+	fs.Func(name, usage, func(v string) error {
+		u, err := uuid.Parse(v)
+		if err != nil {
+			return errors.New("not a UUID")
+		}
+		*id = u
+		return nil
+	})
+	return id
+}
+
+// cliUint registers an optional unsigned flag; the pointer stays nil when
+// the flag is absent.
+func cliUint(fs *flag.FlagSet, name, usage string) **uint64 {
+	p := new(*uint64)
+	fs.Func(name, usage, func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return errors.New("not an unsigned integer")
+		}
+		*p = &n
+		return nil
+	})
+	return p
+}
+
+// cliDisposition registers a disposition flag.
+func cliDisposition(fs *flag.FlagSet) *lease.Disposition {
+	d := new(lease.Disposition)
+	*d = lease.Destroyed
+	fs.Func("disposition", "destroyed or quarantined (default destroyed)", func(v string) error {
+		if !lease.ValidDisposition(lease.Disposition(v)) {
+			return errors.New("must be destroyed or quarantined")
+		}
+		*d = lease.Disposition(v)
+		return nil
+	})
+	return d
+}
+
+func cliRequireUUID(id *uuid.UUID, flagName string) error {
+	if *id == uuid.Nil {
+		return fmt.Errorf("%w: %s is required", errUsage, flagName)
+	}
+	return nil
+}
+
+// cliJSON prints v as indented JSON.
+func cliJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// cliKV prints aligned key/value lines.
+func cliKV(w io.Writer, kv ...string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for i := 0; i+1 < len(kv); i += 2 {
+		fmt.Fprintf(tw, "%s\t%s\n", kv[i], kv[i+1])
+	}
+	return tw.Flush()
+}
+
+func cliTime(t wire.Time) string { return attest.WireTime(t.Time) }
+
+func cliLeaseKV(l wire.Lease) []string {
+	return []string{
+		"lease_id", l.LeaseID.String(),
+		"cell_id", l.CellID.String(),
+		"generation", strconv.FormatUint(l.Generation, 10),
+		"expires_at", cliTime(l.ExpiresAt),
+		"runtime_class", string(l.Release.RuntimeClass),
+	}
+}
+
+func cliStatusKV(s wire.LeaseStatus) []string {
+	disp := "null"
+	if s.Disposition != nil {
+		disp = string(*s.Disposition)
+	}
+	kv := []string{
+		"lease_id", s.LeaseID.String(),
+		"cell_id", s.CellID.String(),
+		"generation", strconv.FormatUint(s.Generation, 10),
+		"state", string(s.State),
+		"disposition", disp,
+		"provider_absent", strconv.FormatBool(s.ProviderAbsent),
+		"cleanup_pending", strconv.FormatBool(s.CleanupPending),
+	}
+	if s.ProviderMode != "" {
+		kv = append(kv, "provider_mode", s.ProviderMode)
+	}
+	return kv
+}
+
+func cliCellKV(c wire.Cell) []string {
+	disp := "null"
+	if c.Disposition != nil {
+		disp = string(*c.Disposition)
+	}
+	return []string{
+		"cell_id", c.CellID.String(),
+		"worker_id", c.WorkerID,
+		"provider_cell_id", c.ProviderCellID,
+		"state", string(c.State),
+		"generation", strconv.FormatUint(c.Generation, 10),
+		"runtime_class", string(c.Release.RuntimeClass),
+		"expires_at", cliTime(c.ExpiresAt),
+		"disposition", disp,
+	}
+}
+
+// cliAPIError adds a hint to errors a user can fix locally.
+func cliAPIError(err error, hadToken bool) error {
+	if errors.Is(err, errcode.ErrUnauthorized) && !hadToken {
+		return fmt.Errorf("%w\nhint: set SANDBOXWICH_TOKEN or pass --token-file", err)
+	}
+	return err
+}
+
+// hasToken reports whether a bearer token is configured.
+func (f *cliFlags) hasToken() bool {
+	return f.tokenFile != "" || strings.TrimSpace(f.e.getenv("SANDBOXWICH_TOKEN")) != ""
+}
+
+// claimJSON is claim's --json output: the claim response with the
+// attestation replaced by the path of the file that holds it.
+type claimJSON struct {
+	OK              bool        `json:"ok"`
+	ClaimID         uuid.UUID   `json:"claim_id"`
+	Lease           *wire.Lease `json:"lease"`
+	AttestationFile *string     `json:"attestation_file"`
+}
+
+func cliClaim(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "claim")
+	rel := cliReleaseFlags(f.fs)
+	b := cliBinding(f.fs)
+	leaseSeconds := cliUint(f.fs, "lease-seconds", "requested lease duration in seconds (server default 120, clamped into [1, 300])")
+	claimID := cliUUID(f.fs, "claim-id", "claim ID fence (default: a new UUIDv7); repeat a claim with the same ID to get the same outcome")
+	attFile := f.fs.String("attestation-file", "", "NEW file to write the lease attestation to, mode 0600 (required; never printed)")
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	if err := cliCheckRelease(rel); err != nil {
+		return err
+	}
+	if err := cliCheckBinding(b); err != nil {
+		return err
+	}
+	if *attFile == "" {
+		return fmt.Errorf("%w: --attestation-file is required (the attestation is never printed)", errUsage)
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	req := wire.ClaimRequest{Release: *rel, Binding: *b, LeaseSeconds: *leaseSeconds}
+	if *claimID != uuid.Nil {
+		req.ClaimID = claimID
+	}
+
+	// Create the file before claiming: a bad or existing path consumes
+	// nothing.
+	out, err := os.OpenFile(*attFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("--attestation-file %s already exists; refusing to overwrite it (nothing was claimed)", *attFile)
+	}
+	if err != nil {
+		return fmt.Errorf("--attestation-file: %w (nothing was claimed)", err)
+	}
+	discard := func() {
+		_ = out.Close()
+		_ = os.Remove(*attFile)
+	}
+
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	cl, err := c.Claim(ctx, req)
+	if err != nil {
+		discard()
+		if final, ok := errors.AsType[*client.Error](err); !ok || final.Status >= 500 || final.Code == errcode.ClaimContended {
+			err = fmt.Errorf("%w\nclaim_id %s: the claim may have been carried out; repeat with --claim-id %s to get its outcome (never a second cell)",
+				err, cl.ClaimID, cl.ClaimID)
+		}
+		return cliAPIError(err, f.hasToken())
+	}
+	if cl.Empty() {
+		discard()
+		if f.json {
+			if err := cliJSON(e.stdout, claimJSON{OK: true, ClaimID: cl.ClaimID}); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(e.stderr, "sandboxwich claim: no ready cell matched; nothing was leased (claim_id %s)\n", cl.ClaimID)
+		return cliEmptyClaim
+	}
+	_, werr := out.WriteString(cl.Attestation())
+	if werr == nil {
+		werr = out.Sync()
+	}
+	if cerr := out.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		_ = os.Remove(*attFile)
+		return fmt.Errorf("lease %s was claimed but its attestation could not be saved: %w\n"+
+			"repeat with --claim-id %s and a new --attestation-file to get the same lease", cl.Lease.LeaseID, werr, cl.ClaimID)
+	}
+	if f.json {
+		return cliJSON(e.stdout, claimJSON{OK: true, ClaimID: cl.ClaimID, Lease: cl.Lease, AttestationFile: attFile})
+	}
+	kv := append(cliLeaseKV(*cl.Lease), "claim_id", cl.ClaimID.String(), "attestation", "written to "+*attFile+" (mode 0600)")
+	return cliKV(e.stdout, kv...)
+}
+
+// proofFlags are the flags of commands that present a lease fence.
+type proofFlags struct {
+	leaseID    *uuid.UUID
+	attFile    *string
+	generation *uint64
+	binding    *wire.Binding
+}
+
+func cliProofFlags(fs *flag.FlagSet) *proofFlags {
+	return &proofFlags{
+		leaseID:    cliUUID(fs, "lease-id", "lease ID (required)"),
+		attFile:    fs.String("attestation-file", "", "file holding the lease attestation, as written by claim (required)"),
+		generation: fs.Uint64("generation", lease.GenerationLeased, "lease generation"),
+		binding:    cliBinding(fs),
+	}
+}
+
+// proof checks the flags and reads the attestation file.
+func (p *proofFlags) proof() (wire.LeaseProof, error) {
+	if err := cliRequireUUID(p.leaseID, "--lease-id"); err != nil {
+		return wire.LeaseProof{}, err
+	}
+	if *p.attFile == "" {
+		return wire.LeaseProof{}, fmt.Errorf("%w: --attestation-file is required", errUsage)
+	}
+	if err := cliCheckBinding(p.binding); err != nil {
+		return wire.LeaseProof{}, err
+	}
+	att, err := cliReadSecretFile(*p.attFile)
+	if err != nil {
+		return wire.LeaseProof{}, fmt.Errorf("--attestation-file: %w", err)
+	}
+	if att == "" {
+		return wire.LeaseProof{}, fmt.Errorf("--attestation-file %s is empty", *p.attFile)
+	}
+	return wire.LeaseProof{LeaseAttestation: att, Generation: *p.generation, Binding: *p.binding}, nil
+}
+
+func cliValidate(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "validate")
+	pf := cliProofFlags(f.fs)
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	proof, err := pf.proof()
+	if err != nil {
+		return err
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	l, err := c.Validate(ctx, *pf.leaseID, proof)
+	if err != nil {
+		return cliAPIError(err, f.hasToken())
+	}
+	if f.json {
+		return cliJSON(e.stdout, wire.ValidateResponse{OK: true, Lease: l})
+	}
+	return cliKV(e.stdout, append([]string{"valid", "true"}, cliLeaseKV(l)...)...)
+}
+
+func cliRelease(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "release")
+	pf := cliProofFlags(f.fs)
+	d := cliDisposition(f.fs)
+	wait := f.fs.Bool("wait", false, "wait until the provider proved the cell gone (provider_absent), within --timeout")
+	poll := f.fs.Duration("poll", client.DefaultPoll, "status polling interval of --wait")
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	proof, err := pf.proof()
+	if err != nil {
+		return err
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	st, err := c.Release(ctx, *pf.leaseID, proof, *d)
+	if err != nil {
+		return cliAPIError(err, f.hasToken())
+	}
+	if *wait {
+		st2, err := c.WaitProviderAbsent(ctx, *pf.leaseID, *poll)
+		if err != nil {
+			// The release itself was recorded; say where the wait stopped.
+			if st2.LeaseID != uuid.Nil {
+				st = st2
+			}
+			_ = cliKV(e.stderr, cliStatusKV(st)...)
+			return fmt.Errorf("release recorded, but waiting for provider_absent failed: %w", err)
+		}
+		st = st2
+	}
+	if f.json {
+		return cliJSON(e.stdout, wire.StatusResponse{OK: true, Status: st})
+	}
+	return cliKV(e.stdout, cliStatusKV(st)...)
+}
+
+func cliLease(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "lease")
+	leaseID := cliUUID(f.fs, "lease-id", "lease ID (required)")
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	if err := cliRequireUUID(leaseID, "--lease-id"); err != nil {
+		return err
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	st, err := c.Lease(ctx, *leaseID)
+	if err != nil {
+		return cliAPIError(err, f.hasToken())
+	}
+	if f.json {
+		return cliJSON(e.stdout, wire.StatusResponse{OK: true, Status: st})
+	}
+	return cliKV(e.stdout, cliStatusKV(st)...)
+}
+
+// cliMaxStdin is the largest stdin exec sends (CONTRACT §6).
+const cliMaxStdin = 1 << 20
+
+func cliExec(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "exec")
+	pf := cliProofFlags(f.fs)
+	stdinFile := f.fs.String("stdin-file", "", "send this file as the command's stdin; - reads this process's stdin (at most 1 MiB)")
+	timeoutSeconds := cliUint(f.fs, "timeout-seconds", "command timeout in seconds (server default 60, capped at the lease's remaining life)")
+	cmdEnv := map[string]string{}
+	f.fs.Func("env", "KEY=VALUE to set in the command's environment, or KEY to pass this process's value (repeatable)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if k == "" {
+			return errors.New("want KEY=VALUE or KEY")
+		}
+		if !ok {
+			val = e.getenv(k)
+		}
+		cmdEnv[k] = val
+		return nil
+	})
+	if err := f.parse(args, true); err != nil {
+		return err
+	}
+	argv := f.fs.Args()
+	if len(argv) == 0 {
+		return fmt.Errorf("%w: no command: exec [flags] -- program [args…]", errUsage)
+	}
+	proof, err := pf.proof()
+	if err != nil {
+		return err
+	}
+	req := wire.ExecRequest{LeaseProof: proof, Argv: argv, TimeoutSeconds: *timeoutSeconds}
+	if len(cmdEnv) > 0 {
+		req.Env = cmdEnv
+	}
+	if *stdinFile != "" {
+		var r io.Reader = e.stdin
+		if *stdinFile != "-" {
+			file, err := os.Open(*stdinFile)
+			if err != nil {
+				return fmt.Errorf("--stdin-file: %w", err)
+			}
+			defer file.Close()
+			r = file
+		}
+		data, err := io.ReadAll(io.LimitReader(r, cliMaxStdin+1))
+		if err != nil {
+			return fmt.Errorf("--stdin-file: %w", err)
+		}
+		if len(data) > cliMaxStdin {
+			return fmt.Errorf("--stdin-file: stdin is larger than 1 MiB")
+		}
+		if len(data) > 0 {
+			req.StdinBase64 = base64.StdEncoding.EncodeToString(data)
+		}
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	// Give a long command its time unless --timeout was set explicitly.
+	if *timeoutSeconds != nil && !f.set("timeout") {
+		f.timeout = max(f.timeout, time.Duration(**timeoutSeconds)*time.Second+30*time.Second)
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	resp, err := c.Exec(ctx, *pf.leaseID, req)
+	if err != nil {
+		return cliAPIError(err, f.hasToken())
+	}
+	if f.json {
+		if err := cliJSON(e.stdout, resp); err != nil {
+			return err
+		}
+	} else {
+		res, err := client.DecodeExec(resp)
+		if err != nil {
+			return err
+		}
+		if _, err := e.stdout.Write(res.Stdout); err != nil {
+			return err
+		}
+		if _, err := e.stderr.Write(res.Stderr); err != nil {
+			return err
+		}
+		if res.Truncated {
+			fmt.Fprintln(e.stderr, "sandboxwich exec: output truncated by the server")
+		}
+	}
+	switch {
+	case resp.ExitCode == 0:
+		return nil
+	case resp.ExitCode > 0 && resp.ExitCode < 256:
+		return exitCode(resp.ExitCode)
+	default:
+		return exitCode(1)
+	}
+}
+
+func cliPools(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "pools")
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	pools, err := c.Pools(ctx)
+	if err != nil {
+		if errors.Is(err, errcode.ErrUnauthorized) {
+			err = fmt.Errorf("%w\nhint: pools needs a tenant token (SANDBOXWICH_TOKEN or --token-file) and the operator token "+
+				"(SANDBOXWICH_OPERATOR_TOKEN or --operator-token-file)", err)
+		}
+		return err
+	}
+	if f.json {
+		if pools == nil {
+			pools = []wire.Pool{}
+		}
+		return cliJSON(e.stdout, wire.PoolsResponse{OK: true, Pools: pools})
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tPROVIDER\tMODE\tTARGET\tREADY\tLEASED\tSTOPPING\tCLEANUP_PENDING\tLAST_ERROR")
+	for _, p := range pools {
+		lastErr := "-"
+		if p.LastError != nil && *p.LastError != "" {
+			lastErr = strings.Join(strings.Fields(*p.LastError), " ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Provider, p.Mode, p.Target,
+			p.Members[string(lease.MemberReady)], p.Members[string(lease.MemberLeased)],
+			p.Members[string(lease.MemberStopping)], p.Members[string(lease.MemberCleanupPending)], lastErr)
+	}
+	return tw.Flush()
+}
+
+// cliWorkerID registers --worker-id, defaulting to SANDBOXWICH_WORKER_ID.
+func cliWorkerID(e env, fs *flag.FlagSet) *uuid.UUID {
+	id := cliUUID(fs, "worker-id", "the worker's ID (required; default env SANDBOXWICH_WORKER_ID)")
+	if v, err := uuid.Parse(strings.TrimSpace(e.getenv("SANDBOXWICH_WORKER_ID"))); err == nil {
+		*id = v
+	}
+	return id
+}
+
+func cliPrepare(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "prepare")
+	workerID := cliWorkerID(e, f.fs)
+	cellID := cliUUID(f.fs, "cell-id", "ID of the new cell (default: a new UUIDv7)")
+	rel := cliReleaseFlags(f.fs)
+	providerCellID := f.fs.String("provider-cell-id", "", "the provider's name of the cell (required)")
+	expiresIn := f.fs.Duration("expires-in", 10*time.Minute, "ready deadline, from now")
+	expiresAt := f.fs.String("expires-at", "", "ready deadline as an RFC 3339 timestamp (overrides --expires-in)")
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	if err := cliRequireUUID(workerID, "--worker-id"); err != nil {
+		return err
+	}
+	if err := cliCheckRelease(rel); err != nil {
+		return err
+	}
+	if *providerCellID == "" {
+		return fmt.Errorf("%w: --provider-cell-id is required", errUsage)
+	}
+	deadline := time.Now().Add(*expiresIn)
+	if *expiresAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, *expiresAt)
+		if err != nil {
+			return fmt.Errorf("%w: --expires-at: not an RFC 3339 timestamp", errUsage)
+		}
+		deadline = t
+	}
+	if *cellID == uuid.Nil {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return err
+		}
+		*cellID = id
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	cell, err := c.Prepare(ctx, *workerID, wire.PrepareRequest{CellID: *cellID, Release: *rel, ProviderCellID: *providerCellID,
+		ExpiresAt: wire.Time{Time: deadline.UTC().Truncate(time.Microsecond)}})
+	if err != nil {
+		return cliAPIError(fmt.Errorf("prepare cell %s: %w", *cellID, err), f.hasToken())
+	}
+	return cliPrintCell(e, f.json, cell)
+}
+
+func cliPrintCell(e env, asJSON bool, cell wire.Cell) error {
+	if asJSON {
+		return cliJSON(e.stdout, wire.CellResponse{OK: true, Cell: cell})
+	}
+	return cliKV(e.stdout, cliCellKV(cell)...)
+}
+
+// cliWorkerCellFlags registers --worker-id and --cell-id.
+func cliWorkerCellFlags(e env, f *cliFlags) (workerID, cellID *uuid.UUID) {
+	return cliWorkerID(e, f.fs), cliUUID(f.fs, "cell-id", "cell ID (required)")
+}
+
+func cliRequireWorkerCell(workerID, cellID *uuid.UUID) error {
+	if err := cliRequireUUID(workerID, "--worker-id"); err != nil {
+		return err
+	}
+	return cliRequireUUID(cellID, "--cell-id")
+}
+
+func cliCell(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "cell")
+	workerID, cellID := cliWorkerCellFlags(e, f)
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
+		return err
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	resp, err := c.WorkerCell(ctx, *workerID, *cellID)
+	if err != nil {
+		return cliAPIError(err, f.hasToken())
+	}
+	if f.json {
+		resp.OK = true
+		return cliJSON(e.stdout, resp)
+	}
+	kv := cliCellKV(resp.Cell)
+	if cl := resp.Claim; cl != nil {
+		claimID := "null (unfenced)"
+		if cl.ClaimID != nil {
+			claimID = cl.ClaimID.String()
+		}
+		kv = append(kv, "claim_id", claimID, "lease_id", cl.LeaseID.String(),
+			"lease_generation", strconv.FormatUint(cl.Generation, 10), "lease_expires_at", cliTime(cl.ExpiresAt))
+	}
+	return cliKV(e.stdout, kv...)
+}
+
+func cliRetire(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "retire")
+	workerID, cellID := cliWorkerCellFlags(e, f)
+	generation := f.fs.Uint64("generation", lease.GenerationReady, "generation of the ready cell")
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
+		return err
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	cell, err := c.Retire(ctx, *workerID, *cellID, *generation)
+	if err != nil {
+		return cliAPIError(err, f.hasToken())
+	}
+	return cliPrintCell(e, f.json, cell)
+}
+
+func cliDestroy(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "destroy")
+	workerID, cellID := cliWorkerCellFlags(e, f)
+	leaseID := cliUUID(f.fs, "lease-id", "the cell's lease ID (required)")
+	generation := f.fs.Uint64("generation", lease.GenerationLeased, "the lease's generation")
+	d := cliDisposition(f.fs)
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
+		return err
+	}
+	if err := cliRequireUUID(leaseID, "--lease-id"); err != nil {
+		return err
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.context(ctx)
+	defer cancel()
+	cell, err := c.Destroy(ctx, *workerID, *cellID, wire.DestroyRequest{LeaseID: *leaseID, Generation: *generation, Disposition: *d})
+	if err != nil {
+		return cliAPIError(err, f.hasToken())
+	}
+	return cliPrintCell(e, f.json, cell)
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/pool"
+	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/store/postgres"
+	"github.com/sandboxwich/sandboxwich/store/sqlite"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+func init() {
+	register(command{name: "serve", summary: "run the server", run: serve})
+	register(command{name: "migrate", summary: "apply database migrations and exit", run: migrate})
+}
+
+// openStore opens the store named by a database URL.
+func openStore(ctx context.Context, url string, migrate bool) (store.Store, error) {
+	switch {
+	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
+		return postgres.Open(ctx, url, postgres.Options{SkipMigrate: !migrate})
+	case strings.HasPrefix(url, "sqlite://"):
+		path := strings.TrimPrefix(url, "sqlite://")
+		if path == "" || path == "/" {
+			return nil, errors.New("invalid SANDBOXWICH_DATABASE_URL: sqlite:// needs a path")
+		}
+		return sqlite.Open(ctx, path, sqlite.Options{SkipMigrate: !migrate})
+	}
+	return nil, errors.New("invalid SANDBOXWICH_DATABASE_URL: must start with sqlite:// or postgres://")
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("invalid SANDBOXWICH_LOG_LEVEL: %q", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), nil
+}
+
+func migrate(ctx context.Context, e env, args []string) error {
+	c, err := loadConfig(e, "migrate", args)
+	if err != nil {
+		return err
+	}
+	st, err := openStore(ctx, c.DatabaseURL, true)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Ping(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, "sandboxwich: database migrated")
+	return nil
+}
+
+// server is everything serve runs, built from a config.
+type server struct {
+	cfg     *config
+	log     *slog.Logger
+	store   store.Store
+	plane   *sandboxwich.Plane
+	handler http.Handler
+}
+
+// build opens the store, builds pools and the plane, and the HTTP handler.
+// It refuses to start on any invalid setting, naming it.
+func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
+	if c.SigningKeyFile == "" {
+		return nil, errors.New("SANDBOXWICH_STERILE_CELL_SIGNING_KEY_FILE is required (a file holding ≥ 32 bytes, mode 0600)")
+	}
+	keys, err := attest.LoadKeyFile(c.SigningKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("invalid SANDBOXWICH_STERILE_CELL_SIGNING_KEY_FILE: %w", err)
+	}
+	var pools []pool.Config
+	for _, p := range c.Pools {
+		prov, err := newProvider(p)
+		if err != nil {
+			return nil, err
+		}
+		pools = append(pools, pool.Config{
+			Name: p.Name, TenantID: p.TenantID, Release: p.Release, Target: p.Target,
+			ReadyFloor: p.ReadyFloor, MaxProvisioning: p.MaxProvisioning,
+			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, Provider: prov,
+		})
+	}
+	st, err := openStore(ctx, c.DatabaseURL, c.AutoMigrate)
+	if err != nil {
+		return nil, err
+	}
+	sweep := c.SweepInterval
+	if c.DisableExpirySweeper {
+		sweep = 0
+	}
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
+		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep))
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	h, err := httpapi.New(httpapi.Config{
+		Plane: plane,
+		Auth: httpapi.Auth{
+			TenantTokens: c.TenantTokens, SharedToken: c.APIToken, DefaultTenant: c.DefaultTenant,
+			OperatorToken: c.OperatorToken, Workers: c.Workers, AllowInsecureNoAuth: c.AllowInsecureNoAuth,
+		},
+		Logger:        log,
+		MetricsPublic: c.MetricsPublic,
+		Pools:         func(ctx context.Context) ([]wire.Pool, error) { return poolsOf(ctx, plane) },
+		ProviderMode: func(name string) string {
+			if r := plane.Pools(); r != nil {
+				if cfg, ok := r.Pool(name); ok {
+					return string(cfg.Provider.Capabilities().Mode)
+				}
+			}
+			return ""
+		},
+	})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	return &server{cfg: c, log: log, store: st, plane: plane, handler: h}, nil
+}
+
+// poolsOf reports the plane's pools in wire form.
+func poolsOf(ctx context.Context, plane *sandboxwich.Plane) ([]wire.Pool, error) {
+	r := plane.Pools()
+	if r == nil {
+		return []wire.Pool{}, nil
+	}
+	sts, err := r.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]wire.Pool, 0, len(sts))
+	for _, s := range sts {
+		members := map[string]int{}
+		for st, n := range s.Members {
+			members[string(st)] = n
+		}
+		p := wire.Pool{
+			Name: s.Config.Name, Provider: s.Capabilities.Kind, Mode: string(s.Capabilities.Mode),
+			TenantID: s.Config.TenantID, Release: s.Config.Release, Target: s.Config.Target,
+			ReadyFloor: s.Config.ReadyFloor, MaxProvisioning: s.Config.MaxProvisioning,
+			ReadyTTLSeconds: int(s.Config.ReadyTTL / time.Second), Members: members,
+		}
+		if !s.LastReconcile.IsZero() {
+			p.LastReconcileAt = &wire.Time{Time: s.LastReconcile}
+		}
+		if s.LastError != "" {
+			p.LastError = &s.LastError
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// run serves until ctx ends, then shuts down in order: stop accepting, let
+// in-flight requests finish, stop the reconciler (a provider call cut short
+// stays recorded and is resumed at the next start), close the store.
+func (s *server) run(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		WriteTimeout:      sandboxwich.MaxLeaseSeconds*time.Second + time.Minute, // outlives the longest exec
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	planeCtx, stopPlane := context.WithCancel(context.WithoutCancel(ctx))
+	planeDone := make(chan error, 1)
+	go func() { planeDone <- s.plane.Run(planeCtx) }()
+
+	serveErr := make(chan error, 1)
+	go func() {
+		if s.cfg.TLSCertFile != "" {
+			serveErr <- srv.ServeTLS(ln, s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+		} else {
+			serveErr <- srv.Serve(ln)
+		}
+	}()
+	var err error
+	select {
+	case err = <-serveErr:
+	case <-ctx.Done():
+		s.log.Info("shutting down", "grace", s.cfg.ShutdownTimeout)
+		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+		err = srv.Shutdown(sctx)
+		cancel()
+	}
+	stopPlane()
+	<-planeDone
+	if cerr := s.store.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+func serve(ctx context.Context, e env, args []string) error {
+	c, err := loadConfig(e, "serve", args)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(e.stderr, c.LogLevel, c.LogFormat)
+	if err != nil {
+		return err
+	}
+	if !c.authConfigured() {
+		log.Error("no authentication configured: every route except /healthz answers 500 auth_not_configured; " +
+			"set SANDBOXWICH_TENANT_TOKENS, SANDBOXWICH_API_TOKEN or SANDBOXWICH_WORKER_TOKENS")
+	}
+	if c.AllowInsecureNoAuth {
+		log.Warn("SANDBOXWICH_ALLOW_INSECURE_NO_AUTH=true: unauthenticated requests act as tenant " + c.DefaultTenant + " — local use only")
+	}
+	s, err := build(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		s.store.Close()
+		return fmt.Errorf("invalid SANDBOXWICH_LISTEN: %w", err)
+	}
+	scheme := "http"
+	if c.TLSCertFile != "" {
+		scheme = "https"
+	}
+	log.Info("sandboxwich serving", "url", scheme+"://"+ln.Addr().String(), "database", redactURL(c.DatabaseURL), "pools", len(c.Pools))
+	for _, p := range c.Pools {
+		if p.Provider == "dry-run" {
+			log.Warn("pool uses the dry-run provider: cells are SIMULATED, mode dry_run, no isolation exists", "pool", p.Name)
+		}
+	}
+	return s.run(ctx, ln)
+}
+
+// redactURL drops a database URL's password for logs.
+func redactURL(u string) string {
+	at := strings.LastIndex(u, "@")
+	scheme := strings.Index(u, "://")
+	if at < 0 || scheme < 0 {
+		return u
+	}
+	userinfo := u[scheme+3 : at]
+	if user, _, ok := strings.Cut(userinfo, ":"); ok {
+		return u[:scheme+3] + user + ":***" + u[at:]
+	}
+	return u
+}

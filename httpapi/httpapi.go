@@ -1,0 +1,199 @@
+// Package httpapi is the mountable [http.Handler] of the Sandboxwich /v1
+// wire contract: the tenant, worker and operator routes of sterile cells,
+// health and readiness probes, Prometheus metrics and the OpenAPI document.
+//
+// Every route is served under /v1/... and at its unversioned alias
+// (/v1/sterile-cells/claim and /sterile-cells/claim; /healthz and
+// /v1/healthz). The route table in routes.go is the single list of what the
+// handler serves; the embedded OpenAPI document (see [OpenAPI]) describes
+// exactly those routes, and a test keeps the two in step.
+//
+// Errors are always the JSON envelope {"ok":false,"code":"…","message":"…"}
+// with the status of the code (package errcode), including unknown paths
+// (404 not_found) and wrong methods (405 method_not_allowed, with Allow).
+// Every response carries x-request-id; a valid W3C traceparent is echoed.
+//
+// Secrets (bearer tokens, the operator token, lease attestations, request
+// bodies) are never logged, at any level, and never appear in error messages.
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+// Auth configures the principals of CONTRACT §10.1. Tokens are compared in
+// constant time; none of them is ever logged.
+//
+// With no tenant token, no shared token, no worker and AllowInsecureNoAuth
+// off, the handler fails closed: /healthz answers 200, /readyz 503 and every
+// other route 500 auth_not_configured.
+type Auth struct {
+	// TenantTokens maps a bearer token to the tenant it acts for.
+	TenantTokens map[string]string
+	// SharedToken is one bearer token that always acts for DefaultTenant.
+	SharedToken string
+	// DefaultTenant is the tenant of SharedToken and of unauthenticated
+	// requests under AllowInsecureNoAuth (default "default").
+	DefaultTenant string
+	// OperatorToken, presented in the x-sandboxwich-operator-token header
+	// next to a tenant bearer token, makes the caller an operator of that
+	// tenant. Empty disables operators.
+	OperatorToken string
+	// Workers maps a worker bearer token (sbw_wtok_…) to its worker.
+	Workers map[string]sandboxwich.Worker
+	// AllowInsecureNoAuth lets a request without an Authorization header act
+	// as a tenant of DefaultTenant. For local development only; New logs a
+	// warning when it is set. A request that does present a token must still
+	// present a valid one.
+	AllowInsecureNoAuth bool
+}
+
+// Config configures the handler returned by [New].
+type Config struct {
+	// Plane runs the sterile-cell operations. Required.
+	Plane *sandboxwich.Plane
+	// Auth configures tokens and principals.
+	Auth Auth
+	// Logger receives one Info line per request and the causes of internal
+	// errors (default slog.Default).
+	Logger *slog.Logger
+	// Registry receives the handler's Prometheus collectors; nil → a new
+	// one. /metrics serves it. It must not already hold the collectors of
+	// another handler.
+	Registry *prometheus.Registry
+	// MetricsPublic serves /metrics without a token.
+	MetricsPublic bool
+	// Pools reports pools for GET /v1/pools; nil → an empty list.
+	Pools func(ctx context.Context) ([]wire.Pool, error)
+	// ProviderMode returns "apply" or "dry_run" for a pool name, reported as
+	// provider_mode in lease status for pool cells. When it is nil or
+	// answers "", the mode the plane reports for the pool's provider is
+	// used; cells of external workers never carry provider_mode.
+	ProviderMode func(pool string) string
+	// Now is the clock of idempotency records (default time.Now).
+	Now func() time.Time
+}
+
+// handler is the http.Handler returned by New.
+type handler struct {
+	plane   *sandboxwich.Plane
+	auth    *authenticator
+	log     *slog.Logger
+	metrics *metrics
+	reg     *prometheus.Registry
+	promh   http.Handler
+	public  bool
+	pools   func(ctx context.Context) ([]wire.Pool, error)
+	mode    func(pool string) string
+	now     func() time.Time
+	mux     *http.ServeMux
+}
+
+// New returns the handler of the /v1 contract over cfg.Plane. It fails on a
+// missing plane, an inconsistent token configuration (an empty token, a
+// token configured twice, a worker token without the sbw_wtok_ prefix, a
+// worker without ID or tenant) or a registry that already holds the
+// handler's collectors.
+func New(cfg Config) (http.Handler, error) {
+	if cfg.Plane == nil {
+		return nil, errors.New("httpapi: Config.Plane is required")
+	}
+	h := &handler{
+		plane:  cfg.Plane,
+		log:    cfg.Logger,
+		reg:    cfg.Registry,
+		public: cfg.MetricsPublic,
+		pools:  cfg.Pools,
+		mode:   cfg.ProviderMode,
+		now:    cfg.Now,
+	}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	if h.reg == nil {
+		h.reg = prometheus.NewRegistry()
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	var err error
+	if h.auth, err = newAuthenticator(cfg.Auth); err != nil {
+		return nil, err
+	}
+	if h.metrics, err = newMetrics(h.reg, cfg.Plane.Store()); err != nil {
+		return nil, err
+	}
+	h.promh = newPromHandler(h.reg, h.log)
+	h.mux = h.newMux()
+	h.warnAuthMode()
+	return h.middleware(http.HandlerFunc(h.dispatch)), nil
+}
+
+// warnAuthMode logs, once, a handler that is open or fails closed.
+func (h *handler) warnAuthMode() {
+	switch {
+	case h.auth.insecure:
+		h.log.Warn("httpapi: INSECURE: AllowInsecureNoAuth is set; requests without a token act as tenant " +
+			h.auth.defaultTenant + ". Never use this outside local development.")
+	case !h.auth.configured():
+		h.log.Warn("httpapi: no authentication configured; every route but /healthz and /readyz " +
+			"answers 500 auth_not_configured")
+	}
+}
+
+// newMux registers every route of the table at its path and its alias.
+func (h *handler) newMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	for i := range routes {
+		rt := &routes[i]
+		serve := h.serveRoute(rt)
+		for _, p := range rt.paths() {
+			mux.Handle(rt.method+" "+p, serve)
+		}
+	}
+	return mux
+}
+
+// dispatch serves a request through the mux, answering unmatched requests
+// with the JSON envelope (404, or 405 with Allow).
+func (h *handler) dispatch(w http.ResponseWriter, r *http.Request) {
+	mh, pattern := h.mux.Handler(r)
+	if pattern != "" {
+		h.mux.ServeHTTP(w, r) // sets the path values mh would lack
+		return
+	}
+	if !h.auth.configured() {
+		h.writeError(w, r, errAuthNotConfigured)
+		return
+	}
+	cw := &captureWriter{header: http.Header{}}
+	mh.ServeHTTP(cw, r)
+	if cw.status == http.StatusMethodNotAllowed {
+		if allow := cw.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		h.writeError(w, r, errMethodNotAllowed)
+		return
+	}
+	h.writeError(w, r, errNotFound)
+}
+
+// captureWriter records the status and headers the mux's own 404 and 405
+// handlers set, and drops their text bodies.
+type captureWriter struct {
+	header http.Header
+	status int
+}
+
+func (c *captureWriter) Header() http.Header         { return c.header }
+func (c *captureWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (c *captureWriter) WriteHeader(status int)      { c.status = status }

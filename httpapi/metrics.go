@@ -1,0 +1,137 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+// Claim outcomes counted by sandboxwich_claims_total.
+const (
+	outcomeLeased    = "leased"
+	outcomeEmpty     = "empty"
+	outcomeReplayed  = "replayed"
+	outcomeConflict  = "conflict"
+	outcomeContended = "contended"
+	outcomeError     = "error"
+)
+
+// metrics holds the handler's collectors.
+type metrics struct {
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	claims   *prometheus.CounterVec
+}
+
+// newMetrics registers the handler's collectors on reg.
+func newMetrics(reg *prometheus.Registry, st store.Store) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandboxwich_http_requests_total",
+			Help: "HTTP requests by route pattern and status code.",
+		}, []string{"route", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sandboxwich_http_request_duration_seconds",
+			Help:    "HTTP request latency by route pattern and status code.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"route", "code"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandboxwich_claims_total",
+			Help: "Sterile-cell claims by outcome.",
+		}, []string{"outcome"}),
+	}
+	for _, o := range []string{outcomeLeased, outcomeEmpty, outcomeReplayed, outcomeConflict, outcomeContended, outcomeError} {
+		m.claims.WithLabelValues(o)
+	}
+	cs := []prometheus.Collector{m.requests, m.latency, m.claims, newCellCollector(st), buildInfo()}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return nil, fmt.Errorf("httpapi: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// buildInfo is the constant sandboxwich_build_info gauge.
+func buildInfo() prometheus.Collector {
+	version, goVersion := "unknown", "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		goVersion = bi.GoVersion
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/sandboxwich/sandboxwich" {
+				version = d.Version
+			}
+		}
+		if bi.Main.Path == "github.com/sandboxwich/sandboxwich" {
+			version = bi.Main.Version
+		}
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "sandboxwich_build_info",
+		Help:        "Build information of the sandboxwich module; always 1.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion},
+	})
+	g.Set(1)
+	return g
+}
+
+// cellCollector reports cells by state, read from the store at scrape time.
+type cellCollector struct {
+	st   store.Store
+	desc *prometheus.Desc
+}
+
+func newCellCollector(st store.Store) *cellCollector {
+	return &cellCollector{st: st, desc: prometheus.NewDesc("sandboxwich_cells",
+		"Sterile cells by state.", []string{"state"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *cellCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *cellCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	counts, err := c.st.CellCounts(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for _, s := range []lease.State{lease.Ready, lease.Leased, lease.Destroyed, lease.Quarantined} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[s]), string(s))
+	}
+}
+
+// serveMetrics serves the registry in the Prometheus exposition format.
+// A failing collector is logged and left out; the others are still served.
+func (h *handler) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	h.promh.ServeHTTP(w, r)
+}
+
+// newPromHandler returns the exposition handler of reg.
+func newPromHandler(reg *prometheus.Registry, log *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError,
+		ErrorLog:      promLogger{log},
+	})
+}
+
+// promLogger adapts slog to promhttp's error log.
+type promLogger struct{ log *slog.Logger }
+
+func (l promLogger) Println(v ...any) {
+	l.log.Error("httpapi: metrics", slog.Any("error", v))
+}

@@ -1,0 +1,102 @@
+package httpapi
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+//go:embed openapi.json
+var openAPIDoc []byte
+
+// OpenAPI returns the committed OpenAPI 3 document of the handler's routes
+// (the embedded openapi.json), exactly as served at /v1/openapi.json and
+// /openapi.json. The caller must not modify the returned slice.
+func OpenAPI() []byte { return openAPIDoc }
+
+// openAPI serves the OpenAPI document verbatim.
+func (h *handler) openAPI(w http.ResponseWriter, _ *http.Request) {
+	h.write(w, reply{status: http.StatusOK, body: openAPIDoc})
+}
+
+// listPools serves GET /v1/pools (operator).
+func (h *handler) listPools(c *call) (int, any, error) {
+	pools := []wire.Pool{}
+	if h.pools != nil {
+		ps, err := h.pools(c.ctx())
+		if err != nil {
+			return 0, nil, errcode.Wrap(errcode.Internal, "list pools", err)
+		}
+		pools = append(pools, ps...)
+	}
+	for i := range pools {
+		pools[i].Members = allMemberStates(pools[i].Members)
+	}
+	return http.StatusOK, wire.PoolsResponse{OK: true, Pools: pools}, nil
+}
+
+// allMemberStates returns member counts with every state key present.
+func allMemberStates(in map[string]int) map[string]int {
+	out := make(map[string]int, len(lease.MemberStates))
+	for _, s := range lease.MemberStates {
+		out[string(s)] = in[string(s)]
+	}
+	return out
+}
+
+// health is the body of /healthz and /readyz.
+type health struct {
+	OK       bool             `json:"ok"`
+	Service  string           `json:"service"`
+	Database *healthComponent `json:"database,omitempty"`
+	Auth     *healthComponent `json:"auth,omitempty"`
+}
+
+// healthComponent is one readiness check.
+type healthComponent struct {
+	OK      bool    `json:"ok"`
+	Message *string `json:"message"`
+}
+
+const serviceName = "sandboxwich"
+
+// healthz serves GET /healthz: the process is up.
+func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
+	h.writeHealth(w, health{OK: true, Service: serviceName})
+}
+
+// readyz serves GET /readyz: the store is reachable and migrated, and
+// authentication is configured. 503 otherwise.
+func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
+	db, auth := &healthComponent{OK: true}, &healthComponent{OK: true}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	if err := h.plane.Store().Ping(ctx); err != nil {
+		h.log.LogAttrs(r.Context(), slog.LevelWarn, "httpapi: readiness: store",
+			slog.String("request_id", requestIDOf(r.Context())), slog.String("error", err.Error()))
+		db = &healthComponent{Message: ptr("database unreachable or not migrated")}
+	}
+	if !h.auth.configured() {
+		auth = &healthComponent{Message: ptr("no authentication is configured")}
+	}
+	h.writeHealth(w, health{OK: db.OK && auth.OK, Service: serviceName, Database: db, Auth: auth})
+}
+
+func (h *handler) writeHealth(w http.ResponseWriter, body health) {
+	status := http.StatusOK
+	if !body.OK {
+		status = http.StatusServiceUnavailable
+	}
+	b, _ := json.Marshal(body)
+	w.Header().Set("Cache-Control", "no-store")
+	h.write(w, reply{status: status, body: b})
+}
+
+func ptr[T any](v T) *T { return &v }

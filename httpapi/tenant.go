@@ -1,0 +1,172 @@
+package httpapi
+
+import (
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+// maxTimeoutSeconds bounds timeout_seconds before it becomes a Duration;
+// the plane caps it further at the lease's remaining life.
+const maxTimeoutSeconds = 24 * 60 * 60
+
+// claim serves POST /v1/sterile-cells/claim (CONTRACT §5).
+func (h *handler) claim(c *call) (int, any, error) {
+	req, err := decodeBody(c.body, readClaim)
+	if err != nil {
+		return 0, nil, err
+	}
+	var claimID uuid.UUID
+	if req.ClaimID != nil {
+		if claimID = *req.ClaimID; claimID == uuid.Nil {
+			return 0, nil, invalid("claim_id must not be the nil UUID")
+		}
+	}
+	res, err := h.plane.Claim(c.ctx(), c.p.tenant, sandboxwich.ClaimRequest{
+		ClaimID: claimID, Release: req.Release, Binding: req.Binding, LeaseSeconds: req.LeaseSeconds,
+	})
+	h.metrics.claims.WithLabelValues(claimOutcome(res, err)).Inc()
+	if err != nil {
+		return 0, nil, err
+	}
+	resp := wire.ClaimResponse{OK: true, Lease: wire.LeaseOf(res.Lease)}
+	if res.Lease != nil {
+		resp.LeaseAttestation = &res.Attestation
+	}
+	return http.StatusOK, resp, nil
+}
+
+// claimOutcome is the claims_total label of a claim.
+func claimOutcome(res sandboxwich.ClaimResult, err error) string {
+	switch {
+	case errors.Is(err, errcode.ErrClaimContended):
+		return outcomeContended
+	case errors.Is(err, errcode.ErrConflict):
+		return outcomeConflict
+	case err != nil:
+		return outcomeError
+	case res.Replayed:
+		return outcomeReplayed
+	case res.Lease == nil:
+		return outcomeEmpty
+	}
+	return outcomeLeased
+}
+
+// proofOf converts the wire lease fence.
+func proofOf(p wire.LeaseProof) sandboxwich.Proof {
+	return sandboxwich.Proof{Attestation: p.LeaseAttestation, Generation: p.Generation, Binding: p.Binding}
+}
+
+// validate serves POST /v1/sterile-cell-leases/{lease_id}/validate.
+func (h *handler) validate(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "lease_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := decodeBody(c.body, readProof)
+	if err != nil {
+		return 0, nil, err
+	}
+	l, err := h.plane.Validate(c.ctx(), c.p.tenant, id, proofOf(req))
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.ValidateResponse{OK: true, Lease: *wire.LeaseOf(&l)}, nil
+}
+
+// release serves POST /v1/sterile-cell-leases/{lease_id}/release: 202 with
+// the status as it stands after the stop intent was recorded.
+func (h *handler) release(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "lease_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := decodeBody(c.body, readReleaseRequest)
+	if err != nil {
+		return 0, nil, err
+	}
+	st, err := h.plane.Release(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof), req.Disposition)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusAccepted, wire.StatusResponse{OK: true, Status: h.statusOf(st)}, nil
+}
+
+// leaseStatus serves GET /v1/sterile-cell-leases/{lease_id}.
+func (h *handler) leaseStatus(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "lease_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	st, err := h.plane.LeaseStatus(c.ctx(), c.p.tenant, id)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.StatusResponse{OK: true, Status: h.statusOf(st)}, nil
+}
+
+// statusOf is the wire status, with provider_mode for pool cells: from
+// Config.ProviderMode when it answers, else the plane's.
+func (h *handler) statusOf(st sandboxwich.LeaseStatus) wire.LeaseStatus {
+	out := wire.LeaseStatus{
+		LeaseID:        st.LeaseID,
+		CellID:         st.CellID,
+		Generation:     st.Generation,
+		State:          st.State,
+		Disposition:    wire.DispositionOf(st.State),
+		ProviderAbsent: st.ProviderAbsent,
+		CleanupPending: st.CleanupPending,
+	}
+	if st.PoolName == "" {
+		return out
+	}
+	out.ProviderMode = string(st.ProviderMode)
+	if h.mode != nil {
+		if m := h.mode(st.PoolName); m != "" {
+			out.ProviderMode = m
+		}
+	}
+	return out
+}
+
+// exec serves POST /v1/sterile-cell-leases/{lease_id}/exec.
+func (h *handler) exec(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "lease_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := decodeBody(c.body, readExec)
+	if err != nil {
+		return 0, nil, err
+	}
+	stdin, err := base64.StdEncoding.DecodeString(req.StdinBase64)
+	if err != nil {
+		return 0, nil, invalid("stdin_base64 must be standard base64")
+	}
+	var timeout time.Duration
+	if req.TimeoutSeconds != nil {
+		timeout = time.Duration(min(*req.TimeoutSeconds, maxTimeoutSeconds)) * time.Second
+	}
+	res, err := h.plane.Exec(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof), sandboxwich.ExecRequest{
+		Argv: req.Argv, Stdin: stdin, Env: req.Env, Timeout: timeout,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.ExecResponse{
+		OK:           true,
+		ExitCode:     res.ExitCode,
+		StdoutBase64: base64.StdEncoding.EncodeToString(res.Stdout),
+		StderrBase64: base64.StdEncoding.EncodeToString(res.Stderr),
+		Truncated:    res.Truncated,
+		DurationMS:   res.Duration.Milliseconds(),
+	}, nil
+}

@@ -1,0 +1,92 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+// The worker routes of CONTRACT §7. authorize has already checked that the
+// token's worker is the {worker_id} of the path.
+
+// prepare serves POST /v1/workers/{worker_id}/sterile-cells/prepare.
+func (h *handler) prepare(c *call) (int, any, error) {
+	req, err := decodeBody(c.body, readPrepare)
+	if err != nil {
+		return 0, nil, err
+	}
+	cell, err := h.plane.Prepare(c.ctx(), *c.p.worker, sandboxwich.PrepareRequest{
+		CellID: req.CellID, Release: req.Release, ProviderCellID: req.ProviderCellID, ExpiresAt: req.ExpiresAt.Time,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.CellResponse{OK: true, Cell: wire.CellOf(&cell)}, nil
+}
+
+// workerCell serves GET /v1/workers/{worker_id}/sterile-cells/{cell_id}.
+func (h *handler) workerCell(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "cell_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	cell, info, err := h.plane.WorkerCell(c.ctx(), *c.p.worker, id)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.WorkerCellResponse{OK: true, Cell: wire.CellOf(&cell), Claim: claimOf(info)}, nil
+}
+
+// claimOf is the wire form of the claim that leased a cell; claim_id is
+// null for an unfenced claim.
+func claimOf(info *store.ClaimInfo) *wire.CellClaim {
+	if info == nil {
+		return nil
+	}
+	cc := &wire.CellClaim{LeaseID: info.LeaseID, Generation: info.Generation, ExpiresAt: wire.Time{Time: info.ExpiresAt}}
+	if info.ClaimID != uuid.Nil {
+		id := info.ClaimID
+		cc.ClaimID = &id
+	}
+	return cc
+}
+
+// retire serves POST /v1/workers/{worker_id}/sterile-cells/{cell_id}/retire.
+func (h *handler) retire(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "cell_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := decodeBody(c.body, readRetire)
+	if err != nil {
+		return 0, nil, err
+	}
+	cell, err := h.plane.Retire(c.ctx(), *c.p.worker, id, req.Generation)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.CellResponse{OK: true, Cell: wire.CellOf(&cell)}, nil
+}
+
+// destroy serves POST /v1/workers/{worker_id}/sterile-cells/{cell_id}/destroy.
+func (h *handler) destroy(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "cell_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := decodeBody(c.body, readDestroy)
+	if err != nil {
+		return 0, nil, err
+	}
+	cell, err := h.plane.Destroy(c.ctx(), *c.p.worker, id, sandboxwich.DestroyRequest{
+		LeaseID: req.LeaseID, Generation: req.Generation, Disposition: req.Disposition,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.CellResponse{OK: true, Cell: wire.CellOf(&cell)}, nil
+}
