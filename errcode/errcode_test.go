@@ -1,0 +1,35 @@
+package errcode
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+)
+
+func TestSentinelsMatchByCode(t *testing.T) {
+	err := fmt.Errorf("wrapped: %w", Wrap(Conflict, "lease is no longer live", errors.New("cause")))
+	if !errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
+		t.Fatal("errors.Is by code")
+	}
+	if CodeOf(err) != Conflict || CodeOf(errors.New("x")) != Internal {
+		t.Fatal("CodeOf")
+	}
+	if errors.Is(ErrConflict, New(Conflict, "specific")) {
+		t.Fatal("a sentinel must not match a specific error")
+	}
+}
+
+func TestHTTPStatus(t *testing.T) {
+	for code, status := range map[Code]int{
+		BadRequest: 400, InvalidRequest: 422, Unauthorized: 401, AuthorizationDenied: 403, NotFound: 404,
+		MethodNotAllowed: 405, Conflict: 409, ClaimContended: 409, RuntimeClassBoundaryUnverified: 409,
+		PayloadTooLarge: 413, UnsupportedMediaType: 415, Internal: 500, AuthNotConfigured: 500,
+		InvalidIdempotencyKey: 400, IdempotencyKeyReused: 409, IdempotencyInProgress: 409,
+		ExecUnsupported: http.StatusNotImplemented,
+	} {
+		if got := code.HTTPStatus(); got != status {
+			t.Errorf("%s: %d, want %d", code, got, status)
+		}
+	}
+}
