@@ -22,8 +22,9 @@ var errMemberNotFound = errcode.New(errcode.NotFound, "pool member not found")
 func (s *Store) CreateMember(ctx context.Context, p store.CreateMemberParams) (store.Member, error) {
 	m := store.Member{CellID: p.CellID, Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
 		CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
-	_, err := s.w.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, nil, nil, us(p.Now), us(p.Now))
-	if err != nil && s.d.UniqueViolation(err) {
+	n, err := affected(s.w.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, nil, nil,
+		us(p.Now), us(p.Now), m.CellID.String()))
+	if (err != nil && s.d.UniqueViolation(err)) || (err == nil && n != 1) {
 		return m, errcode.New(errcode.Conflict, "cell_id was already used")
 	}
 	return m, s.fail("create member", err)
@@ -51,7 +52,7 @@ func (s *Store) Replenish(ctx context.Context, p store.ReplenishParams) ([]store
 			m := store.Member{CellID: p.NewID(), Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
 				CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
 			if _, err := tx.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID,
-				nullString(p.Owner), us(p.LockUntil), us(p.Now), us(p.Now)); err != nil {
+				nullString(p.Owner), us(p.LockUntil), us(p.Now), us(p.Now), m.CellID.String()); err != nil {
 				return err
 			}
 			out = append(out, m)
@@ -115,7 +116,8 @@ func (s *Store) BeginStop(ctx context.Context, p store.StopIntent) (store.Member
 		if m, err = s.memberTx(ctx, tx, p.CellID); err != nil {
 			return err
 		}
-		if !slices.Contains(p.From, m.State) {
+		// A stop is recorded once: its fence and disposition never change.
+		if !slices.Contains(p.From, m.State) || lease.CheckMemberTransition(m.State, lease.MemberStopping) != nil {
 			return errcode.New(errcode.Conflict, "member is "+string(m.State))
 		}
 		if p.Quarantine && m.Cell != nil {
@@ -263,8 +265,7 @@ func (s *Store) Member(ctx context.Context, cellID uuid.UUID) (store.Member, err
 
 // Members implements store.Store.
 func (s *Store) Members(ctx context.Context, pool string, states ...lease.MemberState) ([]store.Member, error) {
-	q := `SELECT ` + memberCols + `, ` + cellCols + ` FROM pool_members m LEFT JOIN cells c ON c.id = m.cell_id
-		WHERE m.pool_name = ?`
+	q := `SELECT ` + memberCols + `, ` + cellCols + ` FROM pool_members m ` + memberCellJoin + ` WHERE m.pool_name = ?`
 	args := []any{pool}
 	if len(states) > 0 {
 		q += ` AND m.state IN (?` + strings.Repeat(", ?", len(states)-1) + `)`

@@ -22,6 +22,10 @@ const (
 	m.stop_generation, m.provider_absent, m.identity, m.last_error, m.attempts, m.created_us, m.updated_us`
 )
 
+// memberCellJoin joins a member to its own cell only: a cell of the same ID
+// outside the pool is never the member's.
+const memberCellJoin = `LEFT JOIN cells c ON c.id = m.cell_id AND c.pool_name = m.pool_name`
+
 type scanner interface{ Scan(dest ...any) error }
 
 // cellRow is one row of cellCols as scanned. Every field is nullable, so
@@ -147,6 +151,9 @@ func scanRecord(sc scanner) (store.LeaseRecord, error) {
 		return store.LeaseRecord{}, err
 	}
 	mem, err := m.member()
+	if mem != nil {
+		mem.Cell = &cell
+	}
 	return store.LeaseRecord{Cell: cell, Member: mem}, err
 }
 
@@ -194,7 +201,7 @@ type queries struct {
 	schemaVersion string
 
 	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, memberLeased string
-	recordByLease, recordByCell, cellByWorker, claimOfLease                              string
+	recordByLease, cellByWorker, claimOfLease                                            string
 	quarantine, toTerminal, prepare                                                      string
 	expireReady, expireLeased, expireIdempotency                                         string
 
@@ -234,10 +241,8 @@ func bindQueries(db *sqlx.DB) queries {
 		memberLeased: `UPDATE pool_members SET state = 'leased', updated_us = ? WHERE cell_id = ? AND state = 'ready'`,
 
 		recordByLease: `SELECT ` + cellCols + `, ` + memberCols + `
-			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id
+			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id AND m.pool_name = c.pool_name
 			WHERE c.lease_id = ? AND c.tenant_id = ?`,
-		recordByCell: `SELECT ` + cellCols + `, ` + memberCols + `
-			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id WHERE c.id = ?`,
 		cellByWorker: `SELECT ` + cellCols + ` FROM cells c WHERE c.id = ? AND c.worker_id = ?`,
 		claimOfLease: `SELECT claim_id FROM claim_fences WHERE lease_id = ?`,
 
@@ -248,9 +253,11 @@ func bindQueries(db *sqlx.DB) queries {
 			WHERE id = ? AND state = ? AND generation = ? AND state IN ('ready', 'leased')`,
 		toTerminal: `UPDATE cells SET state = ?, updated_us = ?
 			WHERE id = ? AND state = 'leased' AND generation = 2 AND lease_id = ?`,
+		// A cell ID reserved by a pool member can never be prepared.
 		prepare: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
 			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us)
-			VALUES (?, ?, ?, NULL, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?)
+			SELECT ?, ?, ?, NULL, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?
+			WHERE NOT EXISTS (SELECT 1 FROM pool_members WHERE cell_id = ?)
 			ON CONFLICT DO NOTHING`,
 		expireReady: `UPDATE cells SET state = 'quarantined', updated_us = ?
 			WHERE pool_name IS NULL AND state = 'ready' AND ready_deadline_us <= ?`,
@@ -258,8 +265,10 @@ func bindQueries(db *sqlx.DB) queries {
 			WHERE pool_name IS NULL AND state = 'leased' AND lease_expires_us <= ?`,
 		expireIdempotency: `DELETE FROM idempotency_records WHERE expires_us <= ?`,
 
+		// A cell ID already used by any cell can never become a member.
 		memberInsert: `INSERT INTO pool_members (cell_id, pool_name, tenant_id, state, lock_owner, lock_until_us,
-			created_us, updated_us) VALUES (?, ?, ?, 'provisioning', ?, ?, ?, ?)`,
+			created_us, updated_us) SELECT ?, ?, ?, 'provisioning', ?, ?, ?, ?
+			WHERE NOT EXISTS (SELECT 1 FROM cells WHERE id = ?)`,
 		memberLive: `SELECT count(*), count(CASE WHEN state = 'provisioning' THEN 1 END) FROM pool_members
 			WHERE pool_name = ? AND state IN ('provisioning', 'ready', 'leased', 'stopping', 'cleanup_pending')`,
 		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, updated_us = ?
@@ -270,7 +279,7 @@ func bindQueries(db *sqlx.DB) queries {
 		memberStop: `UPDATE pool_members SET state = 'stopping', requested_disposition = ?, stop_lease_id = ?,
 			stop_generation = ?, last_error = ?, updated_us = ?
 			WHERE cell_id = ? AND state = ?`,
-		memberByID: `SELECT ` + memberCols + `, ` + cellCols + ` FROM pool_members m LEFT JOIN cells c ON c.id = m.cell_id WHERE m.cell_id = ?`,
+		memberByID: `SELECT ` + memberCols + `, ` + cellCols + ` FROM pool_members m ` + memberCellJoin + ` WHERE m.cell_id = ?`,
 		memberCleanup: `UPDATE pool_members SET state = 'cleanup_pending', attempts = attempts + 1, last_error = ?,
 			updated_us = ? WHERE cell_id = ? AND state IN ('stopping', 'cleanup_pending')`,
 		memberDone: `UPDATE pool_members SET state = ?, provider_absent = TRUE, attempts = attempts + 1,
@@ -296,7 +305,7 @@ func bindQueries(db *sqlx.DB) queries {
 	q.candidateRaw = q.candidate
 	for _, p := range []*string{
 		&q.schemaVersion, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
-		&q.recordByLease, &q.recordByCell, &q.cellByWorker, &q.claimOfLease, &q.quarantine, &q.toTerminal,
+		&q.recordByLease, &q.cellByWorker, &q.claimOfLease, &q.quarantine, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,

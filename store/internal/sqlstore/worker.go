@@ -31,7 +31,8 @@ func (s *Store) Prepare(ctx context.Context, p store.PrepareParams) (lease.Cell,
 		CreatedAt:      fromUS(us(p.Now)),
 	}
 	n, err := affected(s.w.ExecContext(ctx, s.q.prepare, c.ID.String(), c.TenantID, c.WorkerID, c.ProviderCellID,
-		r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature, us(c.ExpiresAt), us(p.Now), us(p.Now)))
+		r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature, us(c.ExpiresAt), us(p.Now), us(p.Now),
+		c.ID.String()))
 	if err != nil {
 		return lease.Cell{}, s.fail("prepare", err)
 	}

@@ -1,0 +1,285 @@
+package postgres_test
+
+import (
+	"database/sql"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/fence"
+	"github.com/sandboxwich/sandboxwich/internal/testpg"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/store/postgres"
+	"github.com/sandboxwich/sandboxwich/store/storetest"
+)
+
+func open(tb testing.TB, url string, opts postgres.Options) *postgres.Store {
+	tb.Helper()
+	s, err := postgres.Open(tb.Context(), url, opts)
+	if err != nil {
+		tb.Fatalf("Open: %v", err)
+	}
+	return s
+}
+
+// newStore opens a store on a fresh schema; the caller closes the store.
+func newStore(tb testing.TB) *postgres.Store {
+	tb.Helper()
+	return open(tb, testpg.Schema(tb), postgres.Options{})
+}
+
+func TestConformance(t *testing.T) {
+	testpg.BaseURL(t) // skip (or fail under CI) once, not per subtest
+	storetest.Run(t, func(t *testing.T) store.Store { return newStore(t) })
+}
+
+// TestNoSecretStored claims a cell with a real lease attestation and checks
+// that neither the token, its MAC nor the signing key is in the schema.
+func TestNoSecretStored(t *testing.T) {
+	url := testpg.Schema(t)
+	s := open(t, url, postgres.Options{})
+	defer s.Close()
+	token, digest := claimWithToken(t, s)
+
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// Positive control: this is the store's schema, holding the digest.
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM cells WHERE attestation_digest = $1`, digest).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("cells with the attestation digest: %d, %v; want 1", n, err)
+	}
+	for _, secret := range []string{token, strings.TrimPrefix(token, "swla1_"), testKey} {
+		storetest.CheckNoSecret(t, db, secret)
+	}
+}
+
+const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
+
+// fixture is one tenant's inventory of the kata release of CONTRACT.md 3.6.
+type fixture struct {
+	kr  *attest.Keyring
+	rel lease.Release
+	now time.Time
+}
+
+func newFixture(tb testing.TB) fixture {
+	kr, err := attest.NewKeyring([]byte(testKey))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	policy := strings.Repeat("a", 64)
+	return fixture{
+		kr: kr,
+		rel: lease.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: policy,
+			Signature: kr.SignRelease("release-set-2026-08-07", string(lease.KataMicroVM), policy)},
+		now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC),
+	}
+}
+
+func (f fixture) prepare(tb testing.TB, s store.Store, n int) {
+	tb.Helper()
+	for range n {
+		id := uuid.Must(uuid.NewV7())
+		if _, err := s.Prepare(tb.Context(), store.PrepareParams{CellID: id, TenantID: "tenant-a",
+			WorkerID: "0190f0e0-0000-7000-8000-00000000000a", ProviderCellID: "pc-" + id.String(), Release: f.rel,
+			ExpiresAt: f.now.Add(time.Hour), Now: f.now}); err != nil {
+			tb.Fatalf("Prepare: %v", err)
+		}
+	}
+}
+
+// claim returns the parameters of an unfenced claim; sign, when set,
+// receives the token.
+func (f fixture) claim(sign func(token string)) store.ClaimParams {
+	b := lease.Binding{OrganizationID: "org-1", WorkspaceID: "workspace-1", ThreadID: "thread-1", RunnerSessionID: "session-1"}
+	ls := uint64(120)
+	return store.ClaimParams{
+		TenantID: "tenant-a",
+		Digest: fence.Digest(fence.ClaimRequest{ReleaseSetID: f.rel.ReleaseSetID, RuntimeClass: string(f.rel.RuntimeClass),
+			PolicyDigest: f.rel.PolicyDigest, Signature: f.rel.Signature, OrganizationID: b.OrganizationID,
+			WorkspaceID: b.WorkspaceID, ThreadID: b.ThreadID, RunnerSessionID: b.RunnerSessionID, LeaseSeconds: &ls}),
+		Release:      f.rel,
+		Binding:      b,
+		LeaseSeconds: ls,
+		LeaseID:      uuid.Must(uuid.NewV7()),
+		Now:          f.now,
+		Sign: func(l lease.Lease) string {
+			token := f.kr.LeaseToken(attest.LeaseClaims{
+				LeaseID: l.ID.String(), CellID: l.CellID.String(), Generation: l.Generation,
+				ReleaseSetID: l.Release.ReleaseSetID, RuntimeClass: string(l.Release.RuntimeClass),
+				PolicyDigest: l.Release.PolicyDigest, OrganizationID: l.Binding.OrganizationID,
+				WorkspaceID: l.Binding.WorkspaceID, ThreadID: l.Binding.ThreadID,
+				RunnerSessionID: l.Binding.RunnerSessionID, ExpiresAt: l.ExpiresAt,
+				ReleaseSignature: l.Release.Signature,
+			})
+			if sign != nil {
+				sign(token)
+			}
+			return attest.Digest(token)
+		},
+	}
+}
+
+// claimWithToken prepares a cell and claims it with a fenced claim whose
+// Sign computes the real attestation; it returns the token and its digest.
+func claimWithToken(t *testing.T, s store.Store) (token, digest string) {
+	t.Helper()
+	f := newFixture(t)
+	f.prepare(t, s, 1)
+	p := f.claim(func(tok string) { token = tok })
+	p.ClaimID = uuid.Must(uuid.NewV7())
+	res, err := s.Claim(t.Context(), p)
+	if err != nil || res.Lease == nil {
+		t.Fatalf("Claim = %+v, %v; want a lease", res, err)
+	}
+	if !strings.HasPrefix(token, "swla1_") || res.Lease.AttestationDigest != attest.Digest(token) {
+		t.Fatalf("token %q does not match the lease digest %q", token, res.Lease.AttestationDigest)
+	}
+	return token, res.Lease.AttestationDigest
+}
+
+// TestMigrateIdempotent opens the same schema twice: the second Open
+// migrates nothing and keeps the data.
+func TestMigrateIdempotent(t *testing.T) {
+	url := testpg.Schema(t)
+	s := open(t, url, postgres.Options{})
+	claimWithToken(t, s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, url, postgres.Options{})
+	defer s.Close()
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping after a second Open: %v", err)
+	}
+	counts, err := s.CellCounts(t.Context())
+	if err != nil || counts[lease.Leased] != 1 {
+		t.Fatalf("CellCounts after a second Open = %v, %v; want the leased cell", counts, err)
+	}
+	s2 := open(t, url, postgres.Options{SkipMigrate: true})
+	defer s2.Close()
+	if err := s2.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping with SkipMigrate on a migrated schema: %v", err)
+	}
+}
+
+// TestConcurrentMigrate opens several stores on one fresh schema at once,
+// as replicas starting together do: every Open succeeds.
+func TestConcurrentMigrate(t *testing.T) {
+	url := testpg.Schema(t)
+	var wg sync.WaitGroup
+	stores := make([]*postgres.Store, 4)
+	errs := make([]error, 4)
+	for i := range stores {
+		wg.Go(func() { stores[i], errs[i] = postgres.Open(t.Context(), url, postgres.Options{MaxConns: 2}) })
+	}
+	wg.Wait()
+	for i, s := range stores {
+		if errs[i] != nil {
+			t.Errorf("Open %d: %v", i, errs[i])
+			continue
+		}
+		if err := s.Ping(t.Context()); err != nil {
+			t.Errorf("Ping %d: %v", i, err)
+		}
+		s.Close()
+	}
+}
+
+// TestSkipMigrate opens a fresh schema without migrating: Ping fails until
+// the migrations ran.
+func TestSkipMigrate(t *testing.T) {
+	url := testpg.Schema(t)
+	s := open(t, url, postgres.Options{SkipMigrate: true})
+	defer s.Close()
+	if err := s.Ping(t.Context()); err == nil {
+		t.Fatal("Ping on an unmigrated schema succeeded")
+	}
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := postgres.Migrate(t.Context(), db); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping after Migrate: %v", err)
+	}
+}
+
+// TestTwoPools runs 32 unfenced claims for 10 cells through two stores
+// with separate connection pools on one schema, as two replicas would:
+// exactly 10 leases, on 10 distinct cells.
+func TestTwoPools(t *testing.T) {
+	url := testpg.Schema(t)
+	a := open(t, url, postgres.Options{})
+	defer a.Close()
+	b := open(t, url, postgres.Options{})
+	defer b.Close()
+	f := newFixture(t)
+	f.prepare(t, a, 10)
+
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	cells := map[uuid.UUID]int{}
+	leases, empty := 0, 0
+	for i := range 32 {
+		s := store.Store(a)
+		if i%2 == 1 {
+			s = b
+		}
+		p := f.claim(nil)
+		if i%4 >= 2 {
+			p.ClaimID = uuid.Must(uuid.NewV7()) // half of them fenced
+		}
+		wg.Go(func() {
+			<-start
+			res, err := s.Claim(t.Context(), p)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Errorf("Claim: %v", err)
+			case res.Lease == nil:
+				empty++
+			default:
+				leases++
+				cells[res.Lease.CellID]++
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if leases != 10 || len(cells) != 10 || empty != 22 {
+		t.Errorf("32 claims on 10 cells through two pools: %d leases on %d cells, %d empty; want 10, 10, 22",
+			leases, len(cells), empty)
+	}
+	for _, s := range []store.Store{a, b} {
+		counts, err := s.CellCounts(t.Context())
+		if err != nil || counts[lease.Leased] != 10 || counts[lease.Ready] != 0 {
+			t.Errorf("CellCounts = %v, %v; want 10 leased", counts, err)
+		}
+	}
+}
+
+func BenchmarkClaim(b *testing.B) {
+	s := newStore(b)
+	defer s.Close()
+	storetest.BenchmarkClaim(b, s)
+}
+
+func BenchmarkClaimParallel(b *testing.B) {
+	s := newStore(b)
+	defer s.Close()
+	storetest.BenchmarkClaimParallel(b, s)
+}
