@@ -53,6 +53,12 @@ func New(w, r *sqlx.DB, d Dialect) *Store {
 	return &Store{w: w, r: r, d: d, q: bindQueries(w)}
 }
 
+// DB returns the pool every write transaction runs on, with the store's
+// connection settings. It is for tooling and benchmarks (a baseline
+// transaction on the same settings); never write the store's tables
+// through it.
+func (s *Store) DB() *sql.DB { return s.w.DB }
+
 // Close closes both pools.
 func (s *Store) Close() error {
 	err := s.w.Close()

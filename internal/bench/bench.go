@@ -1,0 +1,312 @@
+// Package bench measures the claim path against the database's own limit,
+// side by side in one run, and reports every figure as a ratio against a
+// baseline measured in the same run (absolute times on a shared machine are
+// noise). `sandboxwich bench` prints its table, its JSON and, last, one line
+// of ratios for scripts and CI.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+// Options choose what to measure and how precisely.
+type Options struct {
+	// Quick uses fewer samples (the whole run stays under two minutes).
+	Quick bool
+	// PostgresURL is a server to measure; "" skips Postgres.
+	PostgresURL string
+	// GVisor measures the gVisor figures when runsc is installed.
+	GVisor bool
+	Logger *slog.Logger
+}
+
+// Report holds every figure of a run.
+type Report struct {
+	Backends map[string]*BackendReport `json:"backends"`
+	Attest   AttestReport              `json:"attest"`
+	Refill   *RefillReport             `json:"refill,omitempty"`
+	GVisor   *GVisorReport             `json:"gvisor,omitempty"`
+	Ratios   map[string]float64        `json:"ratios"`
+}
+
+// BackendReport holds one database's figures.
+type BackendReport struct {
+	Baseline     map[int]Stats `json:"baseline"` // by concurrency
+	Claims       map[int]Stats `json:"claims"`
+	HTTPClaim    Stats         `json:"http_claim"`
+	HTTPTrivial  Stats         `json:"http_trivial"`
+	ScaleSmall   Stats         `json:"scale_1k"`
+	ScaleLarge   Stats         `json:"scale_100k"`
+	ScaleSmallN  int           `json:"scale_small_cells"`
+	ScaleLargeN  int           `json:"scale_large_cells"`
+	P50Ratio     float64       `json:"claim_p50_ratio"`
+	ThroughputR  float64       `json:"throughput_ratio_c32"`
+	ScaleRatio   float64       `json:"scale_ratio"`
+	HTTPOverhead float64       `json:"http_claim_minus_trivial_ms"`
+}
+
+// Concurrencies measured for claims.
+var Concurrencies = []int{1, 8, 32}
+
+// Run measures everything Options ask for.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	samples := 2000
+	if o.Quick {
+		samples = 300
+	}
+	rep := &Report{Backends: map[string]*BackendReport{}, Ratios: map[string]float64{}}
+	dir, rm, err := tempDir()
+	if err != nil {
+		return nil, err
+	}
+	defer rm()
+
+	open := []struct {
+		name string
+		fn   func(context.Context) (*backend, error)
+	}{{"sqlite", func(ctx context.Context) (*backend, error) { return openSQLite(ctx, dir+"/"+uuid.NewString()) }}}
+	if o.PostgresURL != "" {
+		open = append(open, struct {
+			name string
+			fn   func(context.Context) (*backend, error)
+		}{"postgres", func(ctx context.Context) (*backend, error) { return openPostgres(ctx, o.PostgresURL) }})
+	}
+	for _, be := range open {
+		o.Logger.Info("bench: database", "backend", be.name)
+		br, err := benchBackend(ctx, be.fn, samples, o.Quick)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", be.name, err)
+		}
+		rep.Backends[be.name] = br
+		rep.Ratios["claim_p50_ratio_"+be.name] = br.P50Ratio
+		rep.Ratios["throughput_ratio_"+be.name] = br.ThroughputR
+		rep.Ratios["scale_ratio"] = math.Max(nz(rep.Ratios["scale_ratio"]), br.ScaleRatio)
+	}
+	rep.Attest = benchAttest(samples * 10)
+	o.Logger.Info("bench: pool refill")
+	if rep.Refill, err = benchRefill(ctx, dir, o.Quick); err != nil {
+		return nil, err
+	}
+	rep.Ratios["refill_overhead"] = rep.Refill.Overhead
+	if _, err := exec.LookPath("runsc"); o.GVisor && err == nil {
+		o.Logger.Info("bench: gvisor")
+		if rep.GVisor, err = benchGVisor(ctx, dir, o.Quick); err != nil {
+			return nil, err
+		}
+		rep.Ratios["gvisor_first_output_ratio"] = rep.GVisor.Ratio
+	}
+	return rep, nil
+}
+
+func nz(v float64) float64 {
+	if math.IsNaN(v) {
+		return 0
+	}
+	return v
+}
+
+func benchBackend(ctx context.Context, open func(context.Context) (*backend, error), samples int, quick bool) (*BackendReport, error) {
+	b, err := open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer b.cleanup()
+	r := &BackendReport{Baseline: map[int]Stats{}, Claims: map[int]Stats{}}
+	total := 0
+	for _, c := range Concurrencies {
+		total += samples * c / 4
+	}
+	if err := b.seed(ctx, total+2*samples, 0); err != nil {
+		return nil, fmt.Errorf("seed: %w", err)
+	}
+	for _, c := range Concurrencies {
+		n := max(samples*c/4, samples/2)
+		// Baseline and claims alternate at each concurrency, so both see
+		// the same machine.
+		r.Baseline[c] = measure(ctx, c, n, b.baseline)
+		r.Claims[c] = measure(ctx, c, n, b.claim)
+	}
+	r.P50Ratio = ratio(r.Claims[1].P50MS, r.Baseline[1].P50MS)
+	r.ThroughputR = ratio(r.Claims[32].Throughput, r.Baseline[32].Throughput)
+
+	if err := benchHTTP(ctx, b, r, samples); err != nil {
+		return nil, fmt.Errorf("http: %w", err)
+	}
+
+	small, large := 1000, 100000
+	if quick {
+		large = 100000
+	}
+	scaleSamples := samples / 2
+	for _, sz := range []struct {
+		n   int
+		out *Stats
+	}{{small, &r.ScaleSmall}, {large, &r.ScaleLarge}} {
+		s, err := open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		err = s.seed(ctx, sz.n, sz.n)
+		if err == nil {
+			*sz.out = measure(ctx, 1, scaleSamples, s.claim)
+		}
+		s.cleanup()
+		if err != nil {
+			return nil, fmt.Errorf("scale seed: %w", err)
+		}
+	}
+	r.ScaleSmallN, r.ScaleLargeN = small, large
+	r.ScaleRatio = ratio(r.ScaleLarge.P50MS, r.ScaleSmall.P50MS)
+	return r, nil
+}
+
+// benchHTTP measures claims through the Go client over loopback, and a
+// trivial request on the same stack, to separate transport from work.
+func benchHTTP(ctx context.Context, b *backend, r *BackendReport, samples int) error {
+	const token = "bench-token"
+	h, err := httpapi.New(httpapi.Config{Plane: b.plane, Auth: httpapi.Auth{TenantTokens: map[string]string{token: benchTenant}},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	base := "http://" + ln.Addr().String()
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	c, err := client.New(base, client.WithToken(token), client.WithHTTPClient(hc))
+	if err != nil {
+		return err
+	}
+	r.HTTPClaim = measure(ctx, 1, samples/2, func(ctx context.Context, _ int) error {
+		res, err := c.Claim(ctx, wire.ClaimRequest{Release: b.rel, Binding: benchBinding})
+		if err == nil && res.Lease == nil {
+			err = fmt.Errorf("empty claim")
+		}
+		return err
+	})
+	r.HTTPTrivial = measure(ctx, 1, samples/2, func(ctx context.Context, _ int) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/healthz", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.Body.Close()
+	})
+	r.HTTPOverhead = math.Round((r.HTTPClaim.P50MS-r.HTTPTrivial.P50MS)*1000) / 1000
+	return nil
+}
+
+// WriteTable prints the report for people.
+func (rep *Report) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "backend\tseries\tconc\tn\tp50 ms\tp99 ms\tper s\terrors\t")
+	row := func(be, series string, c int, s Stats) {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.3f\t%.3f\t%.0f\t%d\t\n", be, series, c, s.N, s.P50MS, s.P99MS, s.Throughput, s.Errors)
+	}
+	for _, be := range []string{"sqlite", "postgres"} {
+		r, ok := rep.Backends[be]
+		if !ok {
+			continue
+		}
+		for _, c := range Concurrencies {
+			row(be, "baseline UPDATE…RETURNING", c, r.Baseline[c])
+			row(be, "fenced claim (in-process)", c, r.Claims[c])
+		}
+		row(be, "claim over HTTP (client)", 1, r.HTTPClaim)
+		row(be, "GET /healthz over HTTP", 1, r.HTTPTrivial)
+		row(be, fmt.Sprintf("claim, %d ready cells", r.ScaleSmallN), 1, r.ScaleSmall)
+		row(be, fmt.Sprintf("claim, %d ready cells", r.ScaleLargeN), 1, r.ScaleLarge)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nattestation: sign %.2f µs, verify release %.2f µs, sign+digest+verify %.2f µs\n",
+		rep.Attest.SignUS, rep.Attest.VerifyUS, rep.Attest.RoundUS)
+	if f := rep.Refill; f != nil {
+		fmt.Fprintf(w, "pool refill: %d cells, max_provisioning %d, latency %v: %v (ideal %v, overhead ×%.3f)\n",
+			f.Cells, f.MaxProvisioning, f.Latency, f.Took, f.Ideal, f.Overhead)
+	}
+	if g := rep.GVisor; g != nil {
+		fmt.Fprintf(w, "gvisor: warm claim→first output p50 %.1f ms, bare runsc exec p50 %.1f ms, cold create+start+exec p50 %.1f ms (ratio ×%.3f)\n",
+			g.Warm.P50MS, g.Bare.P50MS, g.Cold.P50MS, g.Ratio)
+	}
+}
+
+// WriteJSON prints the report as one JSON document.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// Keys are the ratios of the summary line, in order.
+var Keys = []string{"claim_p50_ratio_sqlite", "claim_p50_ratio_postgres", "throughput_ratio_postgres",
+	"scale_ratio", "refill_overhead", "gvisor_first_output_ratio"}
+
+// Targets are the issue's goals for each ratio, and whether lower is better.
+var Targets = map[string]struct {
+	Value float64
+	Lower bool
+}{
+	"claim_p50_ratio_sqlite":    {1.5, true},
+	"claim_p50_ratio_postgres":  {1.5, true},
+	"throughput_ratio_postgres": {0.5, false},
+	"scale_ratio":               {1.2, true},
+	"refill_overhead":           {1.10, true},
+	"gvisor_first_output_ratio": {1.3, true},
+}
+
+// SummaryLine is the last line of a run: every ratio, "na" when not measured.
+func (rep *Report) SummaryLine() string {
+	parts := []string{}
+	for _, k := range Keys {
+		v, ok := rep.Ratios[k]
+		s := "na"
+		if ok && !math.IsNaN(v) {
+			s = fmt.Sprintf("%.3f", v)
+		}
+		parts = append(parts, k+"="+s)
+	}
+	return "bench: " + strings.Join(parts, " ")
+}
+
+// Regressions lists ratios worse than factor × their target (in the
+// direction of the target): gross regressions, never noise.
+func (rep *Report) Regressions(factor float64) []string {
+	var out []string
+	for _, k := range Keys {
+		v, ok := rep.Ratios[k]
+		if !ok || math.IsNaN(v) {
+			continue
+		}
+		t := Targets[k]
+		if (t.Lower && v > t.Value*factor) || (!t.Lower && v < t.Value/factor) {
+			out = append(out, fmt.Sprintf("%s=%.3f (target %.2f)", k, v, t.Value))
+		}
+	}
+	return out
+}

@@ -1,0 +1,192 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/store/postgres"
+	"github.com/sandboxwich/sandboxwich/store/sqlite"
+)
+
+// backend is one database under test with a plane over it.
+type backend struct {
+	name    string
+	bind    int
+	st      store.Store
+	db      *sql.DB // the store's writer pool: the baseline runs on it
+	plane   *sandboxwich.Plane
+	keys    *attest.Keyring
+	rel     lease.Release
+	cleanup func()
+}
+
+var benchBinding = lease.Binding{OrganizationID: "org-bench", WorkspaceID: "ws-bench", ThreadID: "thread-bench", RunnerSessionID: "run-bench"}
+
+const benchTenant = "bench"
+
+// dbStore is what both stores provide beyond store.Store.
+type dbStore interface {
+	store.Store
+	DB() *sql.DB
+}
+
+func openSQLite(ctx context.Context, dir string) (*backend, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "bench.db"), sqlite.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return newBackend("sqlite", sqlx.QUESTION, st, func() {})
+}
+
+func openPostgres(ctx context.Context, base string) (*backend, error) {
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	schema := "sbw_bench_" + hex.EncodeToString(r[:])
+	admin, err := sql.Open("postgres", base)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	drop := func() {
+		_, _ = admin.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
+		admin.Close()
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	st, err := postgres.Open(ctx, u.String(), postgres.Options{MaxConns: 40})
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	return newBackend("postgres", sqlx.DOLLAR, st, drop)
+}
+
+func newBackend(name string, bind int, st dbStore, cleanup func()) (*backend, error) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	keys, _ := attest.NewKeyring(key)
+	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("b", 64)}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		return nil, err
+	}
+	b := &backend{name: name, bind: bind, st: st, db: st.DB(), plane: plane, keys: keys, rel: rel}
+	b.cleanup = func() { st.Close(); cleanup() }
+	_, err = b.db.Exec(`CREATE TABLE bench_baseline (id INTEGER PRIMARY KEY, n BIGINT NOT NULL)`)
+	if err == nil {
+		_, err = b.db.Exec(`INSERT INTO bench_baseline (id, n) VALUES (1, 0)`)
+	}
+	if err != nil {
+		b.cleanup()
+		return nil, fmt.Errorf("%s: baseline table: %w", name, err)
+	}
+	return b, nil
+}
+
+// baseline is the database's own floor for a serialized read-modify-write:
+// one transaction updating one row and returning it, on the store's own
+// pool and settings. Every worker updates the same row, as every claim of
+// one inventory serializes on that inventory.
+func (b *backend) baseline(ctx context.Context, _ int) error {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	var n int64
+	if err := tx.QueryRowContext(ctx, sqlx.Rebind(b.bind, `UPDATE bench_baseline SET n = n + 1 WHERE id = ? RETURNING n`), 1).Scan(&n); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// claim makes one fenced claim and fails when no cell was leased.
+func (b *backend) claim(ctx context.Context, _ int) error {
+	res, err := b.plane.Claim(ctx, benchTenant, sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: b.rel, Binding: benchBinding})
+	if err == nil && res.Lease == nil {
+		err = fmt.Errorf("%s: claim found no ready cell", b.name)
+	}
+	return err
+}
+
+// seed inserts ready cells (and as many terminal ones when terminal) in the
+// shape Prepare writes, in one transaction: a fixture, far faster than
+// preparing 100,000 cells one by one.
+func (b *backend) seed(ctx context.Context, ready, terminal int) error {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	now := time.Now().UTC()
+	const batch = 400
+	add := func(n int, state string) error {
+		for done := 0; done < n; done += batch {
+			k := min(batch, n-done)
+			var sb strings.Builder
+			sb.WriteString(`INSERT INTO cells (id, tenant_id, worker_id, provider_cell_id, state, generation, release_set_id,
+				runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us) VALUES `)
+			args := make([]any, 0, k*13)
+			for i := range k {
+				if i > 0 {
+					sb.WriteString(", ")
+				}
+				sb.WriteString("(?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?)")
+				id := uuid.Must(uuid.NewV7()).String()
+				created := now.Add(time.Duration(done+i) * time.Microsecond).UnixMicro()
+				args = append(args, id, benchTenant, "bench-worker", "p-"+id, state, b.rel.ReleaseSetID,
+					string(b.rel.RuntimeClass), b.rel.PolicyDigest, b.rel.Signature, now.Add(time.Hour).UnixMicro(), created, created)
+			}
+			if _, err := tx.ExecContext(ctx, sqlx.Rebind(b.bind, sb.String()), args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := add(terminal, string(lease.Quarantined)); err != nil {
+		return err
+	}
+	if err := add(ready, string(lease.Ready)); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	// Fresh planner statistics, as a long-running database would have.
+	_, err = b.db.ExecContext(ctx, `ANALYZE`)
+	return err
+}
+
+func tempDir() (string, func(), error) {
+	dir, err := os.MkdirTemp("", "sandboxwich-bench-")
+	return dir, func() { os.RemoveAll(dir) }, err
+}

@@ -1,0 +1,243 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
+	"github.com/sandboxwich/sandboxwich/store/sqlite"
+)
+
+// AttestReport is the cost of the attestation path, in microseconds.
+type AttestReport struct {
+	SignUS   float64 `json:"sign_us"`
+	VerifyUS float64 `json:"verify_release_us"`
+	RoundUS  float64 `json:"sign_digest_verify_us"`
+}
+
+func benchAttest(n int) AttestReport {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	k, _ := attest.NewKeyring(key)
+	digest := strings.Repeat("a", 64)
+	sig := k.SignRelease("bench", "gvisor_lower_risk", digest)
+	c := attest.LeaseClaims{LeaseID: uuid.NewString(), CellID: uuid.NewString(), Generation: 2, ReleaseSetID: "bench",
+		RuntimeClass: "gvisor_lower_risk", PolicyDigest: digest, OrganizationID: "o", WorkspaceID: "w", ThreadID: "t",
+		RunnerSessionID: "s", ExpiresAt: time.Now(), ReleaseSignature: sig}
+	per := func(fn func()) float64 {
+		t0 := time.Now()
+		for range n {
+			fn()
+		}
+		return float64(time.Since(t0).Nanoseconds()) / float64(n) / 1000
+	}
+	return AttestReport{
+		SignUS:   per(func() { k.LeaseToken(c) }),
+		VerifyUS: per(func() { k.VerifyRelease("bench", "gvisor_lower_risk", digest, sig) }),
+		RoundUS: per(func() {
+			attest.EqualDigest(attest.Digest(k.LeaseToken(c)), "x")
+			k.VerifyRelease("bench", "gvisor_lower_risk", digest, sig)
+		}),
+	}
+}
+
+// RefillReport is a pool refilling from empty against the ideal
+// ⌈N/P⌉·L of a provider with latency L and P concurrent provisions.
+type RefillReport struct {
+	Cells           int           `json:"cells"`
+	MaxProvisioning int           `json:"max_provisioning"`
+	Latency         time.Duration `json:"latency_ns"`
+	Took            time.Duration `json:"took_ns"`
+	Ideal           time.Duration `json:"ideal_ns"`
+	Overhead        float64       `json:"overhead"`
+}
+
+func benchRefill(ctx context.Context, dir string, quick bool) (*RefillReport, error) {
+	r := &RefillReport{Cells: 16, MaxProvisioning: 4, Latency: 500 * time.Millisecond}
+	if quick {
+		r.Latency = 250 * time.Millisecond
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "refill-"+uuid.NewString()+".db"), sqlite.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	keys, _ := attest.NewKeyring(key)
+	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("c", 64)}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)), sandboxwich.WithSweepInterval(0),
+		sandboxwich.WithPools(pool.Config{Name: "refill", TenantID: benchTenant, Release: rel, Target: r.Cells,
+			MaxProvisioning: r.MaxProvisioning, Provider: fake.New(fake.Config{Mode: driver.Apply, Latency: r.Latency})}))
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- plane.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	for {
+		sts, err := plane.Pools().Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if sts[0].Members[lease.MemberReady] >= r.Cells {
+			break
+		}
+		if time.Since(start) > 20*r.Latency*time.Duration(r.Cells) {
+			return nil, fmt.Errorf("refill: pool did not fill")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r.Took = time.Since(start)
+	r.Ideal = time.Duration((r.Cells+r.MaxProvisioning-1)/r.MaxProvisioning) * r.Latency
+	r.Overhead = ratio(float64(r.Took), float64(r.Ideal))
+	return r, nil
+}
+
+// GVisorReport compares a warm claim's first command output with what
+// runsc itself needs.
+type GVisorReport struct {
+	Warm  Stats   `json:"warm_claim_first_output"`
+	Bare  Stats   `json:"bare_runsc_exec"`
+	Cold  Stats   `json:"cold_create_start_exec"`
+	Ratio float64 `json:"ratio"`
+}
+
+func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, error) {
+	n := 20
+	if quick {
+		n = 6
+	}
+	stateDir := filepath.Join(dir, "runsc-"+uuid.NewString()[:8])
+	prov, err := gvisor.New(gvisor.Config{StateDir: stateDir, BundleDir: filepath.Join(dir, "bundles"), Pool: "bench",
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "gvisor-"+uuid.NewString()+".db"), sqlite.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	keys, _ := attest.NewKeyring(key)
+	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("d", 64)}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)), sandboxwich.WithSweepInterval(0),
+		sandboxwich.WithPools(pool.Config{Name: "bench", TenantID: benchTenant, Release: rel, Target: 2, Provider: prov}),
+		sandboxwich.WithPoolOptions(pool.Options{Interval: 20 * time.Millisecond}))
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- plane.Run(runCtx) }()
+	defer func() {
+		_ = plane.Pools().SetTarget("bench", 0)
+		waitLive(ctx, plane, 0)
+		stop()
+		<-done
+	}()
+
+	rep := &GVisorReport{}
+	argv := []string{"echo", "first-output"}
+	var warm []time.Duration
+	for len(warm) < n {
+		waitReady(ctx, plane, 1)
+		t0 := time.Now()
+		res, err := plane.Claim(ctx, benchTenant, sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: rel, Binding: benchBinding})
+		if err != nil || res.Lease == nil {
+			return nil, fmt.Errorf("gvisor claim: %v", err)
+		}
+		proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: benchBinding}
+		out, err := plane.Exec(ctx, benchTenant, res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: argv})
+		if err != nil || !strings.Contains(string(out.Stdout), "first-output") {
+			return nil, fmt.Errorf("gvisor exec: %v %q", err, out.Stdout)
+		}
+		warm = append(warm, time.Since(t0))
+		_, _ = plane.Release(ctx, benchTenant, res.Lease.ID, proof, lease.Destroyed)
+	}
+	rep.Warm = summarize(warm, 0, 0)
+
+	// The runtime's own floor: runsc exec into an already running cell.
+	waitReady(ctx, plane, 1)
+	list, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "list", "-quiet").Output()
+	ids := strings.Fields(string(list))
+	if err != nil || len(ids) == 0 {
+		return nil, fmt.Errorf("runsc list: %v", err)
+	}
+	var bare []time.Duration
+	for range n {
+		t0 := time.Now()
+		out, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "--network=none", "exec", ids[0], argv[0], argv[1]).Output()
+		if err != nil || !strings.Contains(string(out), "first-output") {
+			return nil, fmt.Errorf("bare runsc exec: %v", err)
+		}
+		bare = append(bare, time.Since(t0))
+	}
+	rep.Bare = summarize(bare, 0, 0)
+
+	// Cold: a new container created, started and asked for output.
+	var cold []time.Duration
+	for range max(n/3, 2) {
+		obj := driver.Object{CellID: uuid.Must(uuid.NewV7())}
+		t0 := time.Now()
+		o, err := prov.Provision(ctx, driver.ProvisionRequest{CellID: obj.CellID, RuntimeClass: lease.GVisorLowerRisk})
+		if err == nil {
+			_, err = prov.Exec(ctx, o, driver.ExecRequest{Argv: argv, Timeout: time.Minute, MaxOutput: 1024})
+		}
+		cold = append(cold, time.Since(t0))
+		_ = prov.Destroy(ctx, obj)
+		if err != nil {
+			return nil, fmt.Errorf("cold start: %w", err)
+		}
+	}
+	rep.Cold = summarize(cold, 0, 0)
+	rep.Ratio = ratio(rep.Warm.P50MS, rep.Bare.P50MS)
+	return rep, nil
+}
+
+func waitReady(ctx context.Context, plane *sandboxwich.Plane, n int) {
+	for ctx.Err() == nil {
+		sts, err := plane.Pools().Status(ctx)
+		if err == nil && sts[0].Members[lease.MemberReady] >= n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func waitLive(ctx context.Context, plane *sandboxwich.Plane, n int) {
+	deadline := time.Now().Add(time.Minute)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		sts, err := plane.Pools().Status(ctx)
+		live := 0
+		for st, k := range sts[0].Members {
+			if st.Live() {
+				live += k
+			}
+		}
+		if err == nil && live <= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
