@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 )
 
 // providerFactory builds a pool's provider from its settings. It must
@@ -28,6 +29,44 @@ var providers = map[string]providerFactory{
 		}
 		return fake.New(fake.Config{Latency: latency}), unknownSettings(s, "latency_ms")
 	},
+	// gvisor runs each cell as a runsc container on this host.
+	"gvisor": func(pool string, s map[string]string) (driver.Provider, error) {
+		if err := unknownSettings(s, "runsc", "state_dir", "bundle_dir", "rootfs", "network", "platform",
+			"memory_limit_bytes", "cpus"); err != nil {
+			return nil, err
+		}
+		if err := requireRunsc(); s["runsc"] == "" && err != nil {
+			return nil, err
+		}
+		cfg := gvisor.Config{RunscPath: s["runsc"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
+			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool)}
+		if v := s["memory_limit_bytes"]; v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("setting memory_limit_bytes: %q is not a positive integer", v)
+			}
+			cfg.MemoryLimitBytes = n
+		}
+		if v := s["cpus"]; v != "" {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("setting cpus: %q is not a positive number", v)
+			}
+			cfg.CPUs = n
+		}
+		return gvisor.New(cfg)
+	},
+}
+
+// gvisorPoolName maps a pool name to the characters runsc container IDs
+// allow.
+func gvisorPoolName(pool string) string {
+	return strings.Map(func(r rune) rune {
+		if r == ':' || r == '/' {
+			return '_'
+		}
+		return r
+	}, pool)
 }
 
 // requireRunsc fails at once, with the install command, when gVisor's

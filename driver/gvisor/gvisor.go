@@ -1,0 +1,649 @@
+package gvisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// Defaults of Config.
+const (
+	DefaultPool             = "default"
+	DefaultNetwork          = "none"
+	DefaultMemoryLimitBytes = 512 << 20
+	DefaultCPUs             = 1.0
+)
+
+// InstallCommand is the command that installs runsc on Debian and Ubuntu.
+const InstallCommand = "apt-get install -y runsc"
+
+// Config configures a Provider. The zero value works: runsc from PATH,
+// private directories under os.TempDir(), the default root filesystem, no
+// network.
+type Config struct {
+	// RunscPath is the runsc binary; default "runsc" looked up in PATH.
+	RunscPath string
+	// StateDir is runsc's private --root, created 0700. Default
+	// os.TempDir()/sandboxwich-runsc-<uid>. Providers that share a StateDir
+	// and a Pool see the same containers (a restarted process finds the
+	// containers of the one before it).
+	StateDir string
+	// BundleDir holds the per-cell OCI bundles and the default root
+	// filesystem's skeleton, created 0700. Default
+	// os.TempDir()/sandboxwich-bundles-<uid>.
+	BundleDir string
+	// RootFS is an operator-provided root filesystem directory, shown
+	// read-only to every cell. It needs /bin/sh, sleep and uname. "" uses
+	// the default root filesystem described in the package documentation.
+	// It may never be the host's "/".
+	RootFS string
+	// Network is "none" (default: loopback only) or "sandbox" (gVisor's
+	// network stack over the interfaces of the network namespace the
+	// driver runs in; runsc refuses it in the host's root namespace).
+	Network string
+	// Platform is runsc's --platform ("ptrace", "kvm", "systrap"); ""
+	// leaves runsc's default (ptrace in Debian bookworm's runsc).
+	Platform string
+	// MemoryLimitBytes is each cell's memory limit; default 512 MiB.
+	MemoryLimitBytes int64
+	// CPUs is each cell's CPU limit in cores; default 1.
+	CPUs float64
+	// Pool names the pool. It is part of every container ID, so List
+	// returns only this pool's containers. [A-Za-z0-9_.-], at most 64
+	// characters; default "default".
+	Pool string
+	// Logger receives the driver's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Provider runs sterile cells as runsc (gVisor) containers on this host.
+// It implements driver.Provider, driver.Lister and driver.Execer, and is
+// safe for concurrent use.
+type Provider struct {
+	cfg        Config
+	r          *runsc
+	log        *slog.Logger
+	identity   string
+	rootfs     string     // root.path of every cell
+	hostMounts []ociMount // read-only host directories of the default rootfs
+	hostKernel string     // the host's kernel release
+	procRoot   string     // the host's /proc
+	locks      keyedMutex
+}
+
+var (
+	_ driver.Provider = (*Provider)(nil)
+	_ driver.Lister   = (*Provider)(nil)
+	_ driver.Execer   = (*Provider)(nil)
+)
+
+var poolRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// New checks that runsc works, prepares the private directories and the
+// root filesystem, and returns a Provider. It does not touch containers.
+func New(cfg Config) (*Provider, error) {
+	if cfg.Pool == "" {
+		cfg.Pool = DefaultPool
+	}
+	if !poolRE.MatchString(cfg.Pool) {
+		return nil, fmt.Errorf("gvisor: pool %q: want 1-64 characters of [A-Za-z0-9_.-]", cfg.Pool)
+	}
+	if cfg.Network == "" {
+		cfg.Network = DefaultNetwork
+	}
+	if cfg.Network != "none" && cfg.Network != "sandbox" {
+		return nil, fmt.Errorf("gvisor: network %q: want none or sandbox", cfg.Network)
+	}
+	switch cfg.Platform {
+	case "", "ptrace", "kvm", "systrap":
+	default:
+		return nil, fmt.Errorf("gvisor: platform %q: want ptrace, kvm or systrap", cfg.Platform)
+	}
+	if cfg.MemoryLimitBytes < 0 || cfg.CPUs < 0 {
+		return nil, errors.New("gvisor: negative memory or CPU limit")
+	}
+	if cfg.MemoryLimitBytes == 0 {
+		cfg.MemoryLimitBytes = DefaultMemoryLimitBytes
+	}
+	if cfg.CPUs == 0 {
+		cfg.CPUs = DefaultCPUs
+	}
+	if cfg.CPUs < 0.01 {
+		return nil, fmt.Errorf("gvisor: CPU limit %v is below 0.01", cfg.CPUs)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	uid := os.Getuid()
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join(os.TempDir(), fmt.Sprintf("sandboxwich-runsc-%d", uid))
+	}
+	if cfg.BundleDir == "" {
+		cfg.BundleDir = filepath.Join(os.TempDir(), fmt.Sprintf("sandboxwich-bundles-%d", uid))
+	}
+	var err error
+	if cfg.StateDir, err = privateDir(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("gvisor: state dir: %w", err)
+	}
+	if cfg.BundleDir, err = privateDir(cfg.BundleDir); err != nil {
+		return nil, fmt.Errorf("gvisor: bundle dir: %w", err)
+	}
+
+	path, err := lookRunsc(cfg.RunscPath)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RunscPath = path
+
+	p := &Provider{
+		cfg:      cfg,
+		r:        &runsc{path: path, root: cfg.StateDir, network: cfg.Network, platform: cfg.Platform},
+		log:      cfg.Logger.With("driver", "gvisor", "pool", cfg.Pool),
+		procRoot: "/proc",
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: hostname: %w", err)
+	}
+	p.identity = "gvisor:" + host
+	if p.hostKernel, err = hostKernelRelease(); err != nil {
+		return nil, fmt.Errorf("gvisor: host kernel release: %w", err)
+	}
+
+	if cfg.RootFS == "" {
+		p.rootfs = filepath.Join(cfg.BundleDir, defaultRootFSDir)
+		if p.hostMounts, err = buildDefaultRootFS(p.rootfs, "/"); err != nil {
+			return nil, fmt.Errorf("gvisor: default root filesystem: %w", err)
+		}
+	} else {
+		if p.rootfs, err = operatorRootFS(cfg.RootFS); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// lookRunsc finds runsc and checks that it runs.
+func lookRunsc(path string) (string, error) {
+	if path == "" {
+		path = "runsc"
+	}
+	found, err := exec.LookPath(path)
+	if err != nil {
+		return "", fmt.Errorf("gvisor: runsc not found (%v); install gVisor with `%s`", err, InstallCommand)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, found, "--version")
+	cmd.Env = runscEnv
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "runsc version") {
+		return "", fmt.Errorf("gvisor: %s --version does not work (%v: %s); install gVisor with `%s`",
+			found, err, truncate(out, 200), InstallCommand)
+	}
+	return found, nil
+}
+
+// privateDir creates dir 0700 if needed and checks that it is a real
+// directory owned by this user, then returns its absolute path.
+func privateDir(dir string) (string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", err
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("%s is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+		return "", fmt.Errorf("%s is owned by uid %d, not by this process (uid %d)", dir, st.Uid, os.Getuid())
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// operatorRootFS checks an operator-provided root filesystem.
+func operatorRootFS(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("gvisor: root filesystem %q: %w", dir, err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("gvisor: root filesystem %q: %w", dir, err)
+	}
+	if real == "/" {
+		return "", fmt.Errorf("gvisor: root filesystem %q is the host's /: refusing to show it to cells", dir)
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("gvisor: root filesystem %q: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("gvisor: root filesystem %q is not a directory", dir)
+	}
+	return real, nil
+}
+
+// hostKernelRelease returns the release of the kernel the driver runs on.
+func hostKernelRelease() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Capabilities reports kind "gvisor", mode apply, class gvisor_lower_risk
+// and identity "gvisor:<hostname>".
+func (p *Provider) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Kind:           "gvisor",
+		Mode:           driver.Apply,
+		RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk},
+		Identity:       p.identity,
+	}
+}
+
+// containerID is the runsc container ID of a cell: "sbw-<pool>-<cell>".
+func (p *Provider) containerID(cell uuid.UUID) string {
+	return "sbw-" + p.cfg.Pool + "-" + cell.String()
+}
+
+// cellOf maps a container ID of this pool back to its cell ID.
+func (p *Provider) cellOf(id string) (uuid.UUID, bool) {
+	rest, ok := strings.CutPrefix(id, "sbw-"+p.cfg.Pool+"-")
+	if !ok || len(rest) != 36 {
+		return uuid.UUID{}, false
+	}
+	cell, err := uuid.Parse(rest)
+	if err != nil || cell.String() != rest {
+		return uuid.UUID{}, false
+	}
+	return cell, true
+}
+
+func (p *Provider) bundlePath(id string) string { return filepath.Join(p.cfg.BundleDir, id) }
+
+// identityOf is the identity of a container runsc reports: its ID and the
+// nonce written into its spec when it was provisioned. A container
+// recreated under the same ID has another nonce.
+func identityOf(st *containerState) string {
+	return st.ID + "@" + st.Annotations[nonceAnnotation]
+}
+
+// How long cleanup after a failed provisioning may take, whatever the
+// caller's context says.
+const cleanupTimeout = time.Minute
+
+// Provision creates and starts the cell's container and waits until runsc
+// reports it running. It is idempotent: a running container of the cell is
+// returned as it is. A container of the cell in any other state (left by a
+// crash) is destroyed and created again. A failed or cancelled provisioning
+// destroys what it created before returning.
+func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+	if req.RuntimeClass != "" && req.RuntimeClass != lease.GVisorLowerRisk {
+		return driver.Object{}, fmt.Errorf("gvisor: runtime class %q is not served (only %s)", req.RuntimeClass, lease.GVisorLowerRisk)
+	}
+	if err := ctx.Err(); err != nil {
+		return driver.Object{}, fmt.Errorf("gvisor: provision: %w", err)
+	}
+	id := p.containerID(req.CellID)
+	unlock, err := p.locks.lock(ctx, id)
+	if err != nil {
+		return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
+	}
+	defer unlock()
+
+	var lastErr error
+	for attempt := 0; attempt < 2; attempt++ {
+		st, err := p.r.state(ctx, id)
+		if err != nil {
+			return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
+		}
+		if st != nil {
+			if st.Status == statusRunning && st.Annotations[nonceAnnotation] != "" {
+				return driver.Object{CellID: req.CellID, Identity: identityOf(st)}, nil
+			}
+			p.log.Warn("container left in a broken state; destroying it before provisioning again",
+				"container", id, "status", st.Status)
+			if err := p.destroyContainer(ctx, id); err != nil {
+				return driver.Object{}, fmt.Errorf("gvisor: provision %s: clearing broken container: %w", id, err)
+			}
+		}
+		obj, err := p.create(ctx, req.CellID, id)
+		if err == nil {
+			p.log.Info("cell provisioned", "container", id, "identity", obj.Identity)
+			return obj, nil
+		}
+		lastErr = err
+		// Leave nothing behind, even when ctx is done.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		cerr := p.destroyContainer(cctx, id)
+		cancel()
+		if cerr != nil {
+			return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w (and cleaning up: %w)", id, err, cerr)
+		}
+		if ctx.Err() != nil {
+			return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
+		}
+		if cgroupFailure(err) && !p.r.ignoreCgroups.Load() {
+			p.r.ignoreCgroups.Store(true)
+			p.log.Warn("runsc cannot apply cgroup limits on this host; running cells with --ignore-cgroups "+
+				"(no memory or CPU limit is enforced on the host)", "error", err)
+			attempt-- // the fallback does not use up the retry
+		}
+	}
+	return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, lastErr)
+}
+
+// create writes a fresh bundle and creates and starts the container.
+func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (driver.Object, error) {
+	nonce, err := randomHex(16)
+	if err != nil {
+		return driver.Object{}, err
+	}
+	bundle := p.bundlePath(id)
+	if err := os.RemoveAll(bundle); err != nil {
+		return driver.Object{}, err
+	}
+	if err := os.Mkdir(bundle, 0o700); err != nil {
+		return driver.Object{}, err
+	}
+	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce)); err != nil {
+		return driver.Object{}, err
+	}
+	if _, err := p.r.run(ctx, "create", "--bundle", bundle, id); err != nil {
+		return driver.Object{}, err
+	}
+	if _, err := p.r.run(ctx, "start", id); err != nil {
+		return driver.Object{}, err
+	}
+	st, err := p.r.state(ctx, id)
+	switch {
+	case err != nil:
+		return driver.Object{}, err
+	case st == nil:
+		return driver.Object{}, errors.New("container vanished after start")
+	case st.Status != statusRunning:
+		return driver.Object{}, fmt.Errorf("container is %s after start", st.Status)
+	case st.Annotations[nonceAnnotation] != nonce:
+		return driver.Object{}, errors.New("runsc reports another container under the same ID")
+	}
+	return driver.Object{CellID: cell, Identity: identityOf(st)}, nil
+}
+
+func randomHex(n int) (string, error) {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// Inspect asks runsc for the cell's container and, when it runs, checks
+// from inside that it runs under gVisor: the kernel release the cell sees
+// must differ from the host's, and the container's sandbox process must be
+// runsc's. RuntimeClass is gvisor_lower_risk only when both hold.
+func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
+	id := p.containerID(obj.CellID)
+	st, err := p.r.state(ctx, id)
+	if err != nil {
+		return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
+	}
+	if st == nil {
+		return driver.Observation{Detail: "runsc reports no container " + id}, nil
+	}
+	o := driver.Observation{Exists: true, Identity: identityOf(st)}
+	if st.Status != statusRunning {
+		o.Detail = fmt.Sprintf("runsc reports container %s %s", id, st.Status)
+		return o, nil
+	}
+	sandbox := p.isSandboxProcess(st.Pid, id)
+	res, err := p.exec(ctx, id, driver.ExecRequest{Argv: []string{"uname", "-r"}, Timeout: 30 * time.Second, MaxOutput: 256})
+	if err != nil {
+		if ctx.Err() != nil {
+			return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
+		}
+		o.Detail = fmt.Sprintf("runsc reports container %s running, but exec in it failed: %v", id, err)
+		return o, nil
+	}
+	if res.ExitCode != 0 {
+		o.Detail = fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d: %s", id, res.ExitCode, truncate(res.Stderr, 200))
+		return o, nil
+	}
+	o.Ready = true
+	ok, why := sandboxedKernel(p.hostKernel, string(res.Stdout))
+	switch {
+	case !sandbox:
+		o.Detail = fmt.Sprintf("runsc reports container %s running, but its pid %d is not a runsc sandbox process; %s", id, st.Pid, why)
+	case !ok:
+		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d, but %s", id, st.Pid, why)
+	default:
+		o.RuntimeClass = lease.GVisorLowerRisk
+		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d; %s", id, st.Pid, why)
+	}
+	return o, nil
+}
+
+// sandboxedKernel compares the kernel release the host runs with the one a
+// cell sees. A cell under gVisor sees gVisor's own (4.4.0), never the
+// host's.
+func sandboxedKernel(host, guest string) (bool, string) {
+	host, guest = strings.TrimSpace(host), strings.TrimSpace(guest)
+	switch {
+	case guest == "":
+		return false, "the cell reports no kernel release"
+	case host == "":
+		return false, "the host's kernel release is unknown"
+	case guest == host:
+		return false, fmt.Sprintf("the cell sees the host's kernel %q", host)
+	}
+	return true, fmt.Sprintf("the cell sees kernel %q, the host runs %q", guest, host)
+}
+
+// isSandboxProcess reports whether host pid pid is runsc's sandbox of
+// container id under this provider's state root.
+func (p *Provider) isSandboxProcess(pid int, id string) bool {
+	if pid <= 0 {
+		return false
+	}
+	raw, err := os.ReadFile(filepath.Join(p.procRoot, fmt.Sprint(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	return filepath.Base(argv[0]) == "runsc-sandbox" && slices.Contains(argv, "boot") &&
+		belongs(argv, p.r.root, id, p.bundlePath(id))
+}
+
+// Destroy kills and deletes the cell's container and returns nil only with
+// proof that it is gone: `runsc state` says it does not exist and no host
+// process of its sandbox remains. When runsc reports a container of another
+// identity under the cell's name, obj is gone already and that container
+// is left alone. An object with an empty identity names whatever container
+// the cell has.
+func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
+	id := p.containerID(obj.CellID)
+	unlock, err := p.locks.lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("gvisor: destroy %s: %w: %w", id, driver.ErrUncertain, err)
+	}
+	defer unlock()
+	st, err := p.r.state(ctx, id)
+	if err != nil {
+		return fmt.Errorf("gvisor: destroy %s: %w: %w", id, driver.ErrUncertain, err)
+	}
+	if st != nil && obj.Identity != "" && identityOf(st) != obj.Identity {
+		p.log.Info("destroy: the cell's name belongs to another container; the object is gone",
+			"container", id, "identity", obj.Identity, "found", identityOf(st))
+		return nil
+	}
+	if err := p.destroyContainer(ctx, id); err != nil {
+		return err
+	}
+	if st != nil {
+		p.log.Info("cell destroyed", "container", id)
+	}
+	return nil
+}
+
+// Time allowed for a deleted container's host processes to exit, before
+// they are killed and again after.
+const processGrace = 3 * time.Second
+
+// destroyContainer removes container id whatever its state, and proves it.
+// Errors wrap driver.ErrUncertain.
+func (p *Provider) destroyContainer(ctx context.Context, id string) error {
+	uncertain := func(format string, args ...any) error {
+		return fmt.Errorf("gvisor: destroy %s: %w: %s", id, driver.ErrUncertain, fmt.Sprintf(format, args...))
+	}
+	bundle := p.bundlePath(id)
+	if _, err := p.r.run(ctx, "kill", id, "KILL"); err != nil && !notExist(err) {
+		// Not running (created or stopped): delete --force handles it.
+		p.log.Debug("runsc kill", "container", id, "error", err)
+	}
+	if _, err := p.r.run(ctx, "delete", "--force", id); err != nil && !notExist(err) {
+		return uncertain("%v", err)
+	}
+	st, err := p.r.state(ctx, id)
+	if err != nil {
+		return uncertain("%v", err)
+	}
+	if st != nil {
+		return uncertain("runsc state still reports the container %s after delete", st.Status)
+	}
+	if err := p.awaitNoProcesses(ctx, id, bundle); err != nil {
+		return uncertain("%v", err)
+	}
+	if err := os.RemoveAll(bundle); err != nil {
+		return uncertain("removing the bundle: %v", err)
+	}
+	return nil
+}
+
+// awaitNoProcesses waits until no host process of the container remains.
+// Stragglers (a sandbox whose runsc create was killed before it wrote the
+// state file, a runsc command stuck on a dead sandbox) are killed after a
+// grace period.
+func (p *Provider) awaitNoProcesses(ctx context.Context, id, bundle string) error {
+	deadline := time.Now().Add(processGrace)
+	killed := false
+	for {
+		procs, err := containerProcesses(p.procRoot, p.r.root, id, bundle)
+		if err != nil {
+			return fmt.Errorf("scanning host processes: %w", err)
+		}
+		if len(procs) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if killed {
+				return fmt.Errorf("host processes of the container remain: %s", describe(procs))
+			}
+			p.log.Warn("killing host processes left by a deleted container", "container", id, "processes", describe(procs))
+			for _, proc := range procs {
+				_ = syscall.Kill(proc.pid, syscall.SIGKILL)
+			}
+			killed = true
+			deadline = time.Now().Add(processGrace)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("host processes of the container remain (%s): %w", describe(procs), ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func describe(procs []hostProcess) string {
+	s := make([]string, len(procs))
+	for i, pr := range procs {
+		s[i] = fmt.Sprintf("pid %d (%s)", pr.pid, filepath.Base(pr.argv[0]))
+	}
+	return strings.Join(s, ", ")
+}
+
+// List returns every container of this pool under the private state root,
+// in any state, so the reconciler can destroy orphans left by a crash.
+func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
+	cs, err := p.r.list(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: list: %w", err)
+	}
+	var objs []driver.Object
+	for i := range cs {
+		if cell, ok := p.cellOf(cs[i].ID); ok {
+			objs = append(objs, driver.Object{CellID: cell, Identity: identityOf(&cs[i])})
+		}
+	}
+	slices.SortFunc(objs, func(a, b driver.Object) int { return strings.Compare(a.CellID.String(), b.CellID.String()) })
+	return objs, nil
+}
+
+// keyedMutex serializes Provision and Destroy per container within one
+// Provider. runsc's own file locks serialize single commands across
+// processes.
+type keyedMutex struct {
+	mu sync.Mutex
+	m  map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	ch   chan struct{} // holds one token while locked
+	refs int
+}
+
+// lock locks key, or returns ctx's error.
+func (k *keyedMutex) lock(ctx context.Context, key string) (func(), error) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = make(map[string]*keyedEntry)
+	}
+	e := k.m[key]
+	if e == nil {
+		e = &keyedEntry{ch: make(chan struct{}, 1)}
+		k.m[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	release := func() {
+		k.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+	select {
+	case e.ch <- struct{}{}:
+		return func() { <-e.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
+}

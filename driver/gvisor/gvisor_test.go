@@ -1,0 +1,662 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/drivertest"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// stragglerEnv makes the test binary sleep instead of running tests: it
+// stands in for a host process left by a half-created sandbox.
+const stragglerEnv = "SANDBOXWICH_GVISOR_TEST_STRAGGLER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(stragglerEnv) == "1" {
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// requireRunsc skips the test when runsc is not installed, except under
+// CI=true, where a missing runsc fails it: CI must never pass without
+// running the real thing.
+func requireRunsc(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("runsc"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("runsc is required under CI=true (run scripts/install-runsc.sh): %v", err)
+		}
+		t.Skipf("runsc is not installed (%s, or scripts/install-runsc.sh)", InstallCommand)
+	}
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the gVisor driver tests need root under CI=true")
+		}
+		t.Skip("the gVisor driver tests need root")
+	}
+}
+
+// testConfig returns a configuration with private directories under a
+// short temporary directory, and fails the test at cleanup when runsc still
+// holds a container or a host process under its state root.
+func testConfig(t *testing.T) Config {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sbw-gvisor-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		StateDir:  filepath.Join(dir, "state"),
+		BundleDir: filepath.Join(dir, "bundles"),
+		Pool:      "test",
+	}
+	t.Cleanup(func() {
+		checkNoLeak(t, cfg.StateDir)
+		_ = os.RemoveAll(dir)
+	})
+	return cfg
+}
+
+// checkNoLeak fails the test if runsc lists any container under state, or
+// any host process runs with that state root.
+func checkNoLeak(t *testing.T, state string) {
+	t.Helper()
+	r := &runsc{path: "runsc", root: state, network: "none"}
+	cs, err := r.list(context.Background())
+	if err != nil {
+		t.Errorf("runsc list: %v", err)
+	}
+	for _, c := range cs {
+		t.Errorf("leaked runsc container %s (%s); deleting it", c.ID, c.Status)
+		_, _ = r.run(context.Background(), "delete", "--force", c.ID)
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(raw, []byte("--root="+state+"\x00")) {
+			t.Errorf("leaked host process %s: %q", e.Name(), bytes.ReplaceAll(raw, []byte{0}, []byte{' '}))
+		}
+	}
+}
+
+func newProvider(t *testing.T, cfg Config) *Provider {
+	t.Helper()
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return p
+}
+
+type harness struct{ cfg Config }
+
+func (h harness) MakeProvider(context.Context, *testing.T) (driver.Provider, error) {
+	return New(h.cfg)
+}
+
+func (h harness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
+
+func TestConformance(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	drivertest.Run(t, harness{cfg: testConfig(t)})
+}
+
+// provision provisions one cell and destroys it at cleanup.
+func provision(t *testing.T, p *Provider) driver.Object {
+	t.Helper()
+	cell := uuid.Must(uuid.NewV7())
+	t.Cleanup(func() {
+		if err := p.Destroy(context.Background(), driver.Object{CellID: cell}); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+	})
+	obj, err := p.Provision(context.Background(), driver.ProvisionRequest{CellID: cell, RuntimeClass: lease.GVisorLowerRisk})
+	if err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	return obj
+}
+
+func run(t *testing.T, p *Provider, obj driver.Object, argv ...string) driver.ExecResult {
+	t.Helper()
+	res, err := p.Exec(context.Background(), obj, driver.ExecRequest{Argv: argv, Timeout: 30 * time.Second, MaxOutput: 1 << 20})
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", argv, err)
+	}
+	return res
+}
+
+// TestCellSeesNothingOfTheHost checks the default root filesystem against
+// the package documentation: exactly the listed top-level entries, a
+// synthetic /etc, no host secrets, no working tree, no host environment,
+// and no host environment in runsc's own processes either.
+func TestCellSeesNothingOfTheHost(t *testing.T) {
+	requireRunsc(t)
+	const secret = "do-not-leak-5b0c1d"
+	t.Setenv("SANDBOXWICH_TEST_SECRET", secret)
+	p := newProvider(t, testConfig(t))
+	obj := provision(t, p)
+
+	// Top level: exactly the documented entries.
+	res := run(t, p, obj, "sh", "-c", "for f in /* /.[!.]*; do [ -e \"$f\" ] && echo \"$f\"; done")
+	want := []string{"/bin", "/dev", "/etc", "/home", "/proc", "/root", "/sbin", "/sys", "/tmp", "/usr"}
+	for _, d := range []string{"lib", "lib32", "lib64", "libx32"} {
+		if _, err := os.Lstat("/" + d); err == nil {
+			want = append(want, "/"+d)
+		}
+	}
+	slices.Sort(want)
+	got := strings.Fields(string(res.Stdout))
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("top-level entries = %v, want %v", got, want)
+	}
+
+	// /etc is the synthetic one.
+	res = run(t, p, obj, "sh", "-c", "for f in /etc/* /etc/.[!.]*; do [ -e \"$f\" ] && echo \"$f\"; done")
+	var wantEtc []string
+	for name := range syntheticEtc {
+		wantEtc = append(wantEtc, "/etc/"+name)
+	}
+	slices.Sort(wantEtc)
+	if got := strings.Fields(string(res.Stdout)); !slices.Equal(got, wantEtc) {
+		t.Errorf("/etc holds %v, want %v", got, wantEtc)
+	}
+	if res := run(t, p, obj, "cat", "/etc/passwd"); string(res.Stdout) != syntheticEtc["passwd"] {
+		t.Errorf("/etc/passwd = %q", res.Stdout)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/etc/shadow", "/root/.bashrc", "/root/.ssh", filepath.Join(wd, "gvisor_test.go"), wd, "/work", "/var", "/run", "/srv", "/opt", "/mnt", p.cfg.StateDir, p.cfg.BundleDir} {
+		if res := run(t, p, obj, "test", "-e", path); res.ExitCode == 0 {
+			t.Errorf("the cell sees %s", path)
+		}
+	}
+	// The skeleton's /root, which is what the cell gets, is empty.
+	if entries, err := os.ReadDir(filepath.Join(p.rootfs, "root")); err != nil || len(entries) != 0 {
+		t.Errorf("the cell's /root holds %v (%v)", entries, err)
+	}
+	// Home and /tmp are private and writable; the rest is read-only.
+	res = run(t, p, obj, "sh", "-c", "echo x > /home/cell/f && echo x > /tmp/f && cat /home/cell/f /tmp/f; echo x > /usr/f; echo x > /etc/f; echo x > /f")
+	if string(res.Stdout) != "x\nx\n" || strings.Count(string(res.Stderr), "cannot create") != 3 {
+		t.Errorf("write checks: stdout %q, stderr %q", res.Stdout, res.Stderr)
+	}
+	if res := run(t, p, obj, "id", "-u"); strings.TrimSpace(string(res.Stdout)) != "1000" {
+		t.Errorf("cell processes run as uid %q, want 1000", res.Stdout)
+	}
+
+	// The environment is exactly the fixed one (cat is exec'd directly, no
+	// shell adds anything).
+	res = run(t, p, obj, "cat", "/proc/self/environ")
+	env := strings.Split(strings.TrimRight(string(res.Stdout), "\x00"), "\x00")
+	slices.Sort(env)
+	if !slices.Equal(env, slices.Sorted(slices.Values(cellEnv))) {
+		t.Errorf("cell environment = %q, want %q", env, cellEnv)
+	}
+
+	// runsc and its sandbox and gofer run without the host environment.
+	state, err := p.r.state(context.Background(), p.containerID(obj.CellID))
+	if err != nil || state == nil {
+		t.Fatalf("runsc state: %v", err)
+	}
+	procs, err := containerProcesses("/proc", p.r.root, state.ID, p.bundlePath(state.ID))
+	if err != nil || len(procs) < 2 {
+		t.Fatalf("host processes of the container: %v, %v", procs, err)
+	}
+	for _, pr := range procs {
+		raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pr.pid), "environ"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		if bytes.Contains(raw, []byte(secret)) || bytes.Contains(raw, []byte("SANDBOXWICH_")) {
+			t.Errorf("host process %d (%s) inherited the driver's environment", pr.pid, pr.argv[0])
+		}
+		for _, kv := range strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00") {
+			if kv != "" && !strings.HasPrefix(kv, "PATH=") {
+				t.Errorf("host process %d (%s) has environment variable %q", pr.pid, pr.argv[0], kv)
+			}
+		}
+		if slices.ContainsFunc(pr.argv, func(a string) bool { return strings.Contains(a, secret) }) {
+			t.Errorf("host process %d has the secret in its argv", pr.pid)
+		}
+	}
+}
+
+func TestNetworkNone(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	p := newProvider(t, testConfig(t))
+	obj := provision(t, p)
+	res := run(t, p, obj, "cat", "/proc/net/dev")
+	var ifaces []string
+	for _, line := range strings.Split(string(res.Stdout), "\n") {
+		if name, _, ok := strings.Cut(line, ":"); ok && !strings.Contains(name, "|") {
+			ifaces = append(ifaces, strings.TrimSpace(name))
+		}
+	}
+	if !slices.Equal(ifaces, []string{"lo"}) {
+		t.Errorf("interfaces = %v, want only lo\n%s", ifaces, res.Stdout)
+	}
+}
+
+func TestMemoryLimit(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.MemoryLimitBytes = 256 << 20
+	p := newProvider(t, cfg)
+	obj := provision(t, p)
+	res := run(t, p, obj, "sh", "-c", "head -n 1 /proc/meminfo")
+	if p.r.ignoreCgroups.Load() {
+		t.Skipf("cgroups unavailable here; the guest sees %q", res.Stdout)
+	}
+	if f := strings.Fields(string(res.Stdout)); len(f) < 2 || f[1] != "262144" {
+		t.Errorf("guest MemTotal = %q, want 262144 kB", res.Stdout)
+	}
+}
+
+func TestSandboxedKernel(t *testing.T) {
+	for _, tc := range []struct {
+		host, guest string
+		want        bool
+	}{
+		{"6.1.0-18-amd64", "4.4.0\n", true},
+		{"6.1.0-18-amd64", "4.4.0", true},
+		{"6.1.0-18-amd64", "6.1.0-18-amd64\n", false},
+		{"6.1.0-18-amd64", "  6.1.0-18-amd64 ", false},
+		{"6.1.0-18-amd64", "", false},
+		{"6.1.0-18-amd64", "\n", false},
+		{"", "4.4.0", false},
+	} {
+		if got, why := sandboxedKernel(tc.host, tc.guest); got != tc.want {
+			t.Errorf("sandboxedKernel(%q, %q) = %v (%s), want %v", tc.host, tc.guest, got, why, tc.want)
+		}
+	}
+}
+
+// TestInspectRefusesHostKernel makes the guest kernel look like the host's:
+// Inspect must then not report the runtime class.
+func TestInspectRefusesHostKernel(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	p := newProvider(t, testConfig(t))
+	obj := provision(t, p)
+	o, err := p.Inspect(context.Background(), obj)
+	if err != nil || o.RuntimeClass != lease.GVisorLowerRisk {
+		t.Fatalf("Inspect = %+v, %v", o, err)
+	}
+	p.hostKernel = "4.4.0" // what gVisor reports
+	o, err = p.Inspect(context.Background(), obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Exists || o.RuntimeClass != "" || !strings.Contains(o.Detail, "host's kernel") {
+		t.Errorf("Inspect with an equal kernel = %+v", o)
+	}
+	if driver.Verify(obj, o, lease.GVisorLowerRisk) == nil {
+		t.Error("Verify accepts an unverified observation")
+	}
+}
+
+func TestListAfterRestart(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	cfg := testConfig(t)
+	a := newProvider(t, cfg)
+	obj := provision(t, a)
+
+	b := newProvider(t, cfg) // the process "restarted"
+	objs, err := b.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(objs, obj) {
+		t.Fatalf("List after restart = %v, want it to hold %v", objs, obj)
+	}
+	other := cfg
+	other.Pool = "other"
+	objs, err = newProvider(t, other).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 0 {
+		t.Errorf("another pool's List = %v, want nothing", objs)
+	}
+	if err := b.Destroy(context.Background(), obj); err != nil {
+		t.Fatalf("Destroy through the new provider: %v", err)
+	}
+	if objs, _ := a.List(context.Background()); len(objs) != 0 {
+		t.Errorf("List after Destroy = %v", objs)
+	}
+}
+
+// TestDestroyLeavesANewerObject: Destroy of an old identity must not touch
+// a container created later under the same cell ID.
+func TestDestroyLeavesANewerObject(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	p := newProvider(t, testConfig(t))
+	obj := provision(t, p)
+	stale := driver.Object{CellID: obj.CellID, Identity: p.containerID(obj.CellID) + "@0000"}
+	if err := p.Destroy(context.Background(), stale); err != nil {
+		t.Fatalf("Destroy of a stale identity: %v", err)
+	}
+	o, err := p.Inspect(context.Background(), obj)
+	if err != nil || !o.Exists || o.Identity != obj.Identity {
+		t.Errorf("the current object after destroying a stale one: %+v, %v", o, err)
+	}
+	if _, err := p.Exec(context.Background(), stale, driver.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, driver.ErrNotFound) {
+		t.Errorf("Exec with a stale identity: %v, want ErrNotFound", err)
+	}
+}
+
+// fakeRunsc writes a shell script standing in for runsc, for faults real
+// runsc cannot be made to produce. It logs every invocation to the
+// returned file.
+func fakeRunsc(t *testing.T, body string) (path, log string) {
+	t.Helper()
+	dir := t.TempDir()
+	path, log = filepath.Join(dir, "runsc"), filepath.Join(dir, "calls")
+	script := "#!/bin/sh\necho \"$*\" >> " + log + "\n" +
+		"case \"$*\" in *--version*) echo 'runsc version fake'; exit 0;; esac\n" + body
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path, log
+}
+
+func fakeConfig(t *testing.T, runscPath string) Config {
+	dir := t.TempDir()
+	return Config{RunscPath: runscPath, StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Pool: "fake"}
+}
+
+func TestDestroyUncertainWhenStateStillReportsIt(t *testing.T) {
+	cell := uuid.Must(uuid.NewV7())
+	path, _ := fakeRunsc(t, `for a; do id=$a; done
+case "$*" in
+*" state "*) printf '{"id":"%s","status":"running","pid":1,"annotations":{"dev.sandboxwich.nonce":"n"}}' "$id";;
+esac
+exit 0
+`)
+	p := newProvider(t, fakeConfig(t, path))
+	err := p.Destroy(context.Background(), driver.Object{CellID: cell, Identity: p.containerID(cell) + "@n"})
+	if !errors.Is(err, driver.ErrUncertain) {
+		t.Fatalf("Destroy = %v, want ErrUncertain", err)
+	}
+	if !strings.Contains(err.Error(), "still reports") {
+		t.Errorf("error does not say what was observed: %v", err)
+	}
+}
+
+func TestDestroyUncertainWhenRunscFails(t *testing.T) {
+	path, _ := fakeRunsc(t, "echo 'something broke' >&2; exit 1\n")
+	p := newProvider(t, fakeConfig(t, path))
+	err := p.Destroy(context.Background(), driver.Object{CellID: uuid.Must(uuid.NewV7())})
+	if !errors.Is(err, driver.ErrUncertain) {
+		t.Fatalf("Destroy = %v, want ErrUncertain", err)
+	}
+}
+
+// TestDestroyKillsStragglers: runsc says the container is gone but a host
+// process of it remains (as after a runsc create killed half-way); Destroy
+// kills it and proves absence.
+func TestDestroyKillsStragglers(t *testing.T) {
+	path, _ := fakeRunsc(t, `case "$*" in *" state "*|*" kill "*) echo 'loading container: file does not exist' >&2; exit 128;; esac
+exit 0
+`)
+	p := newProvider(t, fakeConfig(t, path))
+	cell := uuid.Must(uuid.NewV7())
+	id := p.containerID(cell)
+	// A process whose command line names the state root and the container,
+	// like a sandbox's: this test binary, sleeping (see TestMain).
+	straggler := exec.Command(os.Args[0], "--root="+p.r.root, "boot", id)
+	straggler.Env = []string{stragglerEnv + "=1"}
+	if err := straggler.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = straggler.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = straggler.Process.Kill(); <-exited })
+
+	start := time.Now()
+	if err := p.Destroy(context.Background(), driver.Object{CellID: cell}); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the straggler still runs after Destroy returned nil")
+	}
+	if took := time.Since(start); took > 2*processGrace+2*time.Second {
+		t.Errorf("Destroy took %v", took)
+	}
+}
+
+// TestCgroupFallback: when runsc cannot use cgroups, the provider retries
+// once with --ignore-cgroups and keeps that flag.
+func TestCgroupFallback(t *testing.T) {
+	path, log := fakeRunsc(t, `for a; do id=$a; done
+state=$(dirname "$0")/state
+case "$*" in
+*--ignore-cgroups*" create "*)
+  prev=; for a; do [ "$prev" = --bundle ] && cp "$a/config.json" "$state"; prev=$a; done; exit 0;;
+*" create "*) echo 'cannot set up cgroup for root: permission denied' >&2; exit 128;;
+*" state "*)
+  [ -f "$state" ] || { echo 'loading container: file does not exist' >&2; exit 128; }
+  nonce=$(sed -n 's/.*"dev.sandboxwich.nonce": "\([0-9a-f]*\)".*/\1/p' "$state")
+  printf '{"id":"%s","status":"running","pid":1,"annotations":{"dev.sandboxwich.nonce":"%s"}}' "$id" "$nonce";;
+*" delete "*) rm -f "$state";;
+esac
+exit 0
+`)
+	p := newProvider(t, fakeConfig(t, path))
+	obj, err := p.Provision(context.Background(), driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
+	if err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	if !p.r.ignoreCgroups.Load() {
+		t.Error("the provider did not switch to --ignore-cgroups")
+	}
+	if err := p.Destroy(context.Background(), obj); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	calls, _ := os.ReadFile(log)
+	var creates []string
+	for _, line := range strings.Split(string(calls), "\n") {
+		if strings.Contains(line, " create ") {
+			creates = append(creates, line)
+		}
+	}
+	if len(creates) != 2 || strings.Contains(creates[0], "--ignore-cgroups") || !strings.Contains(creates[1], "--ignore-cgroups") {
+		t.Errorf("create calls = %q, want one without and one with --ignore-cgroups", creates)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	dir := t.TempDir()
+	base := Config{StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b")}
+
+	cfg := base
+	cfg.RunscPath = filepath.Join(dir, "no-such-runsc")
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "apt-get install -y runsc") {
+		t.Errorf("New with a missing runsc: %v, want the install command", err)
+	}
+	path, _ := fakeRunsc(t, "exit 0\n")
+	for name, mutate := range map[string]func(*Config){
+		"pool":     func(c *Config) { c.Pool = "bad pool/name" },
+		"network":  func(c *Config) { c.Network = "host" },
+		"platform": func(c *Config) { c.Platform = "magic" },
+		"memory":   func(c *Config) { c.MemoryLimitBytes = -1 },
+		"rootfs /": func(c *Config) { c.RootFS = "/" },
+		"rootfs symlink to /": func(c *Config) {
+			link := filepath.Join(dir, "root-link")
+			_ = os.Symlink("/", link)
+			c.RootFS = link
+		},
+		"rootfs missing": func(c *Config) { c.RootFS = filepath.Join(dir, "nope") },
+	} {
+		cfg := base
+		cfg.RunscPath = path
+		mutate(&cfg)
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New with a bad %s: no error", name)
+		}
+	}
+	cfg = base
+	cfg.RunscPath = path
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{p.cfg.StateDir, p.cfg.BundleDir} {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v, %v; want mode 0700", d, fi.Mode(), err)
+		}
+	}
+	if c := p.Capabilities(); c.Kind != "gvisor" || c.Mode != driver.Apply || !strings.HasPrefix(c.Identity, "gvisor:") ||
+		!slices.Equal(c.RuntimeClasses, []lease.RuntimeClass{lease.GVisorLowerRisk}) {
+		t.Errorf("Capabilities = %+v", c)
+	}
+	if _, err := p.Provision(context.Background(), driver.ProvisionRequest{CellID: uuid.New(), RuntimeClass: lease.KataMicroVM}); err == nil {
+		t.Error("Provision of kata_microvm: no error")
+	}
+}
+
+func TestContainerIDRoundTrip(t *testing.T) {
+	p := &Provider{cfg: Config{Pool: "my-pool.1"}}
+	cell := uuid.Must(uuid.NewV7())
+	id := p.containerID(cell)
+	if got, ok := p.cellOf(id); !ok || got != cell {
+		t.Errorf("cellOf(%q) = %v, %v", id, got, ok)
+	}
+	other := &Provider{cfg: Config{Pool: "my"}}
+	for _, id := range []string{
+		"sbw-my-pool.1-" + strings.ToUpper(cell.String()),
+		"sbw-my-pool.1-" + cell.String() + "x",
+		"sbw-other-" + cell.String(),
+		cell.String(),
+	} {
+		if _, ok := p.cellOf(id); ok {
+			t.Errorf("cellOf(%q) accepted", id)
+		}
+	}
+	if _, ok := other.cellOf(id); ok {
+		t.Errorf("pool %q claims %q", other.cfg.Pool, id)
+	}
+}
+
+func TestBelongs(t *testing.T) {
+	const root, id, bundle = "/s", "sbw-p-x", "/b/sbw-p-x"
+	for _, tc := range []struct {
+		argv []string
+		want bool
+	}{
+		{[]string{"runsc-sandbox", "--root=/s", "--network=none", "boot", "--bundle=/b/sbw-p-x", id}, true},
+		{[]string{"runsc-gofer", "--root=/s", "gofer", "--bundle", bundle, "--spec-fd=3"}, true},
+		{[]string{"runsc", "--root=/s", "exec", "--process=/b/exec-1/process.json", id}, true},
+		{[]string{"runsc", "--root=/other", "exec", id}, false},
+		{[]string{"runsc", "--root=/s", "exec", "sbw-p-y"}, false},
+		{[]string{"runsc", "--root=/s", "list"}, false},
+		{[]string{id, "--root=/s"}, false},
+	} {
+		if got := belongs(tc.argv, root, id, bundle); got != tc.want {
+			t.Errorf("belongs(%q) = %v, want %v", tc.argv, got, tc.want)
+		}
+	}
+}
+
+func TestDescendants(t *testing.T) {
+	ps := []guestProcess{{1, 0}, {2, 1}, {5, 0}, {6, 5}, {7, 6}, {8, 5}, {9, 1}}
+	if got := descendants(ps, 5); !slices.Equal(got, []int{5, 6, 8, 7}) {
+		t.Errorf("descendants(5) = %v", got)
+	}
+	if got := descendants(ps, 42); got != nil {
+		t.Errorf("descendants of an absent pid = %v", got)
+	}
+}
+
+func TestCappedBuffer(t *testing.T) {
+	c := &cappedBuffer{max: 5}
+	for _, s := range []string{"ab", "cd", "efgh", "ij"} {
+		if n, err := c.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", s, n, err)
+		}
+	}
+	if c.buf.String() != "abcde" || !c.truncated {
+		t.Errorf("kept %q, truncated %v", c.buf.String(), c.truncated)
+	}
+	c = &cappedBuffer{max: 4}
+	_, _ = c.Write([]byte("abcd"))
+	if c.truncated {
+		t.Error("exactly max bytes counts as truncated")
+	}
+}
+
+func TestExecEnv(t *testing.T) {
+	got := execEnv(map[string]string{"B": "2", "A": "1", "TERM": "xterm"})
+	want := []string{"PATH=" + cellPath, "HOME=" + cellHome, "A=1", "B=2", "TERM=xterm"}
+	if !slices.Equal(got, want) {
+		t.Errorf("execEnv = %q, want %q", got, want)
+	}
+}
+
+func TestDefaultRootFSSkeleton(t *testing.T) {
+	host := t.TempDir()
+	for _, d := range []string{"usr/bin", "usr/lib", "lib32"} {
+		if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{"bin": "usr/bin", "lib": "/usr/lib", "sbin": "/elsewhere/sbin"} {
+		if err := os.Symlink(target, filepath.Join(host, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "rootfs")
+	for i := 0; i < 2; i++ { // idempotent
+		mounts, err := buildDefaultRootFS(dir, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dests []string
+		for _, m := range mounts {
+			dests = append(dests, m.Destination)
+			if !slices.Contains(m.Options, "ro") {
+				t.Errorf("mount %s is not read-only", m.Destination)
+			}
+		}
+		if !slices.Equal(dests, []string{"/usr", "/lib32"}) {
+			t.Errorf("bind mounts = %v, want /usr and /lib32", dests)
+		}
+	}
+	if l, err := os.Readlink(filepath.Join(dir, "bin")); err != nil || l != "usr/bin" {
+		t.Errorf("bin -> %q, %v", l, err)
+	}
+	if l, err := os.Readlink(filepath.Join(dir, "lib")); err != nil || l != "/usr/lib" {
+		t.Errorf("lib -> %q, %v", l, err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "sbin")); !os.IsNotExist(err) {
+		t.Errorf("a symlink out of /usr was recreated: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "etc", "hostname")); err != nil || string(b) != "cell\n" {
+		t.Errorf("etc/hostname = %q, %v", b, err)
+	}
+}

@@ -1,0 +1,288 @@
+package gvisor
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// The subset of the OCI runtime specification the driver writes.
+
+type ociSpec struct {
+	Version     string            `json:"ociVersion"`
+	Process     *ociProcess       `json:"process"`
+	Root        ociRoot           `json:"root"`
+	Hostname    string            `json:"hostname"`
+	Mounts      []ociMount        `json:"mounts"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	Linux       ociLinux          `json:"linux"`
+}
+
+type ociProcess struct {
+	Terminal        bool            `json:"terminal"`
+	User            ociUser         `json:"user"`
+	Args            []string        `json:"args"`
+	Env             []string        `json:"env"`
+	Cwd             string          `json:"cwd"`
+	Capabilities    ociCapabilities `json:"capabilities"`
+	NoNewPrivileges bool            `json:"noNewPrivileges"`
+}
+
+type ociUser struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+}
+
+// ociCapabilities are all empty: cell processes hold no capability.
+type ociCapabilities struct {
+	Bounding    []string `json:"bounding"`
+	Effective   []string `json:"effective"`
+	Inheritable []string `json:"inheritable"`
+	Permitted   []string `json:"permitted"`
+	Ambient     []string `json:"ambient"`
+}
+
+type ociRoot struct {
+	Path     string `json:"path"`
+	Readonly bool   `json:"readonly"`
+}
+
+type ociMount struct {
+	Destination string   `json:"destination"`
+	Type        string   `json:"type"`
+	Source      string   `json:"source"`
+	Options     []string `json:"options,omitempty"`
+}
+
+type ociLinux struct {
+	Resources  ociResources   `json:"resources"`
+	Namespaces []ociNamespace `json:"namespaces"`
+}
+
+type ociResources struct {
+	Memory *ociMemory `json:"memory,omitempty"`
+	CPU    *ociCPU    `json:"cpu,omitempty"`
+}
+
+type ociMemory struct {
+	Limit int64 `json:"limit"`
+}
+
+type ociCPU struct {
+	Quota  int64  `json:"quota"`
+	Period uint64 `json:"period"`
+}
+
+type ociNamespace struct {
+	Type string `json:"type"`
+}
+
+// Inside every cell.
+const (
+	cellUID      = 1000
+	cellGID      = 1000
+	cellHome     = "/home/cell"
+	cellHostname = "cell"
+	cellPath     = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// nonceAnnotation carries the per-provision nonce that makes a
+	// container's identity; runsc reports it back in state and list.
+	nonceAnnotation = "dev.sandboxwich.nonce"
+	// cellAnnotation and poolAnnotation label the container.
+	cellAnnotation = "dev.sandboxwich.cell-id"
+	poolAnnotation = "dev.sandboxwich.pool"
+	cpuPeriod      = 100000 // µs
+)
+
+// cellEnv is the fixed environment of every process in a cell. Nothing of
+// the host's environment is added; an exec request's env is appended.
+var cellEnv = []string{"PATH=" + cellPath, "HOME=" + cellHome, "TERM=dumb"}
+
+// initScript is the cell's init: it sleeps, and reaps the orphans that
+// exec'd commands leave behind (a plain `sleep` as PID 1 would leave them as
+// zombies).
+const initScript = `trap 'exit 0' TERM INT; while :; do sleep 2147483647 & wait; done`
+
+// process returns the process spec of a cell process running args.
+func process(args, env []string) *ociProcess {
+	empty := []string{}
+	return &ociProcess{
+		User:         ociUser{UID: cellUID, GID: cellGID},
+		Args:         args,
+		Env:          env,
+		Cwd:          cellHome,
+		Capabilities: ociCapabilities{empty, empty, empty, empty, empty},
+		// setuid binaries in a bind-mounted /usr grant nothing.
+		NoNewPrivileges: true,
+	}
+}
+
+// spec returns the OCI spec of one cell.
+func (p *Provider) spec(cellID, nonce string) ociSpec {
+	mounts := []ociMount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	mounts = append(mounts, p.hostMounts...)
+	mounts = append(mounts,
+		ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		ociMount{Destination: cellHome, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0700",
+			fmt.Sprintf("uid=%d", cellUID), fmt.Sprintf("gid=%d", cellGID)}},
+	)
+	return ociSpec{
+		Version:  "1.0.2",
+		Process:  process([]string{"/bin/sh", "-c", initScript}, cellEnv),
+		Root:     ociRoot{Path: p.rootfs, Readonly: true},
+		Hostname: cellHostname,
+		Mounts:   mounts,
+		Annotations: map[string]string{
+			nonceAnnotation: nonce,
+			cellAnnotation:  cellID,
+			poolAnnotation:  p.cfg.Pool,
+		},
+		Linux: ociLinux{
+			Resources: ociResources{
+				Memory: &ociMemory{Limit: p.cfg.MemoryLimitBytes},
+				CPU:    &ociCPU{Quota: int64(p.cfg.CPUs * cpuPeriod), Period: cpuPeriod},
+			},
+			Namespaces: []ociNamespace{{"pid"}, {"ipc"}, {"uts"}, {"mount"}, {"network"}},
+		},
+	}
+}
+
+// writeJSON writes v to path, readable by the owner only.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// Default root filesystem.
+
+// defaultRootFSDir is the directory under BundleDir that holds the default
+// root filesystem's skeleton. Container IDs start with "sbw-", so it never
+// collides with a bundle.
+const defaultRootFSDir = "default-rootfs"
+
+// hostSystemDirs are the host directories the default root filesystem
+// shows, read-only. A symlink among them (a merged-/usr host) is recreated
+// as the same symlink instead.
+var hostSystemDirs = []string{"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"}
+
+// syntheticEtc is the whole /etc of the default root filesystem.
+var syntheticEtc = map[string]string{
+	"passwd": "root:x:0:0:root:/root:/bin/sh\n" +
+		fmt.Sprintf("cell:x:%d:%d:cell:%s:/bin/sh\n", cellUID, cellGID, cellHome) +
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+	"group":         fmt.Sprintf("root:x:0:\ncell:x:%d:\nnogroup:x:65534:\n", cellGID),
+	"hostname":      cellHostname + "\n",
+	"hosts":         "127.0.0.1\tlocalhost " + cellHostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	"resolv.conf":   "",
+	"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+}
+
+// buildDefaultRootFS lays out the default root filesystem's skeleton under
+// dir (synthetic /etc, empty mount points, symlinks of a merged-/usr host)
+// and returns the read-only bind mounts of the host's system directories
+// that complete it. hostRoot is "/" except in tests. It only writes what
+// differs, so running containers that serve the skeleton are not disturbed.
+func buildDefaultRootFS(dir, hostRoot string) ([]ociMount, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"etc", "proc", "dev", "sys", "tmp", "root", "home", "home/cell"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Chmod(filepath.Join(dir, "root"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777); err != nil {
+		return nil, err
+	}
+	for name, content := range syntheticEtc {
+		if err := writeIfChanged(filepath.Join(dir, "etc", name), []byte(content)); err != nil {
+			return nil, err
+		}
+	}
+	var mounts []ociMount
+	for _, name := range hostSystemDirs {
+		host := filepath.Join(hostRoot, name)
+		fi, err := os.Lstat(host)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		inside := filepath.Join(dir, name)
+		switch {
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(host)
+			if err != nil {
+				return nil, err
+			}
+			// Only links into the exposed /usr are recreated; anything
+			// else would point at nothing inside the cell.
+			clean := filepath.Clean(target)
+			if !strings.HasPrefix(clean, "usr/") && !strings.HasPrefix(clean, "/usr/") {
+				continue
+			}
+			if cur, err := os.Readlink(inside); err == nil && cur == target {
+				continue
+			}
+			_ = os.RemoveAll(inside)
+			if err := os.Symlink(target, inside); err != nil {
+				// Another provider may have made the same link meanwhile.
+				if cur, rerr := os.Readlink(inside); rerr != nil || cur != target {
+					return nil, err
+				}
+			}
+		case fi.IsDir():
+			if err := os.MkdirAll(inside, 0o755); err != nil {
+				return nil, err
+			}
+			mounts = append(mounts, ociMount{
+				Destination: "/" + name, Type: "bind", Source: host,
+				Options: []string{"rbind", "ro", "nosuid", "nodev"},
+			})
+		}
+	}
+	return mounts, nil
+}
+
+// writeIfChanged writes a world-readable file unless it already holds
+// content. The write is atomic, so providers built concurrently over the
+// same directory do not see half-written files.
+func writeIfChanged(path string, content []byte) error {
+	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, content) {
+		return nil
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(content)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	return err
+}
