@@ -199,6 +199,11 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	if string(res.Stdout) != "x\nx\n" || strings.Count(string(res.Stderr), "cannot create") != 3 {
 		t.Errorf("write checks: stdout %q, stderr %q", res.Stdout, res.Stderr)
 	}
+	// The init holds no host file (runsc create's stdio) a cell process
+	// could write to through /proc/1/fd.
+	if res := run(t, p, obj, "readlink", "/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/fd/2"); string(res.Stdout) != "/dev/null\n/dev/null\n/dev/null\n" {
+		t.Errorf("the init's stdio: %q (stderr %q)", res.Stdout, res.Stderr)
+	}
 	if res := run(t, p, obj, "id", "-u"); strings.TrimSpace(string(res.Stdout)) != "1000" {
 		t.Errorf("cell processes run as uid %q, want 1000", res.Stdout)
 	}

@@ -102,8 +102,10 @@ var cellEnv = []string{"PATH=" + cellPath, "HOME=" + cellHome, "TERM=dumb"}
 
 // initScript is the cell's init: it sleeps, and reaps the orphans that
 // exec'd commands leave behind (a plain `sleep` as PID 1 would leave them as
-// zombies).
-const initScript = `trap 'exit 0' TERM INT; while :; do sleep 2147483647 & wait; done`
+// zombies). It first points its stdio at /dev/null: runsc create hands the
+// init its own stdio (host files of the driver), which a cell process could
+// otherwise reach through /proc/1/fd.
+const initScript = `exec </dev/null >/dev/null 2>&1; trap 'exit 0' TERM INT; while :; do sleep 2147483647 & wait; done`
 
 // process returns the process spec of a cell process running args.
 func process(args, env []string) *ociProcess {
