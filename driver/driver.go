@@ -125,9 +125,12 @@ type ExecRequest struct {
 	Argv  []string
 	Stdin []byte
 	Env   map[string]string
-	// Timeout bounds the command; the driver kills it when it expires.
+	// Timeout bounds the command; the driver kills it, and everything it
+	// started, when it expires. A killed command reports TimedOut and a
+	// non-zero exit code. Zero means the driver's default (60 s).
 	Timeout time.Duration
-	// MaxOutput caps each of stdout and stderr, in bytes.
+	// MaxOutput caps each of stdout and stderr, in bytes; zero means the
+	// driver's default (1 MiB).
 	MaxOutput int
 }
 
