@@ -86,6 +86,8 @@ type Provider struct {
 	hostKernel string     // the host's kernel release
 	procRoot   string     // the host's /proc
 	locks      keyedMutex
+	// verified holds the identities whose kernel was checked from inside.
+	verified sync.Map
 }
 
 var (
@@ -410,8 +412,21 @@ func randomHex(n int) (string, error) {
 // from inside that it runs under gVisor: the kernel release the cell sees
 // must differ from the host's, and the container's sandbox process must be
 // runsc's. RuntimeClass is gvisor_lower_risk only when both hold.
+//
+// The check from inside costs an exec, so it runs once per object: an
+// identity that passed it is remembered, and later inspections of the same
+// identity read runsc's state file and check that the container's sandbox
+// process is still runsc's. A container cannot change runtime without
+// changing identity (a new container gets a new nonce).
 func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
 	id := p.containerID(obj.CellID)
+	if st := p.r.stateFile(id); st != nil && st.Status == statusRunning {
+		identity := identityOf(st)
+		if _, ok := p.verified.Load(identity); ok && p.isSandboxProcess(st.Pid, id) {
+			return driver.Observation{Exists: true, Identity: identity, RuntimeClass: lease.GVisorLowerRisk, Ready: true,
+				Detail: fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid)}, nil
+		}
+	}
 	st, err := p.r.state(ctx, id)
 	if err != nil {
 		return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
@@ -447,8 +462,19 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	default:
 		o.RuntimeClass = lease.GVisorLowerRisk
 		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d; %s", id, st.Pid, why)
+		p.verified.Store(o.Identity, struct{}{})
 	}
 	return o, nil
+}
+
+// forget drops the verified identities of a container.
+func (p *Provider) forget(id string) {
+	p.verified.Range(func(k, _ any) bool {
+		if strings.HasPrefix(k.(string), id+"@") {
+			p.verified.Delete(k)
+		}
+		return true
+	})
 }
 
 // sandboxedKernel compares the kernel release the host runs with the one a
@@ -490,6 +516,7 @@ func (p *Provider) isSandboxProcess(pid int, id string) bool {
 // the cell has.
 func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 	id := p.containerID(obj.CellID)
+	p.forget(id)
 	unlock, err := p.locks.lock(ctx, id)
 	if err != nil {
 		return fmt.Errorf("gvisor: destroy %s: %w: %w", id, driver.ErrUncertain, err)

@@ -302,12 +302,20 @@ func TestSandboxedKernel(t *testing.T) {
 func TestInspectRefusesHostKernel(t *testing.T) {
 	requireRunsc(t)
 	t.Parallel()
-	p := newProvider(t, testConfig(t))
+	cfg := testConfig(t)
+	p := newProvider(t, cfg)
 	obj := provision(t, p)
 	o, err := p.Inspect(context.Background(), obj)
 	if err != nil || o.RuntimeClass != lease.GVisorLowerRisk {
 		t.Fatalf("Inspect = %+v, %v", o, err)
 	}
+	// The same provider trusts the identity it verified, without an exec.
+	if o, err = p.Inspect(context.Background(), obj); err != nil || !strings.Contains(o.Detail, "verified from inside earlier") {
+		t.Fatalf("second Inspect = %+v, %v", o, err)
+	}
+	// A restarted provider has verified nothing yet: it checks from
+	// inside again, and refuses when the kernels match.
+	p = newProvider(t, cfg)
 	p.hostKernel = "4.4.0" // what gVisor reports
 	o, err = p.Inspect(context.Background(), obj)
 	if err != nil {

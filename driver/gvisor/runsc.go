@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -207,6 +208,32 @@ func (r *runsc) state(ctx context.Context, id string) (*containerState, error) {
 		return nil, fmt.Errorf("runsc state %s: reported container %q", id, st.ID)
 	}
 	return &st, nil
+}
+
+// stateFile reads the container's state from runsc's own state file under
+// the private root, without running runsc (tens of milliseconds saved on
+// every pre-exec verification). It returns nil when the file is absent or
+// unreadable; callers then ask `runsc state`, which stays the authority on
+// absence.
+func (r *runsc) stateFile(id string) *containerState {
+	b, err := os.ReadFile(filepath.Join(r.root, id+"_sandbox:"+id+".state"))
+	if err != nil {
+		return nil
+	}
+	var f struct {
+		ID      string `json:"id"`
+		Status  string `json:"status"`
+		Sandbox struct {
+			Pid int `json:"pid"`
+		} `json:"sandbox"`
+		Spec struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"spec"`
+	}
+	if json.Unmarshal(b, &f) != nil || f.ID != id {
+		return nil
+	}
+	return &containerState{ID: f.ID, Status: f.Status, Pid: f.Sandbox.Pid, Annotations: f.Spec.Annotations}
 }
 
 // list returns every container under the private root.
