@@ -179,15 +179,15 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 
 	// The runtime's own floor: runsc exec into an already running cell.
 	waitReady(ctx, plane, 1)
-	list, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "list", "-quiet").Output()
-	ids := strings.Fields(string(list))
-	if err != nil || len(ids) == 0 {
-		return nil, fmt.Errorf("runsc list: %v", err)
+	ready, err := st.Members(ctx, "bench", lease.MemberReady)
+	if err != nil || len(ready) == 0 {
+		return nil, fmt.Errorf("no ready gvisor cell: %v", err)
 	}
+	id := "sbw-bench-" + ready[0].CellID.String() // the driver's container ID
 	var bare []time.Duration
 	for range n {
 		t0 := time.Now()
-		out, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "--network=none", "exec", ids[0], argv[0], argv[1]).Output()
+		out, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "--network=none", "exec", id, argv[0], argv[1]).Output()
 		if err != nil || !strings.Contains(string(out), "first-output") {
 			return nil, fmt.Errorf("bare runsc exec: %v", err)
 		}
