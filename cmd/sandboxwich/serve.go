@@ -124,14 +124,6 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		Logger:        log,
 		MetricsPublic: c.MetricsPublic,
 		Pools:         func(ctx context.Context) ([]wire.Pool, error) { return poolsOf(ctx, plane) },
-		ProviderMode: func(name string) string {
-			if r := plane.Pools(); r != nil {
-				if cfg, ok := r.Pool(name); ok {
-					return string(cfg.Provider.Capabilities().Mode)
-				}
-			}
-			return ""
-		},
 	})
 	if err != nil {
 		st.Close()
