@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// testEnv returns an env whose environment is vars.
+func testEnv(vars map[string]string) (env, *bytes.Buffer, *bytes.Buffer) {
+	var out, errb bytes.Buffer
+	return env{
+		stdin: strings.NewReader(""), stdout: &out, stderr: &errb,
+		getenv: func(k string) string { return vars[k] },
+		environ: func() []string {
+			var kv []string
+			for k, v := range vars {
+				kv = append(kv, k+"="+v)
+			}
+			return kv
+		},
+	}, &out, &errb
+}
+
+func TestConfigPrecedence(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(file, []byte(`{"listen": "127.0.0.1:1", "database_url": "sqlite://file.db",
+		"sweep_interval_ms": 250, "metrics_public": true}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e, _, _ := testEnv(map[string]string{"SANDBOXWICH_CONFIG": file, "SANDBOXWICH_DATABASE_URL": "sqlite://env.db",
+		"SANDBOXWICH_LISTEN": "127.0.0.1:2"})
+	c, err := loadConfig(e, "serve", []string{"--listen", "127.0.0.1:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:3" || c.DatabaseURL != "sqlite://env.db" || c.SweepInterval != 250*time.Millisecond ||
+		!c.MetricsPublic || !c.AutoMigrate || c.DefaultTenant != "default" {
+		t.Fatalf("precedence flag > env > file > default broken: %+v", c)
+	}
+}
+
+func TestConfigErrorsNameTheSetting(t *testing.T) {
+	for _, tc := range []struct {
+		vars map[string]string
+		want string
+	}{
+		{map[string]string{"SANDBOXWICH_AUTO_MIGRATE": "maybe"}, "SANDBOXWICH_AUTO_MIGRATE"},
+		{map[string]string{"SANDBOXWICH_SWEEP_INTERVAL_MS": "-1"}, "SANDBOXWICH_SWEEP_INTERVAL_MS"},
+		{map[string]string{"SANDBOXWICH_TENANT_TOKENS": "acme"}, "SANDBOXWICH_TENANT_TOKENS"},
+		{map[string]string{"SANDBOXWICH_TENANT_TOKENS": "a b=tok"}, "SANDBOXWICH_TENANT_TOKENS"},
+		{map[string]string{"SANDBOXWICH_WORKER_TOKENS": "not-a-uuid@acme:gvisor_lower_risk=sbw_wtok_x"}, "SANDBOXWICH_WORKER_TOKENS"},
+		{map[string]string{"SANDBOXWICH_WORKER_TOKENS": uuid.NewString() + "@acme:runc=sbw_wtok_x"}, "SANDBOXWICH_WORKER_TOKENS"},
+		{map[string]string{"SANDBOXWICH_WORKER_TOKENS": uuid.NewString() + "@acme:gvisor_lower_risk=wtok"}, "SANDBOXWICH_WORKER_TOKENS"},
+		{map[string]string{"SANDBOXWICH_STERILE_POOL_TARGET": "x"}, "SANDBOXWICH_STERILE_POOL_TARGET"},
+		{map[string]string{"SANDBOXWICH_STERILE_POOL_READY_FLOOR": "1"}, "SANDBOXWICH_STERILE_POOL_TARGET"},
+		{map[string]string{"SANDBOXWICH_LOG_FORMAT": "xml"}, "SANDBOXWICH_LOG_FORMAT"},
+		{map[string]string{"SANDBOXWICH_TLS_CERT_FILE": "c.pem"}, "SANDBOXWICH_TLS_KEY_FILE"},
+	} {
+		e, _, _ := testEnv(tc.vars)
+		_, err := loadConfig(e, "serve", nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v does not name %s", tc.vars, err, tc.want)
+		}
+		for _, v := range tc.vars {
+			if strings.Contains(v, "tok") && err != nil && strings.Contains(err.Error(), v) {
+				t.Errorf("error repeats a secret: %v", err)
+			}
+		}
+	}
+}
+
+func TestConfigTokensAndPool(t *testing.T) {
+	wid := uuid.New()
+	e, _, _ := testEnv(map[string]string{
+		"SANDBOXWICH_TENANT_TOKENS":                  "acme=t1, globex=t2",
+		"SANDBOXWICH_WORKER_TOKENS":                  wid.String() + "@acme:gvisor_lower_risk|kata_microvm=sbw_wtok_abc",
+		"SANDBOXWICH_STERILE_POOL_TARGET":            "3",
+		"SANDBOXWICH_STERILE_POOL_PROVIDER":          "dry-run",
+		"SANDBOXWICH_STERILE_POOL_RUNTIME_CLASS":     "kata_microvm",
+		"SANDBOXWICH_DRY_RUN_LATENCY_MS":             "5",
+		"SANDBOXWICH_STERILE_POOL_RELEASE_SET_ID":    "rel",
+		"SANDBOXWICH_STERILE_POOL_READY_TTL_SECONDS": "60",
+	})
+	c, err := loadConfig(e, "serve", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TenantTokens["t1"] != "acme" || c.TenantTokens["t2"] != "globex" {
+		t.Fatalf("tenant tokens: %v", c.TenantTokens)
+	}
+	w := c.Workers["sbw_wtok_abc"]
+	if w.ID != wid || w.TenantID != "acme" || len(w.RuntimeClasses) != 2 {
+		t.Fatalf("worker: %+v", w)
+	}
+	p := c.Pools[0]
+	if p.Name != "default" || p.Provider != "dry-run" || p.Target != 3 || p.TenantID != "default" ||
+		p.Release.RuntimeClass != lease.KataMicroVM || p.ReadyTTLSeconds != 60 || p.Settings["latency_ms"] != "5" {
+		t.Fatalf("pool: %+v", p)
+	}
+	if _, err := newProvider(p); err != nil {
+		t.Fatal(err)
+	}
+	p.Settings["latncy_ms"] = "1"
+	if _, err := newProvider(p); err == nil || !strings.Contains(err.Error(), "latncy_ms") {
+		t.Fatalf("unknown provider setting accepted: %v", err)
+	}
+	p.Provider = "nomad"
+	if _, err := newProvider(p); err == nil || !strings.Contains(err.Error(), "nomad") {
+		t.Fatalf("unknown provider accepted: %v", err)
+	}
+}
+
+func TestServeRefusesWithoutSigningKey(t *testing.T) {
+	dir := t.TempDir()
+	e, _, errb := testEnv(map[string]string{"SANDBOXWICH_DATABASE_URL": "sqlite://" + filepath.Join(dir, "x.db"),
+		"SANDBOXWICH_TENANT_TOKENS": "acme=t1"})
+	if code := run(context.Background(), e, []string{"serve"}); code != 1 ||
+		!strings.Contains(errb.String(), "SANDBOXWICH_STERILE_CELL_SIGNING_KEY_FILE") {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	key := filepath.Join(dir, "key")
+	if err := os.WriteFile(key, []byte(strings.Repeat("k", 40)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, _, errb = testEnv(map[string]string{"SANDBOXWICH_DATABASE_URL": "sqlite://" + filepath.Join(dir, "x.db"),
+		"SANDBOXWICH_TENANT_TOKENS": "acme=t1", "SANDBOXWICH_STERILE_CELL_SIGNING_KEY_FILE": key})
+	if code := run(context.Background(), e, []string{"serve"}); code != 1 || !strings.Contains(errb.String(), "chmod 600") {
+		t.Fatalf("group/world-readable key accepted: exit %d: %s", code, errb.String())
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	if got := redactURL("postgres://sbw:s3cret@db:5432/x"); strings.Contains(got, "s3cret") || !strings.Contains(got, "sbw:***@db") {
+		t.Fatal(got)
+	}
+}
