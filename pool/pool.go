@@ -94,8 +94,9 @@ type Options struct {
 	Interval time.Duration
 	// Parallelism bounds concurrent stops and verifications (default 8).
 	Parallelism int
-	// LockTTL bounds how long a crashed executor blocks a member
-	// (default 3 min); it must exceed the longest provider call.
+	// LockTTL bounds how long a crashed executor blocks a member (default
+	// 15 s). A live executor renews its lock every LockTTL/3 while a
+	// provider call runs, so calls may take longer than LockTTL.
 	LockTTL time.Duration
 	// ProvisionTimeout and DestroyTimeout bound provider calls
 	// (defaults 2 min and 1 min).
@@ -118,7 +119,7 @@ func (o Options) withDefaults() Options {
 		}
 	}
 	def(&o.Interval, time.Second)
-	def(&o.LockTTL, 3*time.Minute)
+	def(&o.LockTTL, 15*time.Second)
 	def(&o.ProvisionTimeout, 2*time.Minute)
 	def(&o.DestroyTimeout, time.Minute)
 	def(&o.VerifyInterval, 10*time.Second)
@@ -305,8 +306,8 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (
 	p := new(errgroup.Group)
 	for _, m := range created {
 		p.Go(func() error {
+			defer r.hold(ctx, m.CellID)()
 			errs.add(r.provision(ctx, cfg, m))
-			errs.add(r.store.UnlockMember(context.WithoutCancel(ctx), m.CellID, r.opt.Owner))
 			return nil
 		})
 	}
@@ -384,8 +385,38 @@ func (r *Reconciler) locked(ctx context.Context, cellID uuid.UUID, fn func() err
 	if err != nil || !ok {
 		return err
 	}
-	defer func() { _ = r.store.UnlockMember(context.WithoutCancel(ctx), cellID, r.opt.Owner) }()
+	defer r.hold(ctx, cellID)()
 	return fn()
+}
+
+// hold renews this owner's lock on a member every LockTTL/3 until the
+// returned function is called, which also releases the lock.
+func (r *Reconciler) hold(ctx context.Context, cellID uuid.UUID) (release func()) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(r.opt.LockTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				now := r.opt.Now()
+				if _, err := r.store.LockMember(ctx, cellID, r.opt.Owner, now.Add(r.opt.LockTTL), now); err != nil && ctx.Err() == nil {
+					r.opt.Logger.Warn("renewing member lock", "cell_id", cellID, "error", err)
+				}
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-done
+		_ = r.store.UnlockMember(context.WithoutCancel(ctx), cellID, r.opt.Owner)
+	}
 }
 
 // provision creates, verifies and admits a provisioning member, or records

@@ -1,0 +1,261 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite" // reads the server's database after it died
+
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+// crashRig runs the real binary with a gVisor pool and kills it at will.
+type crashRig struct {
+	t                  *testing.T
+	bin, dir, db, addr string
+	stateDir           string
+	rel                lease.Release
+	target             int
+	cmd                *exec.Cmd
+	log                bytes.Buffer
+}
+
+func (r *crashRig) start(target int) {
+	r.t.Helper()
+	r.target = target
+	r.cmd = exec.Command(r.bin, "serve")
+	r.cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"SANDBOXWICH_LISTEN=" + r.addr,
+		"SANDBOXWICH_DATABASE_URL=sqlite://" + r.db,
+		"SANDBOXWICH_STERILE_CELL_SIGNING_KEY_FILE=" + filepath.Join(r.dir, "key"),
+		"SANDBOXWICH_TENANT_TOKENS=acme=tenant-token",
+		"SANDBOXWICH_OPERATOR_TOKEN=operator-token",
+		"SANDBOXWICH_SWEEP_INTERVAL_MS=100",
+		"SANDBOXWICH_STERILE_POOL_PROVIDER=gvisor",
+		fmt.Sprintf("SANDBOXWICH_STERILE_POOL_TARGET=%d", target),
+		"SANDBOXWICH_STERILE_POOL_TENANT_ID=acme",
+		"SANDBOXWICH_STERILE_POOL_RELEASE_SET_ID=" + r.rel.ReleaseSetID,
+		"SANDBOXWICH_STERILE_POOL_RUNTIME_CLASS=" + string(r.rel.RuntimeClass),
+		"SANDBOXWICH_STERILE_POOL_POLICY_DIGEST=" + r.rel.PolicyDigest,
+		"SANDBOXWICH_STERILE_POOL_RELEASE_SIGNATURE=" + r.rel.Signature,
+		"SANDBOXWICH_GVISOR_STATE_DIR=" + r.stateDir,
+		"SANDBOXWICH_GVISOR_BUNDLE_DIR=" + filepath.Join(r.dir, "bundles"),
+	}
+	r.cmd.Stdout, r.cmd.Stderr = &r.log, &r.log
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + r.addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.t.Fatalf("server did not start:\n%s", r.log.String())
+}
+
+func (r *crashRig) kill() {
+	_ = r.cmd.Process.Signal(syscall.SIGKILL)
+	_ = r.cmd.Wait()
+}
+
+// members reads the pool's member counts.
+func (r *crashRig) members() map[string]int {
+	c, _ := client.New("http://"+r.addr, client.WithToken("tenant-token"), client.WithOperatorToken("operator-token"))
+	pools, err := c.Pools(context.Background())
+	if err != nil || len(pools) != 1 {
+		return nil
+	}
+	return pools[0].Members
+}
+
+func live(m map[string]int) int {
+	return m["provisioning"] + m["ready"] + m["leased"] + m["stopping"] + m["cleanup_pending"]
+}
+
+// waitFor polls the pool until cond holds, checking capacity on the way.
+func (r *crashRig) waitFor(what string, cond func(map[string]int) bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	prev := -1
+	for time.Now().Before(deadline) {
+		m := r.members()
+		// Above the target (after the target was lowered) the pool may only
+		// shrink; it never creates beyond it.
+		if m != nil && live(m) > r.target && prev >= 0 && live(m) > prev {
+			r.t.Fatalf("capacity grew above target %d: %v", r.target, m)
+		}
+		if m != nil {
+			prev = live(m)
+		}
+		if m != nil && cond(m) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.t.Fatalf("pool never reached %s; last %v\n%s", what, r.members(), r.log.String())
+}
+
+// containers lists the runsc containers under the pool's private root.
+func (r *crashRig) containers() []string {
+	out, err := exec.Command("runsc", "--root", r.stateDir, "list", "-quiet").Output()
+	if err != nil {
+		return nil
+	}
+	ids := strings.Fields(string(out))
+	sort.Strings(ids)
+	return ids
+}
+
+// TestCrashRecoveryGVisor kills the server with SIGKILL while cells are
+// provisioning and while they are stopping, restarts it, and checks that no
+// runsc container leaks, none is reused, every member ends terminal or
+// live, and capacity never exceeds the target.
+func TestCrashRecoveryGVisor(t *testing.T) {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("runsc is not installed under CI=true (scripts/install-runsc.sh)")
+		}
+		t.Skip("runsc is not installed")
+	}
+	if testing.Short() {
+		t.Skip("starts real gVisor sandboxes")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sandboxwich")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	if err := attest.GenerateKeyFile(filepath.Join(dir, "key")); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := attest.LoadKeyFile(filepath.Join(dir, "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	rel := lease.Release{ReleaseSetID: "crash", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("c", 64)}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	r := &crashRig{t: t, bin: bin, dir: dir, db: filepath.Join(dir, "crash.db"), addr: addr,
+		stateDir: filepath.Join(dir, "runsc"), rel: rel}
+	t.Cleanup(func() {
+		if r.cmd != nil && r.cmd.ProcessState == nil {
+			r.kill()
+		}
+		for _, id := range r.containers() { // never leave a sandbox behind, even on failure
+			_ = exec.Command("runsc", "--root", r.stateDir, "delete", "--force", id).Run()
+		}
+	})
+
+	// 1. Kill while provisioning, twice.
+	for range 2 {
+		r.start(2)
+		r.waitFor("a provisioning member", func(m map[string]int) bool { return m["provisioning"] > 0 })
+		r.kill()
+	}
+	r.start(2)
+	r.waitFor("two ready cells", func(m map[string]int) bool { return m["ready"] == 2 && m["provisioning"] == 0 })
+
+	// 2. A tenant claims and releases a cell; kill while it stops.
+	c, _ := client.New("http://"+addr, client.WithToken("tenant-token"))
+	b := lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}
+	cl, err := c.Claim(context.Background(), wire.ClaimRequest{Release: rel, Binding: b})
+	if err != nil || cl.Lease == nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if _, err := c.Release(context.Background(), cl.Lease.LeaseID, cl.Proof(), lease.Destroyed); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("a stopping member", func(m map[string]int) bool { return m["stopping"] > 0 || m["destroyed"] > 0 })
+	r.kill()
+
+	// 3. Restart: the stop resumes under its recorded fence.
+	r.start(2)
+	st, err := c.WaitProviderAbsent(ctxTimeout(t, 90*time.Second), cl.Lease.LeaseID, 50*time.Millisecond)
+	if err != nil || st.State != lease.Destroyed || !st.ProviderAbsent {
+		t.Fatalf("released cell after restart: %+v %v\n%s", st, err, r.log.String())
+	}
+	r.waitFor("the pool refilled", func(m map[string]int) bool { return m["ready"] == 2 && live(m) == 2 })
+	r.kill()
+	r.checkInvariants(true)
+
+	// 4. Drain: target 0 stops every cell with proof; no container remains.
+	r.start(0)
+	r.waitFor("an empty pool", func(m map[string]int) bool { return live(m) == 0 })
+	r.kill()
+	r.checkInvariants(true)
+	if ids := r.containers(); len(ids) != 0 {
+		t.Fatalf("containers leaked after drain: %v", ids)
+	}
+}
+
+// checkInvariants reads the dead server's database: containers equal the
+// non-terminal members, no cell was leased twice, no lease ID repeats, and
+// every proven member's cell is terminal.
+func (r *crashRig) checkInvariants(quiet bool) {
+	r.t.Helper()
+	db, err := sql.Open("sqlite", "file:"+r.db+"?mode=ro")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(`SELECT m.cell_id, m.state, m.provider_absent, COALESCE(c.state, '') FROM pool_members m
+		LEFT JOIN cells c ON c.id = m.cell_id`)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer rows.Close()
+	var liveIDs []string
+	for rows.Next() {
+		var id, state, cellState string
+		var absent bool
+		if err := rows.Scan(&id, &state, &absent, &cellState); err != nil {
+			r.t.Fatal(err)
+		}
+		ms := lease.MemberState(state)
+		if !ms.Valid() {
+			r.t.Fatalf("member %s in unknown state %q", id, state)
+		}
+		if ms.Live() {
+			liveIDs = append(liveIDs, "sbw-default-"+id)
+		}
+		if absent && !lease.State(cellState).Terminal() && cellState != "" {
+			r.t.Fatalf("member %s proven absent but its cell is %s", id, cellState)
+		}
+	}
+	var dup int
+	if err := db.QueryRow(`SELECT count(*) FROM (SELECT lease_id FROM cells WHERE lease_id IS NOT NULL
+		GROUP BY lease_id HAVING count(*) > 1)`).Scan(&dup); err != nil || dup != 0 {
+		r.t.Fatalf("lease IDs on two cells: %d %v", dup, err)
+	}
+	sort.Strings(liveIDs)
+	if got := r.containers(); quiet && strings.Join(got, ",") != strings.Join(liveIDs, ",") {
+		r.t.Fatalf("runsc containers %v != live members %v", got, liveIDs)
+	}
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
