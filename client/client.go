@@ -112,7 +112,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("client: invalid base URL: %w", err)
 	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, fmt.Errorf("client: base URL %q must start with http:// or https://", baseURL)
-	case u.Host == "":
+	case u.Hostname() == "":
 		return nil, fmt.Errorf("client: base URL %q has no host", baseURL)
 	case u.User != nil:
 		return nil, errors.New("client: base URL must not hold credentials; use WithToken")
@@ -349,8 +349,11 @@ func retryAfter(v string, now time.Time) int {
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		d := t.Sub(now)
-		if d <= 0 {
+		switch {
+		case d <= 0:
 			return 0
+		case d >= maxRetryAfter:
+			return limit
 		}
 		return min(int((d+time.Second-1)/time.Second), limit)
 	}

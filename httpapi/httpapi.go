@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -67,7 +68,7 @@ type Config struct {
 	// errors (default slog.Default).
 	Logger *slog.Logger
 	// Registry receives the handler's Prometheus collectors; nil → a new
-	// one. /metrics serves it. It must not already hold the collectors of
+	// one, which also holds the Go runtime and process collectors. /metrics serves it. It must not already hold the collectors of
 	// another handler.
 	Registry *prometheus.Registry
 	// MetricsPublic serves /metrics without a token.
@@ -121,6 +122,9 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if h.reg == nil {
 		h.reg = prometheus.NewRegistry()
+		// A registry of its own also reports the process: goroutines,
+		// memory, file descriptors.
+		h.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	if h.now == nil {
 		h.now = time.Now

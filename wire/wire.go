@@ -35,7 +35,12 @@ func (t *Time) UnmarshalJSON(b []byte) error {
 	if err != nil {
 		return errors.New("timestamp must be RFC 3339")
 	}
-	t.Time = v.UTC()
+	// An offset can carry a year in range out of it; such an instant has no
+	// RFC 3339 form in UTC, so it could never be answered back.
+	if v = v.UTC(); v.Year() < 0 || v.Year() > 9999 {
+		return errors.New("timestamp is outside the years 0000-9999 in UTC")
+	}
+	t.Time = v
 	return nil
 }
 
