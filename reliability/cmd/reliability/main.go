@@ -1,0 +1,236 @@
+// Command reliability runs one check of the reliability proof and prints
+// one line: "PASS <check>: <figures>" or "FAIL <check>: <reason>". Its exit
+// status is 0 only when the check passed. scripts/reliability.sh runs every
+// check; see docs/reliability.md.
+//
+//	reliability [flags] <check>
+//
+// Checks:
+//
+//	lin-sqlite-worker  linearizability, SQLite, inventory prepared by an external worker
+//	lin-sqlite-pool    linearizability, SQLite, a dry-run pool
+//	lin-postgres       linearizability, PostgreSQL, two servers sharing the database, worker and pool inventory
+//	crash-dir          SIGKILL loop, SQLite, a pool on a file-backed provider that outlives the process
+//	crash-gvisor       SIGKILL loop, SQLite, a pool of real runsc (gVisor) cells
+//	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
+//
+// The crash checks run this same program as the server ("serve-crash", an
+// internal command).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/sandboxwich/sandboxwich/reliability"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+type options struct {
+	bin, dir, postgres string
+	quick              bool
+	seed               uint64
+	clients            int
+	duration           time.Duration
+	kills              int
+}
+
+func run(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("reliability", flag.ContinueOnError)
+	var o options
+	fs.StringVar(&o.bin, "bin", "", "the sandboxwich binary (go build -o … ./cmd/sandboxwich)")
+	fs.StringVar(&o.dir, "dir", "", "scratch and artifact directory (default: a new temporary directory)")
+	fs.StringVar(&o.postgres, "postgres", os.Getenv("SANDBOXWICH_RELIABILITY_POSTGRES"), "admin URL of a PostgreSQL server (databases are created and dropped)")
+	fs.BoolVar(&o.quick, "quick", false, "shortened form")
+	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed")
+	fs.IntVar(&o.clients, "clients", 64, "concurrent clients")
+	fs.DurationVar(&o.duration, "duration", 0, "load duration (default: per check, shorter with -quick)")
+	fs.IntVar(&o.kills, "kills", 0, "SIGKILLs of the crash checks (default 10 quick, 50 full)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: reliability [flags] <check>")
+		return 2
+	}
+	check := fs.Arg(0)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if check == "serve-crash" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		if err := reliability.ServeCrash(ctx, log); err != nil {
+			fmt.Fprintln(os.Stderr, "serve-crash:", err)
+			return 1
+		}
+		return 0
+	}
+	if o.dir == "" {
+		d, err := os.MkdirTemp("", "sbw-reliability-")
+		if err != nil {
+			fmt.Println("FAIL", check+":", err)
+			return 1
+		}
+		o.dir = d
+	}
+	o.dir, _ = filepath.Abs(o.dir)
+	dir := filepath.Join(o.dir, check)
+	env, err := reliability.NewEnv(dir, log)
+	if err != nil {
+		fmt.Println("FAIL", check+":", err)
+		return 1
+	}
+	start := time.Now()
+	ok, line := dispatch(ctx, env, check, o)
+	verdict := "PASS"
+	if !ok {
+		verdict = "FAIL"
+	}
+	fmt.Printf("%s %s: %s [%s]\n", verdict, check, line, time.Since(start).Round(100*time.Millisecond))
+	if ok {
+		return 0
+	}
+	return 1
+}
+
+func (o options) dur(quick, full time.Duration) time.Duration {
+	switch {
+	case o.duration > 0:
+		return o.duration
+	case o.quick:
+		return quick
+	}
+	return full
+}
+
+func dispatch(ctx context.Context, env *reliability.Env, check string, o options) (bool, string) {
+	switch check {
+	case "lin-sqlite-worker", "lin-sqlite-pool", "lin-postgres":
+		return lin(ctx, env, check, o)
+	case "crash-dir", "crash-gvisor":
+		return crash(ctx, env, check, o)
+	case "soak":
+		return soak(ctx, env, o)
+	}
+	return false, "unknown check (see -h)"
+}
+
+const minDrop = 0.10
+
+func lin(ctx context.Context, env *reliability.Env, check string, o options) (bool, string) {
+	if o.bin == "" {
+		return false, "-bin is required"
+	}
+	cfg := reliability.LinConfig{Name: check, Clients: o.clients, Duration: o.dur(15*time.Second, 90*time.Second),
+		DropRate: 0.15, Seed: o.seed, Artifacts: env.Dir}
+	spec := reliability.ServerSpec{Bin: o.bin, Args: []string{"serve"}}
+	servers := 1
+	switch check {
+	case "lin-sqlite-worker":
+		cfg.Worker = true
+	case "lin-sqlite-pool":
+		cfg.Pool = true
+	case "lin-postgres":
+		cfg.Worker, cfg.Pool = true, true
+		servers = 2
+	}
+	if cfg.Pool {
+		spec.Pool = reliability.PoolSpec{Provider: "dry-run", Target: 24, MaxProvisioning: 8,
+			Settings: map[string]string{"latency_ms": "20"}}
+	}
+	if servers == 2 {
+		if o.postgres == "" {
+			return false, "-postgres (or SANDBOXWICH_RELIABILITY_POSTGRES) is required"
+		}
+		pg, err := reliability.CreatePostgres(ctx, o.postgres)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer pg.Drop()
+		spec.DatabaseURL = pg.URL
+	} else {
+		spec.DatabaseURL = "sqlite://" + filepath.Join(env.Dir, "db.sqlite")
+	}
+	for i := range servers {
+		spec.LogFile = filepath.Join(env.Dir, fmt.Sprintf("server-%d.log", i))
+		srv, err := env.Start(ctx, spec, "")
+		if err != nil {
+			return false, err.Error()
+		}
+		defer srv.Stop(5 * time.Second)
+		cfg.Backends = append(cfg.Backends, srv.URL)
+	}
+	rep, err := reliability.RunLinearizability(ctx, env, cfg)
+	if err != nil {
+		return false, err.Error()
+	}
+	return rep.Passed(minDrop), fmt.Sprintf("%d clients, %d server(s), %s", cfg.Clients, servers, rep)
+}
+
+func crash(ctx context.Context, env *reliability.Env, check string, o options) (bool, string) {
+	self, err := os.Executable()
+	if err != nil {
+		return false, err.Error()
+	}
+	kills := o.kills
+	cfg := reliability.CrashConfig{Bin: self, Seed: o.seed, Faults: true}
+	switch check {
+	case "crash-dir":
+		if kills == 0 {
+			kills = map[bool]int{true: 10, false: 50}[o.quick]
+		}
+		cfg.Provider, cfg.Target, cfg.MaxProv, cfg.Clients = "dir", 8, 4, 12
+		cfg.MinUp, cfg.MaxUp, cfg.LockTTL, cfg.Converge = 200*time.Millisecond, 2*time.Second, 3*time.Second, 60*time.Second
+	case "crash-gvisor":
+		if _, err := exec.LookPath("runsc"); err != nil {
+			return false, "runsc is not installed (scripts/install-runsc.sh)"
+		}
+		if kills == 0 {
+			kills = map[bool]int{true: 3, false: 12}[o.quick]
+		}
+		cfg.Provider, cfg.Target, cfg.MaxProv, cfg.Clients, cfg.ReadyTTL = "gvisor", 2, 2, 2, 60
+		cfg.MinUp, cfg.MaxUp, cfg.LockTTL, cfg.Converge = 500*time.Millisecond, 8*time.Second, 10*time.Second, 3*time.Minute
+	}
+	cfg.Kills = kills
+	rep, err := reliability.RunCrash(ctx, env, cfg)
+	if err != nil {
+		return false, err.Error()
+	}
+	return len(rep.Violations) == 0, rep.String()
+}
+
+func soak(ctx context.Context, env *reliability.Env, o options) (bool, string) {
+	if o.bin == "" {
+		return false, "-bin is required"
+	}
+	spec := reliability.ServerSpec{Bin: o.bin, Args: []string{"serve"},
+		DatabaseURL: "sqlite://" + filepath.Join(env.Dir, "soak.sqlite"), LogFile: filepath.Join(env.Dir, "server.log"),
+		Pool: reliability.PoolSpec{Provider: "dry-run", Target: 64, MaxProvisioning: 16, Settings: map[string]string{"latency_ms": "10"}}}
+	srv, err := env.Start(ctx, spec, "")
+	if err != nil {
+		return false, err.Error()
+	}
+	defer srv.Stop(5 * time.Second)
+	d := o.dur(60*time.Second, 10*time.Minute)
+	rep, err := reliability.RunSoak(ctx, env, reliability.SoakConfig{URL: srv.URL, Pid: srv.Pid(), Clients: o.clients,
+		Duration: d, Sample: max(d/60, time.Second), Seed: o.seed})
+	if err != nil {
+		return false, err.Error()
+	}
+	if srv.Exited() {
+		return false, "the server died during the soak: " + rep.String()
+	}
+	return rep.Passed(), fmt.Sprintf("%d clients for %s: %s", o.clients, d, rep)
+}

@@ -1,0 +1,384 @@
+package reliability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+// CrashConfig configures a crash-recovery loop.
+type CrashConfig struct {
+	// Bin is the program that serves with "serve-crash" (this harness).
+	Bin string
+	// Provider is "dir" or "gvisor".
+	Provider        string
+	Target, MaxProv int
+	// Kills is the number of SIGKILLs; each comes MinUp to MaxUp after the
+	// server became ready.
+	Kills        int
+	MinUp, MaxUp time.Duration
+	Clients      int
+	// Faults injects destroy faults (dir provider) until the last restart.
+	Faults bool
+	// Converge bounds the wait for the pool to settle after the load.
+	Converge time.Duration
+	// LockTTL is the executor lock TTL of the server.
+	LockTTL time.Duration
+	// ReadyTTL is the pool's ready TTL in seconds (default 20: short, so
+	// that ready cells also expire and are stopped during the run).
+	ReadyTTL int
+	// DatabaseURL defaults to a SQLite file in the run directory.
+	DatabaseURL string
+	Seed        uint64
+}
+
+// CrashReport is what a crash loop observed.
+type CrashReport struct {
+	Kills, Claims, Releases, ClientErrors int
+	// Interrupted counts, over all kills, the members found in each
+	// transient state at the moment of the kill.
+	Interrupted map[string]int
+	// Snapshots, MaxLive and Leases come from the History.
+	Snapshots, MaxLive, Leases int
+	Final                      string // member counts after convergence
+	Objects                    int    // provider objects after convergence
+	ConvergeTime               time.Duration
+	Violations                 []string
+}
+
+func (r CrashReport) String() string {
+	var parts []string
+	for _, k := range []string{"provisioning", "stopping", "cleanup_pending", "leased"} {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Interrupted[k]))
+	}
+	s := fmt.Sprintf("%d SIGKILLs (members caught mid-flight: %s), %d claims, %d releases, %d leases, "+
+		"%d snapshots, max live %d, converged in %s to %s with %d provider objects",
+		r.Kills, strings.Join(parts, " "), r.Claims, r.Releases, r.Leases, r.Snapshots, r.MaxLive,
+		r.ConvergeTime.Round(100*time.Millisecond), r.Final, r.Objects)
+	if n := len(r.Violations); n > 0 {
+		s += fmt.Sprintf("; %d VIOLATIONS: %s", n, strings.Join(r.Violations[:min(n, 5)], "; "))
+	}
+	return s
+}
+
+// crashRun is one crash loop.
+type crashRun struct {
+	cfg   CrashConfig
+	env   *Env
+	spec  ServerSpec
+	addr  string
+	hist  *History
+	prov  driver.Lister
+	stop  atomic.Bool
+	mu    sync.Mutex
+	rep   CrashReport
+	cl    *client.Client
+	dirOf string
+	acks  map[string]string // claim ID → lease ID of every answered claim
+}
+
+// RunCrash runs the loop: start the server, put claim and release load on
+// it, SIGKILL it at random moments and restart it, checking the frozen
+// state after every kill; then stop the load, let the pool converge, and
+// check the final state.
+func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, error) {
+	r := &crashRun{cfg: cfg, env: env, hist: NewHistory(cfg.Target), acks: map[string]string{}}
+	r.rep.Interrupted = map[string]int{}
+	if cfg.DatabaseURL == "" {
+		cfg.DatabaseURL = "sqlite://" + filepath.Join(env.Dir, "crash.sqlite")
+		r.cfg.DatabaseURL = cfg.DatabaseURL
+	}
+	if cfg.ReadyTTL == 0 {
+		cfg.ReadyTTL = 20
+	}
+	settings := map[string]string{}
+	switch cfg.Provider {
+	case "dir":
+		r.dirOf = filepath.Join(env.Dir, "objects")
+		if err := os.MkdirAll(r.dirOf, 0o700); err != nil {
+			return r.rep, err
+		}
+		settings["path"] = r.dirOf
+		settings["min_latency_ms"] = "50"
+		settings["max_latency_ms"] = "200"
+		r.prov = &DirProvider{Dir: r.dirOf}
+	case "gvisor":
+		settings["state_dir"] = filepath.Join(env.Dir, "runsc-state")
+		settings["bundle_dir"] = filepath.Join(env.Dir, "runsc-bundles")
+		g, err := gvisor.New(gvisor.Config{StateDir: settings["state_dir"], BundleDir: settings["bundle_dir"], Pool: "rel",
+			Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return r.rep, err
+		}
+		r.prov = g
+		defer r.cleanupGVisor(g)
+	default:
+		return r.rep, fmt.Errorf("provider %q: want dir or gvisor", cfg.Provider)
+	}
+	r.spec = ServerSpec{Bin: cfg.Bin, Args: []string{"serve-crash"}, DatabaseURL: cfg.DatabaseURL, SweepMillis: 100,
+		LogFile: filepath.Join(env.Dir, "server.log"),
+		Pool:    PoolSpec{Provider: cfg.Provider, Target: cfg.Target, MaxProvisioning: cfg.MaxProv, ReadyTTLSeconds: cfg.ReadyTTL, Settings: settings},
+		Extra:   []string{"SANDBOXWICH_RELIABILITY_LOCK_TTL_MS=" + strconv.Itoa(int(cfg.LockTTL/time.Millisecond))}}
+	faults := func(on bool) {
+		s := r.spec.Pool.Settings
+		if on && cfg.Provider == "dir" {
+			s["destroy_uncertain"], s["lost_destroy"] = "0.05", "0.05"
+		} else {
+			delete(s, "destroy_uncertain")
+			delete(s, "lost_destroy")
+		}
+	}
+	faults(cfg.Faults)
+	var err error
+	if r.addr, err = FreeAddr(); err != nil {
+		return r.rep, err
+	}
+	db, err := OpenDB(cfg.DatabaseURL)
+	if err != nil {
+		return r.rep, err
+	}
+	defer db.Close()
+	if r.cl, err = client.New("http://"+r.addr, client.WithToken(env.TenantToken),
+		client.WithRetry(8, 50*time.Millisecond, time.Second)); err != nil {
+		return r.rep, err
+	}
+
+	srv, err := env.Start(ctx, r.spec, r.addr)
+	if err != nil {
+		return r.rep, err
+	}
+	var wg sync.WaitGroup
+	for i := range cfg.Clients {
+		wg.Go(func() { r.load(i) })
+	}
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	wg.Go(func() { r.sample(sampleCtx, db) })
+
+	rng := rand.New(rand.NewPCG(cfg.Seed, 7))
+	for k := 0; k < cfg.Kills && ctx.Err() == nil; k++ {
+		up := cfg.MinUp + time.Duration(rng.Int64N(int64(cfg.MaxUp-cfg.MinUp)))
+		time.Sleep(up)
+		srv.Kill()
+		r.rep.Kills++
+		r.frozen(ctx, db, false)
+		if k == cfg.Kills-1 {
+			faults(false) // the last life converges without faults
+		}
+		if srv, err = env.Start(ctx, r.spec, r.addr); err != nil {
+			r.stop.Store(true)
+			stopSampling()
+			wg.Wait()
+			return r.rep, fmt.Errorf("restart after kill %d: %w", k+1, err)
+		}
+	}
+	r.stop.Store(true)
+	stopSampling()
+	wg.Wait()
+
+	t0 := time.Now()
+	settled := false
+	for time.Since(t0) < cfg.Converge && ctx.Err() == nil {
+		s, err := db.Snapshot(ctx)
+		if err == nil {
+			r.hist.Observe(s)
+			objs, lerr := r.objects(ctx)
+			if lerr == nil && s.Live() == cfg.Target && len(CheckObjects(s, objs, true)) == 0 {
+				settled = true
+				break
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	r.rep.ConvergeTime = time.Since(t0)
+	srv.Kill()
+	final := r.frozen(ctx, db, true)
+	if !settled {
+		r.hist.mu.Lock()
+		r.hist.violate("pool did not converge within %s: %s", cfg.Converge, final.Counts())
+		r.hist.mu.Unlock()
+	}
+	r.checkAcknowledged(final)
+	r.rep.Final = final.Counts()
+	r.rep.Snapshots, r.rep.MaxLive, r.rep.Leases = r.hist.Stats()
+	r.rep.Violations = append(r.rep.Violations, r.hist.Violations()...)
+	return r.rep, nil
+}
+
+func (r *crashRun) objects(ctx context.Context) ([]string, error) {
+	objs, err := r.prov.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(objs))
+	for i, o := range objs {
+		out[i] = o.CellID.String()
+	}
+	return out, nil
+}
+
+// frozen checks the state while no server runs: the snapshot and the
+// provider's objects cannot change under the check.
+func (r *crashRun) frozen(ctx context.Context, db *DB, settled bool) Snapshot {
+	s, err := db.Snapshot(ctx)
+	if err != nil {
+		r.violation("snapshot after kill: %v", err)
+		return s
+	}
+	r.hist.Observe(s)
+	objs, err := r.objects(ctx)
+	if err != nil {
+		r.violation("provider list after kill: %v", err)
+		return s
+	}
+	for _, v := range CheckObjects(s, objs, settled) {
+		r.violation("after kill %d: %s", r.rep.Kills, v)
+	}
+	if settled {
+		r.rep.Objects = len(objs)
+	} else {
+		for _, m := range s.Members {
+			r.rep.Interrupted[m.State]++
+		}
+	}
+	return s
+}
+
+func (r *crashRun) violation(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.rep.Violations) < 50 {
+		r.rep.Violations = append(r.rep.Violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// sample snapshots the database while the server runs.
+func (r *crashRun) sample(ctx context.Context, db *DB) {
+	for ctx.Err() == nil {
+		if s, err := db.Snapshot(ctx); err == nil {
+			r.hist.Observe(s)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(150 * time.Millisecond):
+		}
+	}
+}
+
+// load claims, validates and releases cells until stopped. Errors while
+// the server is down are expected; a claim that never got an answer is
+// retried under the same claim ID.
+func (r *crashRun) load(i int) {
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, uint64(100+i)))
+	binding := lease.Binding{OrganizationID: "org-crash", WorkspaceID: "ws", ThreadID: fmt.Sprintf("t-%d", i), RunnerSessionID: "s"}
+	var claimID uuid.UUID
+	seconds := uint64(10) // below the pool's ready TTL, so that ready cells are claimable
+	for !r.stop.Load() {
+		if claimID == uuid.Nil {
+			claimID = uuid.Must(uuid.NewV7())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		c, err := r.cl.Claim(ctx, wire.ClaimRequest{ClaimID: &claimID, Release: r.env.Release, Binding: binding, LeaseSeconds: &seconds})
+		cancel()
+		var ce *client.Error
+		switch {
+		case err != nil && errors.As(err, &ce) && ce.Status == http.StatusConflict:
+			claimID = uuid.Nil // its lease ended while we were away
+			continue
+		case err != nil:
+			r.count(func() { r.rep.ClientErrors++ })
+			time.Sleep(100 * time.Millisecond)
+			continue // same claim ID next time
+		}
+		claimID = uuid.Nil
+		if c.Empty() {
+			time.Sleep(time.Duration(20+rng.IntN(80)) * time.Millisecond)
+			continue
+		}
+		r.count(func() { r.rep.Claims++ })
+		r.hist.Claimed(c.Lease.LeaseID.String(), c.Lease.CellID.String())
+		r.ack(c)
+		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+		d := lease.Destroyed
+		if rng.IntN(10) == 0 {
+			d = lease.Quarantined
+		}
+		for attempt := 0; attempt < 20 && !r.stop.Load(); attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := r.cl.Release(ctx, c.Lease.LeaseID, c.Proof(), d)
+			cancel()
+			if err == nil || (errors.As(err, &ce) && ce.Status < 500) {
+				r.count(func() { r.rep.Releases++ })
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+func (r *crashRun) count(fn func()) {
+	r.mu.Lock()
+	fn()
+	r.mu.Unlock()
+}
+
+func (r *crashRun) ack(c client.Claim) {
+	r.mu.Lock()
+	r.acks[c.ClaimID.String()] = c.Lease.LeaseID.String()
+	r.mu.Unlock()
+}
+
+// checkAcknowledged verifies that every lease a client was given survived
+// the kills: its claim fence names it and its cell holds it.
+func (r *crashRun) checkAcknowledged(s Snapshot) {
+	r.mu.Lock()
+	acks := maps.Clone(r.acks)
+	r.mu.Unlock()
+	for claimID, leaseID := range acks {
+		if got, ok := s.Fences[claimID]; !ok || got != leaseID {
+			r.violation("acknowledged claim %s (lease %s) lost: fence holds %q", claimID, leaseID, got)
+		}
+	}
+	found := map[string]bool{}
+	for _, c := range s.Cells {
+		if c.Lease != "" {
+			found[c.Lease] = true
+		}
+	}
+	for _, leaseID := range acks {
+		if !found[leaseID] {
+			r.violation("acknowledged lease %s is on no cell", leaseID)
+		}
+	}
+}
+
+// cleanupGVisor destroys every runsc container the run left.
+func (r *crashRun) cleanupGVisor(g *gvisor.Provider) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	objs, err := g.List(ctx)
+	if err != nil {
+		return
+	}
+	for _, o := range objs {
+		_ = g.Destroy(ctx, o)
+	}
+}

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The reliability proof: every check in one run, bounded in time.
+#
+#   scripts/reliability.sh          full run (about 30 minutes on 2 cores)
+#   scripts/reliability.sh --quick  every check in a shortened form (under 5 minutes)
+#
+# Each check prints one line, PASS or FAIL with its figures (SKIP when there
+# is nothing to run yet); the last line is exactly
+#
+#   reliability: N checks passed, M failed
+#
+# and the exit status is non-zero when M > 0. What each check proves:
+# docs/reliability.md.
+#
+# Needs PostgreSQL on 127.0.0.1:5432 (scripts/start-postgres.sh starts it)
+# and runsc (scripts/install-runsc.sh installs it); both are used when the
+# scripts are present. Artifacts (server logs, porcupine visualizations of
+# violations, fuzz logs) stay in $RELIABILITY_ARTIFACTS (default: a new
+# directory under /tmp), which is removed when every check passed unless
+# RELIABILITY_KEEP=1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+case "${1:-}" in
+--quick) quick=1 ;;
+"") ;;
+*)
+	echo "usage: scripts/reliability.sh [--quick]" >&2
+	exit 2
+	;;
+esac
+
+artifacts="${RELIABILITY_ARTIFACTS:-$(mktemp -d /tmp/sbw-reliability.XXXXXX)}"
+mkdir -p "$artifacts"
+pg_admin="${SANDBOXWICH_RELIABILITY_POSTGRES:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+passed=0
+failed=0
+started=$(date +%s)
+
+# report STATUS LINE: print one check line and count it.
+report() {
+	echo "$1 $2"
+	case "$1" in
+	PASS) passed=$((passed + 1)) ;;
+	FAIL) failed=$((failed + 1)) ;;
+	esac
+}
+
+# harness CHECK TIMEOUT ARGS…: one check of the Go harness, which prints its
+# own PASS/FAIL line.
+harness() {
+	local name=$1 limit=$2
+	shift 2
+	local line
+	line=$(timeout --kill-after=10 "$limit" "$artifacts/reliability" -dir "$artifacts" "$@" "$name" \
+		2>>"$artifacts/$name.log" | tail -n 1)
+	case "$line" in
+	PASS*) report PASS "${line#PASS }" ;;
+	FAIL*) report FAIL "${line#FAIL }" ;;
+	*) report FAIL "$name: no verdict within ${limit} (log: $artifacts/$name.log)" ;;
+	esac
+}
+
+if [ "$quick" = 1 ]; then
+	mode=(-quick)
+	lin_time=10s
+	fuzztime=5s
+	fuzz_budget=60
+else
+	mode=()
+	lin_time=90s
+	fuzztime=30s
+	fuzz_budget=100000
+fi
+
+echo "== reliability ($([ "$quick" = 1 ] && echo quick || echo full)), artifacts in $artifacts"
+
+# Services: PostgreSQL and runsc, through the repository's scripts.
+if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null && [ -f scripts/start-postgres.sh ]; then
+	bash scripts/start-postgres.sh >"$artifacts/start-postgres.log" 2>&1 || true
+fi
+if ! command -v runsc >/dev/null 2>&1 && [ -f scripts/install-runsc.sh ]; then
+	bash scripts/install-runsc.sh >"$artifacts/install-runsc.log" 2>&1 || true
+fi
+
+# Build the server and the harness once.
+if ! go build -o "$artifacts/sandboxwich" ./cmd/sandboxwich >"$artifacts/build.log" 2>&1 ||
+	! go build -o "$artifacts/reliability" ./reliability/cmd/reliability >>"$artifacts/build.log" 2>&1; then
+	report FAIL "build: $(tail -n 3 "$artifacts/build.log" | tr '\n' ' ')"
+	echo "reliability: $passed checks passed, $failed failed"
+	exit 1
+fi
+bin=(-bin "$artifacts/sandboxwich")
+
+# 1. Linearizability (porcupine) under dropped answers.
+harness lin-sqlite-worker 5m "${bin[@]}" -duration "$lin_time"
+harness lin-sqlite-pool 5m "${bin[@]}" -duration "$lin_time"
+harness lin-postgres 5m "${bin[@]}" -duration "$lin_time" -postgres "$pg_admin"
+
+# 2. Crash recovery: SIGKILL loops.
+harness crash-dir 8m "${mode[@]}"
+harness crash-gvisor 12m "${mode[@]}"
+
+# 3. Soak: 60 s quick, 10 minutes full.
+harness soak 15m "${bin[@]}" "${mode[@]}"
+
+# 4. Hostile input, security and provider faults: the Go tests of the
+#    other suites, one check. A fresh PostgreSQL database backs the tests
+#    that need one.
+hostile_db="sbw_rel_hostile_$$"
+if psql -h 127.0.0.1 -U postgres -d test -qc "CREATE DATABASE $hostile_db" >/dev/null 2>&1; then
+	export SANDBOXWICH_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:5432/$hostile_db?sslmode=disable"
+fi
+t0=$(date +%s)
+# Only the packages that hold such tests are compiled: the same tests as
+# `go test -run '…' ./...`, without building every other test binary.
+hostile_pkgs=$(grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*(Hostile|Security|ProviderFault)' . 2>/dev/null |
+	xargs -r -n1 dirname | sort -u)
+rc=0
+: >"$artifacts/hostile.log"
+if [ -n "$hostile_pkgs" ]; then
+	# shellcheck disable=SC2086 # one argument per package
+	timeout --kill-after=10 15m go test -count=1 -v -run 'Hostile|Security|ProviderFault' $hostile_pkgs >"$artifacts/hostile.log" 2>&1
+	rc=$?
+fi
+ran=$(grep -c -- '^--- PASS' "$artifacts/hostile.log")
+fails=$(grep -c -- '--- FAIL' "$artifacts/hostile.log")
+if [ "$rc" != 0 ]; then
+	report FAIL "hostile: go test -run 'Hostile|Security|ProviderFault' ./... failed: $fails failing tests, first: $(grep -m1 -- '--- FAIL' "$artifacts/hostile.log" | sed 's/^ *//') (log: $artifacts/hostile.log) [$(($(date +%s) - t0))s]"
+elif [ "$ran" = 0 ]; then
+	report SKIP "hostile: no test matches Hostile|Security|ProviderFault yet [$(($(date +%s) - t0))s]"
+else
+	report PASS "hostile: $ran top-level and sub-tests of Hostile|Security|ProviderFault passed [$(($(date +%s) - t0))s]"
+fi
+psql -h 127.0.0.1 -U postgres -d test -qc "DROP DATABASE IF EXISTS $hostile_db WITH (FORCE)" >/dev/null 2>&1 || true
+unset SANDBOXWICH_TEST_POSTGRES_URL
+
+# 5. Fuzzing: every fuzz target, found now (they are written concurrently),
+#    gets its own `go test -fuzz` run. Quick runs share a budget for them:
+#    once it is spent, the remaining targets of a package run their seed
+#    corpus in one `go test` (every target is still checked, one line each).
+fuzz_pkgs=$(grep -rlE --include='*_test.go' '^func Fuzz[A-Z0-9_]' . 2>/dev/null | xargs -r -n1 dirname | sort -u)
+fuzz_deadline=$(($(date +%s) + fuzz_budget))
+nfuzz=0
+for dir in $fuzz_pkgs; do
+	targets=$(go test -list '^Fuzz' "$dir" 2>/dev/null | grep -E '^Fuzz')
+	seeds=()
+	for t in $targets; do
+		nfuzz=$((nfuzz + 1))
+		t0=$(date +%s)
+		if [ "$t0" -ge "$fuzz_deadline" ]; then
+			seeds+=("$t")
+			continue
+		fi
+		log="$artifacts/fuzz-$(echo "${dir#./}" | tr '/' '_')-$t.log"
+		if timeout --kill-after=10 5m go test -run '^$' -fuzz "^$t\$" -fuzztime "$fuzztime" "$dir" >"$log" 2>&1; then
+			execs=$(grep -oE 'execs: [0-9]+' "$log" | tail -n 1)
+			report PASS "fuzz $dir $t: -fuzz $fuzztime${execs:+, $execs} [$(($(date +%s) - t0))s]"
+		else
+			report FAIL "fuzz $dir $t: -fuzz $fuzztime: $(grep -m1 -E -- '--- FAIL|panic|Failing input' "$log" | sed 's/^ *//'); $(grep -m1 -E '^ +[a-z_]+_test\.go:[0-9]+: ' "$log" | sed 's/^ *//' | cut -c1-200) (log: $log; new failing inputs are kept under $dir/testdata/fuzz/$t) [$(($(date +%s) - t0))s]"
+		fi
+	done
+	if [ "${#seeds[@]}" -gt 0 ]; then
+		log="$artifacts/fuzz-$(echo "${dir#./}" | tr '/' '_')-seeds.log"
+		pattern=$(IFS='|'; echo "${seeds[*]}")
+		timeout --kill-after=10 5m go test -count=1 -v -run "^($pattern)\$" "$dir" >"$log" 2>&1
+		for t in "${seeds[@]}"; do
+			how="seed corpus only (quick fuzz budget of ${fuzz_budget}s spent)"
+			if grep -q -- "^--- PASS: $t " "$log"; then
+				report PASS "fuzz $dir $t: $how"
+			else
+				why=$(awk -v t="$t" 'index($0, "=== RUN   " t "/") == 1 || $0 == "=== RUN   " t { in_t = 1 }
+					in_t && /_test\.go:[0-9]+: / { sub(/^ +/, ""); print; exit }' "$log" | cut -c1-200)
+				report FAIL "fuzz $dir $t: $how: ${why:-see the log} (log: $log)"
+			fi
+		done
+	fi
+done
+if [ "$nfuzz" = 0 ]; then
+	report SKIP "fuzz: no fuzz target found yet"
+fi
+
+echo "== total $(($(date +%s) - started))s, artifacts in $artifacts"
+if [ "$failed" = 0 ] && [ "${RELIABILITY_KEEP:-0}" != 1 ] && [ -z "${RELIABILITY_ARTIFACTS:-}" ]; then
+	rm -rf "$artifacts"
+fi
+echo "reliability: $passed checks passed, $failed failed"
+[ "$failed" = 0 ]
