@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -99,6 +100,7 @@ func dev(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	slog.SetDefault(log) // drivers log through the default logger
 	s, err := build(ctx, c, log)
 	if err != nil {
 		return err
@@ -109,6 +111,7 @@ func dev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	printDevHelp(e, "http://"+ln.Addr().String(), abs, *provider, rel, workerID)
+	s.drainOnExit = true // Ctrl-C leaves no sandbox running
 	return s.run(ctx, ln)
 }
 

@@ -77,6 +77,9 @@ type server struct {
 	store   store.Store
 	plane   *sandboxwich.Plane
 	handler http.Handler
+	// drainOnExit stops every pool's cells, with proof, before exiting
+	// (dev mode); a server otherwise keeps its warm cells for its restart.
+	drainOnExit bool
 }
 
 // build opens the store, builds pools and the plane, and the HTTP handler.
@@ -199,6 +202,9 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		err = srv.Shutdown(sctx)
 		cancel()
 	}
+	if s.drainOnExit {
+		s.drain()
+	}
 	stopPlane()
 	<-planeDone
 	if cerr := s.store.Close(); err == nil {
@@ -219,6 +225,7 @@ func serve(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	slog.SetDefault(log) // drivers log through the default logger
 	if !c.authConfigured() {
 		log.Error("no authentication configured: every route except /healthz answers 500 auth_not_configured; " +
 			"set SANDBOXWICH_TENANT_TOKENS, SANDBOXWICH_API_TOKEN or SANDBOXWICH_WORKER_TOKENS")
@@ -246,6 +253,37 @@ func serve(ctx context.Context, e env, args []string) error {
 		}
 	}
 	return s.run(ctx, ln)
+}
+
+// drain sets every pool's target to 0 and waits, at most a minute, until no
+// member is live: each cell stopped with proof.
+func (s *server) drain() {
+	r := s.plane.Pools()
+	if r == nil {
+		return
+	}
+	for _, name := range r.Names() {
+		_ = r.SetTarget(name, 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for ctx.Err() == nil {
+		sts, err := r.Status(ctx)
+		live := 0
+		for _, st := range sts {
+			for state, n := range st.Members {
+				if state.Live() {
+					live += n
+				}
+			}
+		}
+		if err == nil && live == 0 {
+			s.log.Info("pools drained")
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.log.Warn("pools not drained in time; the next start resumes their stops")
 }
 
 // redactURL drops a database URL's password for logs.
