@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,15 +107,15 @@ func TestConfigTokensAndPool(t *testing.T) {
 		p.Release.RuntimeClass != lease.KataMicroVM || p.ReadyTTLSeconds != 60 || p.Settings["latency_ms"] != "5" {
 		t.Fatalf("pool: %+v", p)
 	}
-	if _, err := newProvider(p); err != nil {
+	if _, err := newProvider(p, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	p.Settings["latncy_ms"] = "1"
-	if _, err := newProvider(p); err == nil || !strings.Contains(err.Error(), "latncy_ms") {
+	if _, err := newProvider(p, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "latncy_ms") {
 		t.Fatalf("unknown provider setting accepted: %v", err)
 	}
 	p.Provider = "nomad"
-	if _, err := newProvider(p); err == nil || !strings.Contains(err.Error(), "nomad") {
+	if _, err := newProvider(p, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "nomad") {
 		t.Fatalf("unknown provider accepted: %v", err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -100,7 +99,6 @@ func dev(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	slog.SetDefault(log) // drivers log through the default logger
 	s, err := build(ctx, c, log)
 	if err != nil {
 		return err

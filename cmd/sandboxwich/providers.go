@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"sort"
 	"strconv"
@@ -16,13 +17,13 @@ import (
 
 // providerFactory builds a pool's provider from its settings. It must
 // refuse unknown settings, naming them.
-type providerFactory func(pool string, settings map[string]string) (driver.Provider, error)
+type providerFactory func(pool string, settings map[string]string, log *slog.Logger) (driver.Provider, error)
 
 // providers maps SANDBOXWICH_STERILE_POOL_PROVIDER values to factories.
 var providers = map[string]providerFactory{
 	// dry-run simulates every cell: labelled dry_run in every report, never
 	// evidence that a runtime existed.
-	"dry-run": func(pool string, s map[string]string) (driver.Provider, error) {
+	"dry-run": func(pool string, s map[string]string, _ *slog.Logger) (driver.Provider, error) {
 		latency, err := settingMillis(s, "latency_ms")
 		if err != nil {
 			return nil, err
@@ -30,7 +31,7 @@ var providers = map[string]providerFactory{
 		return fake.New(fake.Config{Latency: latency}), unknownSettings(s, "latency_ms")
 	},
 	// gvisor runs each cell as a runsc container on this host.
-	"gvisor": func(pool string, s map[string]string) (driver.Provider, error) {
+	"gvisor": func(pool string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "state_dir", "bundle_dir", "rootfs", "network", "platform",
 			"memory_limit_bytes", "cpus"); err != nil {
 			return nil, err
@@ -39,7 +40,7 @@ var providers = map[string]providerFactory{
 			return nil, err
 		}
 		cfg := gvisor.Config{RunscPath: s["runsc"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
-			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool)}
+			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool), Logger: log}
 		if v := s["memory_limit_bytes"]; v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n <= 0 {
@@ -80,7 +81,7 @@ func requireRunsc() error {
 }
 
 // newProvider builds the provider of a pool.
-func newProvider(p poolConfig) (driver.Provider, error) {
+func newProvider(p poolConfig, log *slog.Logger) (driver.Provider, error) {
 	f, ok := providers[p.Provider]
 	if !ok {
 		kinds := make([]string, 0, len(providers))
@@ -91,7 +92,7 @@ func newProvider(p poolConfig) (driver.Provider, error) {
 		return nil, fmt.Errorf("pool %q: provider %q is not available in this build (available: %s)",
 			p.Name, p.Provider, strings.Join(kinds, ", "))
 	}
-	prov, err := f(p.Name, p.Settings)
+	prov, err := f(p.Name, p.Settings, log)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: provider %s: %w", p.Name, p.Provider, err)
 	}

@@ -94,7 +94,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	}
 	var pools []pool.Config
 	for _, p := range c.Pools {
-		prov, err := newProvider(p)
+		prov, err := newProvider(p, log)
 		if err != nil {
 			return nil, err
 		}
@@ -225,7 +225,6 @@ func serve(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	slog.SetDefault(log) // drivers log through the default logger
 	if !c.authConfigured() {
 		log.Error("no authentication configured: every route except /healthz answers 500 auth_not_configured; " +
 			"set SANDBOXWICH_TENANT_TOKENS, SANDBOXWICH_API_TOKEN or SANDBOXWICH_WORKER_TOKENS")
