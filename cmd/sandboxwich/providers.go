@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 )
 
 // providerFactory builds a pool's provider from its settings. It must
@@ -56,6 +57,16 @@ var providers = map[string]providerFactory{
 			cfg.CPUs = n
 		}
 		return gvisor.New(cfg)
+	},
+	// kubernetes runs each cell as a RuntimeClass Pod, verified after
+	// admission (settings: SANDBOXWICH_KUBERNETES_*, see driver/kubernetes).
+	"kubernetes": func(pool string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+		cfg, err := kubernetes.ConfigFromSettings(pool, s)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Logger = log
+		return kubernetes.New(cfg)
 	},
 }
 

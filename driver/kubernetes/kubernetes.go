@@ -1,0 +1,563 @@
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// Labels and names the driver puts on its objects.
+const (
+	// LabelManagedBy marks every object the driver creates.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// ManagedByValue is LabelManagedBy's value.
+	ManagedByValue = "sandboxwich"
+	// LabelPool carries Config.Pool: the ownership label List selects on.
+	LabelPool = "sandboxwich.dev/pool"
+	// LabelCellID carries the cell ID a Pod backs.
+	LabelCellID = "sandboxwich.dev/cell-id"
+	// LabelRuntimeClass records the runtime class the Pod was requested
+	// for. It is bookkeeping, never evidence: verification reads
+	// spec.runtimeClassName.
+	LabelRuntimeClass = "sandboxwich.dev/runtime-class"
+	// PodNamePrefix starts every Pod name; the cell ID follows.
+	PodNamePrefix = "sbw-"
+	// ContainerName is the name of the cell's only container.
+	ContainerName = "cell"
+)
+
+// Defaults of Config fields left zero.
+const (
+	DefaultCPU                    = "1"
+	DefaultMemory                 = "512Mi"
+	DefaultTmpSize                = "256Mi"
+	DefaultReadyTimeout           = 90 * time.Second
+	DefaultTerminationGracePeriod = 5 * time.Second
+	DefaultRunAsUser              = 65532
+)
+
+// DefaultCommand keeps the cell's container alive.
+var DefaultCommand = []string{"sleep", "infinity"}
+
+// Config configures a Provider.
+type Config struct {
+	// RESTConfig reaches the API server. It is required for Exec
+	// (pods/exec streams are opened with it) and builds Client when Client
+	// is nil.
+	RESTConfig *rest.Config
+	// Client is the typed clientset for Pods and NetworkPolicies. Nil
+	// builds one from RESTConfig; tests may pass a fake clientset.
+	Client k8s.Interface
+	// Namespace holds the pool's Pods (required).
+	Namespace string
+	// Pool is the ownership label value (sandboxwich.dev/pool): List
+	// returns only Pods carrying it. It must be a valid label value.
+	Pool string
+	// RuntimeClassNames maps each served class to the name of a
+	// RuntimeClass object in the cluster, e.g. gvisor_lower_risk →
+	// "gvisor", kata_microvm → "kata". At least one; names must differ.
+	RuntimeClassNames map[lease.RuntimeClass]string
+	// Image is the cell image, pinned by digest (name@sha256:<64 hex>).
+	Image string
+	// Command keeps the container alive (default DefaultCommand). The
+	// image must also hold sh, env, cat, kill and sleep for Exec.
+	Command []string
+	// CPU and Memory are the container's requests and limits (defaults
+	// DefaultCPU, DefaultMemory). TmpSize bounds the writable emptyDir
+	// mounted at /tmp (default DefaultTmpSize); the root file system is
+	// read-only.
+	CPU, Memory, TmpSize string
+	// RunAsUser is the non-root UID and GID of the container (default
+	// DefaultRunAsUser).
+	RunAsUser int64
+	// NetworkPolicy, when not false, makes the provider ensure a deny-all
+	// NetworkPolicy (no ingress, no egress) selecting the pool's Pods
+	// before it creates any. Nil means true.
+	NetworkPolicy *bool
+	// ReadyTimeout bounds Provision's wait for the Pod to be Running with
+	// every container ready (default DefaultReadyTimeout).
+	ReadyTimeout time.Duration
+	// TerminationGracePeriod is the Pod's grace period: how long the
+	// kubelet gives the container to stop before killing it (default
+	// DefaultTerminationGracePeriod).
+	TerminationGracePeriod time.Duration
+	// NodeName pins Pods to a node, bypassing the scheduler (optional;
+	// tests with kwok set it).
+	NodeName string
+	// Identity names the provider in Capabilities (default
+	// "kubernetes:<namespace>/<pool>").
+	Identity string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Provider runs each cell as one Pod. It implements driver.Provider,
+// driver.Lister and driver.Execer and is safe for concurrent use.
+type Provider struct {
+	cfg     Config
+	client  k8s.Interface
+	byName  map[string]lease.RuntimeClass // RuntimeClass object name → class
+	log     *slog.Logger
+	cpu     resource.Quantity
+	memory  resource.Quantity
+	tmpSize resource.Quantity
+
+	npMu sync.Mutex
+	npOK bool
+
+	execOnce sync.Once
+	execREST rest.Interface
+	execErr  error
+}
+
+var _ interface {
+	driver.Provider
+	driver.Lister
+	driver.Execer
+} = (*Provider)(nil)
+
+var digestRef = regexp.MustCompile(`^[^@\s]+@sha256:[0-9a-f]{64}$`)
+
+// New validates cfg, fills its defaults and returns a Provider. It does no
+// I/O.
+func New(cfg Config) (*Provider, error) {
+	bad := func(field, rule string, args ...any) (*Provider, error) {
+		return nil, fmt.Errorf("kubernetes: %s %s", field, fmt.Sprintf(rule, args...))
+	}
+	if cfg.Client == nil && cfg.RESTConfig == nil {
+		return bad("rest_config", "is required (or a client)")
+	}
+	if errs := validation.IsDNS1123Label(cfg.Namespace); len(errs) > 0 {
+		return bad("namespace", "%q is invalid: %s", cfg.Namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsValidLabelValue(cfg.Pool); cfg.Pool == "" || len(errs) > 0 {
+		return bad("pool", "%q must be a non-empty Kubernetes label value: %s", cfg.Pool, strings.Join(errs, "; "))
+	}
+	if len(cfg.RuntimeClassNames) == 0 {
+		return bad("runtime_class_names", "must map at least one runtime class")
+	}
+	byName := map[string]lease.RuntimeClass{}
+	for class, name := range cfg.RuntimeClassNames {
+		if !class.Valid() {
+			return bad("runtime_class_names", "names an undefined class %q", class)
+		}
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return bad("runtime_class_names", "%s → %q is not a valid RuntimeClass name", class, name)
+		}
+		if other, dup := byName[name]; dup {
+			return bad("runtime_class_names", "maps both %s and %s to %q: verification could not tell them apart", other, class, name)
+		}
+		byName[name] = class
+	}
+	if !digestRef.MatchString(cfg.Image) {
+		return bad("image", "%q must be pinned by digest (name@sha256:<64 hex digits>)", cfg.Image)
+	}
+	if len(cfg.Command) == 0 {
+		cfg.Command = slices.Clone(DefaultCommand)
+	}
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&cfg.CPU, DefaultCPU)
+	def(&cfg.Memory, DefaultMemory)
+	def(&cfg.TmpSize, DefaultTmpSize)
+	p := &Provider{byName: byName}
+	var err error
+	for _, q := range []struct {
+		field string
+		s     string
+		dst   *resource.Quantity
+	}{{"cpu", cfg.CPU, &p.cpu}, {"memory", cfg.Memory, &p.memory}, {"tmp_size", cfg.TmpSize, &p.tmpSize}} {
+		if *q.dst, err = resource.ParseQuantity(q.s); err != nil || q.dst.Sign() <= 0 {
+			return bad(q.field, "%q is not a positive quantity", q.s)
+		}
+	}
+	if cfg.RunAsUser == 0 {
+		cfg.RunAsUser = DefaultRunAsUser
+	}
+	if cfg.RunAsUser < 0 {
+		return bad("run_as_user", "must be a non-root UID")
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if cfg.TerminationGracePeriod <= 0 {
+		cfg.TerminationGracePeriod = DefaultTerminationGracePeriod
+	}
+	if cfg.NodeName != "" {
+		if errs := validation.IsDNS1123Subdomain(cfg.NodeName); len(errs) > 0 {
+			return bad("node_name", "%q is invalid", cfg.NodeName)
+		}
+	}
+	if cfg.Identity == "" {
+		cfg.Identity = "kubernetes:" + cfg.Namespace + "/" + cfg.Pool
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Client == nil {
+		if cfg.Client, err = k8s.NewForConfig(cfg.RESTConfig); err != nil {
+			return nil, fmt.Errorf("kubernetes: client: %w", err)
+		}
+	}
+	p.cfg = cfg
+	p.client = cfg.Client
+	p.log = cfg.Logger.With("driver", "kubernetes", "namespace", cfg.Namespace, "pool", cfg.Pool)
+	return p, nil
+}
+
+// Capabilities implements driver.Provider.
+func (p *Provider) Capabilities() driver.Capabilities {
+	classes := slices.Sorted(maps.Keys(p.cfg.RuntimeClassNames))
+	return driver.Capabilities{Kind: "kubernetes", Mode: driver.Apply, RuntimeClasses: classes, Identity: p.cfg.Identity}
+}
+
+// PodName is the name of the Pod that backs a cell.
+func PodName(cellID uuid.UUID) string { return PodNamePrefix + cellID.String() }
+
+func (p *Provider) pods() podClient { return p.client.CoreV1().Pods(p.cfg.Namespace) }
+
+// Provision implements driver.Provider. It ensures the pool's deny-all
+// NetworkPolicy (unless disabled), creates the cell's Pod (or finds the one
+// an earlier call created), reads it back from the API server and requires
+// the admitted spec.runtimeClassName to be the configured name for
+// req.RuntimeClass — a mutating admission webhook may have removed or
+// changed it — and then waits, within ctx and ReadyTimeout, until the Pod
+// is Running with every container ready. A mismatch returns at once with a
+// *driver.VerifyError (runtime_class_boundary_unverified); the Pod is left
+// for the caller's Destroy, which the pool reconciler runs at once.
+func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.Object{}, fmt.Errorf("kubernetes: provision: %w", err)
+	}
+	rcName, ok := p.cfg.RuntimeClassNames[req.RuntimeClass]
+	if !ok {
+		return driver.Object{}, fmt.Errorf("kubernetes: provision: runtime class %q is not configured", req.RuntimeClass)
+	}
+	if err := p.ensureNetworkPolicy(ctx); err != nil {
+		return driver.Object{}, err
+	}
+	name := PodName(req.CellID)
+	log := p.log.With("cell_id", req.CellID, "pod", name)
+
+	created, err := p.pods().Create(ctx, p.podSpec(req.CellID, req.RuntimeClass, rcName), metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		log.Info("pod created", "uid", created.UID, "runtime_class_name", rcName)
+	case apierrors.IsAlreadyExists(err):
+		// A retry: the Pod of an earlier call is this cell's object.
+		if created, err = p.pods().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return driver.Object{}, fmt.Errorf("kubernetes: provision %s: reading the existing pod: %w", name, err)
+		}
+		if err := p.owned(created, req.CellID); err != nil {
+			return driver.Object{}, fmt.Errorf("kubernetes: provision %s: %w", name, err)
+		}
+		if created.DeletionTimestamp != nil {
+			return driver.Object{}, fmt.Errorf("kubernetes: provision %s: the existing pod %s is being deleted", name, created.UID)
+		}
+		log.Info("pod exists", "uid", created.UID)
+	default:
+		return driver.Object{}, fmt.Errorf("kubernetes: provision %s: create: %w", name, err)
+	}
+	obj := driver.Object{CellID: req.CellID, Identity: string(created.UID)}
+
+	// Read the admitted Pod back: the create request is not evidence.
+	pod, err := p.pods().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return obj, fmt.Errorf("kubernetes: provision %s: reading back: %w", name, err)
+	}
+	if err := driver.Verify(obj, p.observe(pod), req.RuntimeClass); err != nil {
+		log.Warn("admitted pod failed verification", "uid", pod.UID, "error", err)
+		return obj, fmt.Errorf("kubernetes: provision %s: %w", name, err)
+	}
+	if err := p.waitReady(ctx, obj, req.RuntimeClass); err != nil {
+		return obj, fmt.Errorf("kubernetes: provision %s: %w", name, err)
+	}
+	log.Info("pod ready", "uid", obj.Identity)
+	return obj, nil
+}
+
+// waitReady polls the Pod until it is Running and ready, it can no longer
+// become so, or the wait ends. The admitted runtime class and identity are
+// checked on every read.
+func (p *Provider) waitReady(ctx context.Context, obj driver.Object, class lease.RuntimeClass) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
+	defer cancel()
+	name := PodName(obj.CellID)
+	delay := 50 * time.Millisecond
+	var last driver.Observation
+	for {
+		pod, err := p.pods().Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return fmt.Errorf("pod %s disappeared while waiting for it to be ready", obj.Identity)
+		case err != nil && ctx.Err() == nil:
+			p.log.Debug("waiting for pod", "pod", name, "error", err)
+		case err == nil:
+			last = p.observe(pod)
+			if err := driver.Verify(obj, last, class); err != nil {
+				return err
+			}
+			if last.Ready {
+				return nil
+			}
+			if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+				return fmt.Errorf("pod can no longer become ready: %s", last.Detail)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod not ready within %v (%s): %w", p.cfg.ReadyTimeout, last.Detail, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, time.Second)
+	}
+}
+
+// owned checks that a Pod found under a cell's name carries this pool's
+// ownership labels.
+func (p *Provider) owned(pod *corev1.Pod, cellID uuid.UUID) error {
+	l := pod.Labels
+	if l[LabelManagedBy] != ManagedByValue || l[LabelPool] != p.cfg.Pool || l[LabelCellID] != cellID.String() {
+		return fmt.Errorf("pod %s/%s (uid %s) does not carry the ownership labels of pool %q", pod.Namespace, pod.Name, pod.UID, p.cfg.Pool)
+	}
+	return nil
+}
+
+// Inspect implements driver.Provider: it reads the Pod named after the
+// cell from the API server. RuntimeClass is the class whose configured
+// RuntimeClass name equals the admitted spec.runtimeClassName, and "" when
+// none does, when the Pod lacks this pool's ownership labels, or when its
+// admitted spec breaks the isolation the driver asked for (a privileged
+// container, a host namespace, a service-account token, another image).
+// Ready means Running, not terminating, every container ready.
+func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
+	pod, err := p.pods().Get(ctx, PodName(obj.CellID), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return driver.Observation{Detail: "no pod " + PodName(obj.CellID)}, nil
+	}
+	if err != nil {
+		return driver.Observation{}, fmt.Errorf("kubernetes: inspect %s: %w", PodName(obj.CellID), err)
+	}
+	return p.observe(pod), nil
+}
+
+// observe turns an admitted Pod into an Observation.
+func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
+	o := driver.Observation{Exists: true, Identity: string(pod.UID)}
+	rcName := ""
+	if pod.Spec.RuntimeClassName != nil {
+		rcName = *pod.Spec.RuntimeClassName
+	}
+	cellID, _ := uuid.Parse(strings.TrimPrefix(pod.Name, PodNamePrefix))
+	var problems []string
+	if err := p.owned(pod, cellID); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if class, ok := p.byName[rcName]; ok {
+		o.RuntimeClass = class
+	} else if rcName == "" {
+		problems = append(problems, "admitted pod has no runtimeClassName")
+	} else {
+		problems = append(problems, fmt.Sprintf("admitted runtimeClassName %q is not configured", rcName))
+	}
+	problems = append(problems, p.weakened(pod)...)
+	if len(problems) > 0 {
+		o.RuntimeClass = ""
+	}
+	o.Ready = podReady(pod)
+	phase := string(pod.Status.Phase)
+	if pod.DeletionTimestamp != nil {
+		phase += ", terminating"
+	}
+	o.Detail = fmt.Sprintf("pod %s/%s uid %s runtimeClassName %q phase %s ready %v", pod.Namespace, pod.Name, pod.UID, rcName, phase, o.Ready)
+	if len(problems) > 0 {
+		o.Detail += ": " + strings.Join(problems, "; ")
+	}
+	return o
+}
+
+// weakened lists what in the admitted Pod breaks the isolation the driver
+// asked for: admission may have added it.
+func (p *Provider) weakened(pod *corev1.Pod) []string {
+	var out []string
+	s := pod.Spec
+	if s.HostNetwork || s.HostPID || s.HostIPC {
+		out = append(out, "admitted pod shares a host namespace")
+	}
+	if s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken {
+		out = append(out, "admitted pod mounts a service-account token")
+	}
+	found := false
+	all := slices.Concat(s.InitContainers, s.Containers)
+	for _, c := range all {
+		if sc := c.SecurityContext; sc != nil && ((sc.Privileged != nil && *sc.Privileged) ||
+			(sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation)) {
+			out = append(out, fmt.Sprintf("admitted container %q is privileged or may escalate", c.Name))
+		}
+		if c.Name == ContainerName {
+			found = true
+			if c.Image != p.cfg.Image {
+				out = append(out, fmt.Sprintf("admitted image %q is not the configured image", c.Image))
+			}
+		}
+	}
+	for _, c := range s.EphemeralContainers {
+		out = append(out, fmt.Sprintf("admitted pod has ephemeral container %q", c.Name))
+	}
+	if !found {
+		out = append(out, "admitted pod has no "+ContainerName+" container")
+	}
+	return out
+}
+
+// podReady reports Running, not terminating, every container ready.
+func podReady(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	if len(pod.Status.ContainerStatuses) < len(pod.Spec.Containers) {
+		return false
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if !cs.Ready {
+			return false
+		}
+	}
+	return true
+}
+
+// Destroy implements driver.Provider. It deletes the Pod with a UID
+// precondition (so a later Pod reusing the name is never deleted in its
+// place) and then reads the name back until the API server says the Pod
+// does not exist, or that the name now belongs to another UID. Deletion is
+// graceful: on a real cluster the API server removes the Pod only after
+// the kubelet reported its containers stopped, so absence of the Pod object
+// is absence of the runtime. A timeout, an error, or a Pod still
+// terminating when ctx ends is returned wrapping driver.ErrUncertain,
+// never as proof.
+//
+// An empty obj.Identity names whatever Pod backs the cell, if it carries
+// this pool's ownership labels.
+func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
+	name := PodName(obj.CellID)
+	uncertain := func(format string, args ...any) error {
+		return fmt.Errorf("kubernetes: destroy %s: %w: %s", name, driver.ErrUncertain, fmt.Sprintf(format, args...))
+	}
+	pod, err := p.pods().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return uncertain("reading the pod: %v", err)
+	case obj.Identity != "" && string(pod.UID) != obj.Identity:
+		return nil // the name belongs to another object: ours is gone
+	}
+	if obj.Identity == "" {
+		// Not named by the UID we created: delete it only if it is ours.
+		if err := p.owned(pod, obj.CellID); err != nil {
+			return uncertain("%v; not deleting it", err)
+		}
+	}
+	uid := pod.UID
+	log := p.log.With("cell_id", obj.CellID, "pod", name, "uid", uid)
+	if pod.DeletionTimestamp == nil {
+		err = p.pods().Delete(ctx, name, metav1.DeleteOptions{
+			Preconditions:     &metav1.Preconditions{UID: &uid},
+			PropagationPolicy: ptr(metav1.DeletePropagationBackground),
+		})
+		switch {
+		case err == nil:
+			log.Info("pod delete accepted")
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err):
+			// The UID precondition failed: the name is another Pod's now
+			// (confirmed by the read below), or the API server is confused.
+		default:
+			return uncertain("delete: %v", err)
+		}
+	}
+	return p.waitGone(ctx, name, uid, uncertain)
+}
+
+// waitGone polls until the Pod named name with uid is absent, or ctx ends.
+func (p *Provider) waitGone(ctx context.Context, name string, uid types.UID, uncertain func(string, ...any) error) error {
+	delay := 50 * time.Millisecond
+	var last string
+	for {
+		pod, err := p.pods().Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err != nil:
+			last = err.Error()
+		case pod.UID != uid:
+			return nil
+		default:
+			last = "pod still exists"
+			if pod.DeletionTimestamp != nil {
+				last = fmt.Sprintf("pod still terminating (deletion requested %s, finalizers %v)",
+					pod.DeletionTimestamp.UTC().Format(time.RFC3339), pod.Finalizers)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return uncertain("absence of uid %s not confirmed: %s (%v)", uid, last, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, time.Second)
+	}
+}
+
+// List implements driver.Lister: every Pod of this pool, found by its
+// ownership labels, terminating ones included.
+func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
+	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByValue, LabelPool: p.cfg.Pool}).String()
+	var out []driver.Object
+	opts := metav1.ListOptions{LabelSelector: sel}
+	for {
+		list, err := p.pods().List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes: list: %w", err)
+		}
+		for _, pod := range list.Items {
+			id, err := uuid.Parse(pod.Labels[LabelCellID])
+			if err != nil || pod.Name != PodName(id) {
+				p.log.Warn("pod with ownership labels but no matching cell id", "pod", pod.Name)
+				continue
+			}
+			out = append(out, driver.Object{CellID: id, Identity: string(pod.UID)})
+		}
+		if list.Continue == "" {
+			break
+		}
+		opts.Continue = list.Continue
+	}
+	slices.SortFunc(out, func(a, b driver.Object) int { return strings.Compare(a.CellID.String(), b.CellID.String()) })
+	return out, nil
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,141 @@
+package kubernetes_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8s "k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
+	"github.com/sandboxwich/sandboxwich/internal/k8stest"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// TestRBAC runs the driver as the ServiceAccount of
+// deploy/kubernetes/rbac.yaml, holding exactly that file's Role, in a
+// namespace that enforces the "restricted" Pod Security Standard: the
+// manifest grants enough, and the cells' Pods pass the standard.
+func TestRBAC(t *testing.T) {
+	t.Parallel()
+	env := k8stest.Shared(t)
+	ns := env.Namespace(t)
+	ctx := ctxT(t, 2*time.Minute)
+
+	nsObj, err := env.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	if _, err := env.Client.CoreV1().Namespaces().Update(ctx, nsObj, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	role, binding := rbacManifest(t)
+	role.Namespace, binding.Namespace = ns, ns
+	if _, err := env.Client.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sa := binding.Subjects[0]
+	cfg, err := env.UserConfig("system:serviceaccount:"+sa.Namespace+":"+sa.Name,
+		"system:serviceaccounts", "system:serviceaccounts:"+sa.Namespace, "system:authenticated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	asSA, err := k8s.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The identity is what the binding names, and it has nothing beyond
+	// the Role.
+	if _, err := asSA.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing secrets as the service account: %v, want Forbidden", err)
+	}
+
+	p := newProvider(t, env, ns, "rbac", func(c *kubernetes.Config) { c.RESTConfig = cfg })
+	req := provisionReq(lease.KataMicroVM)
+	obj, err := p.Provision(ctx, req)
+	if err != nil {
+		t.Fatalf("Provision under the manifest's RBAC: %v", err)
+	}
+	o, err := p.Inspect(ctx, obj)
+	if err != nil || driver.Verify(obj, o, lease.KataMicroVM) != nil {
+		t.Fatalf("Inspect under the manifest's RBAC: %+v, %v", o, err)
+	}
+	if objs, err := p.List(ctx); err != nil || len(objs) != 1 {
+		t.Fatalf("List under the manifest's RBAC: %+v, %v", objs, err)
+	}
+	// pods/exec is authorized; it then fails only because kwok's node has
+	// no kubelet to stream from (the API server dials 127.0.0.1).
+	short := ctxT(t, 30*time.Second)
+	_, err = p.Exec(short, obj, driver.ExecRequest{Argv: []string{"true"}, Timeout: 10 * time.Second})
+	if err == nil {
+		t.Fatal("Exec succeeded with no kubelet behind the node")
+	}
+	if apierrors.IsForbidden(err) || strings.Contains(err.Error(), "forbidden") {
+		t.Fatalf("Exec is not authorized by the manifest's Role: %v", err)
+	}
+	t.Logf("exec without a kubelet fails as expected: %v", err)
+	if err := p.Destroy(ctx, obj); err != nil {
+		t.Fatalf("Destroy under the manifest's RBAC: %v", err)
+	}
+	requireNoPods(t, env, ns)
+
+	// The Role grants nothing that Pod Security would let a Pod abuse: a
+	// privileged Pod is refused in this namespace even for an admin.
+	priv := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "privileged"},
+		Spec: corev1.PodSpec{RuntimeClassName: ptr("gvisor"), Containers: []corev1.Container{{
+			Name: "c", Image: testImage, SecurityContext: &corev1.SecurityContext{Privileged: ptr(true)},
+		}}},
+	}
+	if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, priv, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("privileged pod in a restricted namespace: %v, want Forbidden", err)
+	}
+}
+
+// rbacManifest reads the Role and RoleBinding of deploy/kubernetes/rbac.yaml.
+func rbacManifest(t *testing.T) (*rbacv1.Role, *rbacv1.RoleBinding) {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/kubernetes/rbac.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role *rbacv1.Role
+	var binding *rbacv1.RoleBinding
+	for _, doc := range bytes.Split(b, []byte("\n---\n")) {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatal(err)
+		}
+		switch meta.Kind {
+		case "Role":
+			role = new(rbacv1.Role)
+			err = yaml.UnmarshalStrict(doc, role)
+		case "RoleBinding":
+			binding = new(rbacv1.RoleBinding)
+			err = yaml.UnmarshalStrict(doc, binding)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if role == nil || binding == nil || len(binding.Subjects) != 1 || binding.RoleRef.Name != role.Name {
+		t.Fatal(errors.New("rbac.yaml must hold one Role and one RoleBinding of it to one subject"))
+	}
+	return role, binding
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,113 @@
+package kubernetes
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// Settings are the keys ConfigFromSettings understands: the reference
+// binary's SANDBOXWICH_KUBERNETES_<KEY> variables, lower-cased.
+var Settings = []string{
+	"kubeconfig", "namespace", "image", "command",
+	"runtime_class_gvisor_lower_risk", "runtime_class_kata_microvm",
+	"cpu", "memory", "tmp_size", "run_as_user", "network_policy",
+	"ready_timeout_ms", "termination_grace_period_ms", "node_name", "pool_label",
+}
+
+// ConfigFromSettings builds a Config for the named pool from string
+// settings (see Settings), refusing unknown keys and naming the bad one:
+//
+//	kubeconfig                       path; empty: the in-cluster config
+//	                                 of the Pod's ServiceAccount
+//	namespace, image                 required (image pinned by digest)
+//	command                          space-separated (default sleep infinity)
+//	runtime_class_gvisor_lower_risk  RuntimeClass name for the class
+//	runtime_class_kata_microvm       RuntimeClass name for the class
+//	cpu, memory, tmp_size            quantities ("1", "512Mi", "256Mi")
+//	run_as_user                      non-root UID (default 65532)
+//	network_policy                   true (default) or false
+//	ready_timeout_ms                 Provision's wait for readiness
+//	termination_grace_period_ms      the Pods' grace period
+//	node_name                        pin Pods to a node
+//	pool_label                       ownership label value (default: the
+//	                                 pool name, with characters a label
+//	                                 value cannot hold replaced by "-")
+//
+// At least one runtime_class_* setting is required. The result still goes
+// through New for validation.
+func ConfigFromSettings(pool string, s map[string]string) (Config, error) {
+	var cfg Config
+	for k := range s {
+		if !slices.Contains(Settings, k) {
+			return cfg, fmt.Errorf("kubernetes: unknown setting %q (known: %s)", k, strings.Join(Settings, ", "))
+		}
+	}
+	var err error
+	if path := s["kubeconfig"]; path != "" {
+		cfg.RESTConfig, err = clientcmd.BuildConfigFromFlags("", path)
+	} else {
+		cfg.RESTConfig, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("kubernetes: setting kubeconfig: %w", err)
+	}
+	cfg.Namespace, cfg.Image, cfg.NodeName = s["namespace"], s["image"], s["node_name"]
+	cfg.CPU, cfg.Memory, cfg.TmpSize = s["cpu"], s["memory"], s["tmp_size"]
+	if c := strings.Fields(s["command"]); len(c) > 0 {
+		cfg.Command = c
+	}
+	cfg.RuntimeClassNames = map[lease.RuntimeClass]string{}
+	for _, class := range []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM} {
+		if name := s["runtime_class_"+string(class)]; name != "" {
+			cfg.RuntimeClassNames[class] = name
+		}
+	}
+	if v := s["run_as_user"]; v != "" {
+		if cfg.RunAsUser, err = strconv.ParseInt(v, 10, 64); err != nil || cfg.RunAsUser <= 0 {
+			return cfg, fmt.Errorf("kubernetes: setting run_as_user: %q is not a positive UID", v)
+		}
+	}
+	if v := s["network_policy"]; v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return cfg, fmt.Errorf("kubernetes: setting network_policy: %q is not true or false", v)
+		}
+		cfg.NetworkPolicy = &b
+	}
+	for key, dst := range map[string]*time.Duration{"ready_timeout_ms": &cfg.ReadyTimeout, "termination_grace_period_ms": &cfg.TerminationGracePeriod} {
+		if v := s[key]; v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return cfg, fmt.Errorf("kubernetes: setting %s: %q is not a positive number of milliseconds", key, v)
+			}
+			*dst = time.Duration(n) * time.Millisecond
+		}
+	}
+	cfg.Pool = s["pool_label"]
+	if cfg.Pool == "" {
+		cfg.Pool = LabelValue(pool)
+	}
+	return cfg, nil
+}
+
+// LabelValue maps a pool name to a label value: characters a label value
+// cannot hold become "-", and the ends are trimmed to alphanumerics. It
+// does not shorten names over 63 characters (New refuses them).
+func LabelValue(name string) string {
+	v := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			return r
+		}
+		return '-'
+	}, name)
+	return strings.Trim(v, "-_.")
+}
