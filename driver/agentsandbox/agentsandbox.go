@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -120,9 +121,7 @@ type Provider struct {
 	claimGVR schema.GroupVersionResource // zero until resolved
 	sboxGVR  schema.GroupVersionResource
 
-	execOnce sync.Once
-	execREST rest.Interface
-	execErr  error
+	exec *podexec.Runner
 }
 
 var _ interface {
@@ -197,6 +196,7 @@ func New(cfg Config) (*Provider, error) {
 	}
 	p.disc = p.pods.Discovery()
 	p.log = cfg.Logger.With("driver", "agent-sandbox", "namespace", cfg.Namespace, "pool", cfg.Pool)
+	p.exec = &podexec.Runner{Config: cfg.RESTConfig, Namespace: cfg.Namespace, Log: p.log}
 	return p, nil
 }
 

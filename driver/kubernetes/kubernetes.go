@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -125,9 +126,7 @@ type Provider struct {
 	npMu sync.Mutex
 	npOK bool
 
-	execOnce sync.Once
-	execREST rest.Interface
-	execErr  error
+	exec *podexec.Runner
 }
 
 var _ interface {
@@ -225,6 +224,7 @@ func New(cfg Config) (*Provider, error) {
 	p.cfg = cfg
 	p.client = cfg.Client
 	p.log = cfg.Logger.With("driver", "kubernetes", "namespace", cfg.Namespace, "pool", cfg.Pool)
+	p.exec = &podexec.Runner{Config: cfg.RESTConfig, Namespace: cfg.Namespace, Log: p.log}
 	return p, nil
 }
 
