@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/agentsandbox"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
@@ -67,6 +68,16 @@ var providers = map[string]providerFactory{
 		}
 		cfg.Logger = log
 		return kubernetes.New(cfg)
+	},
+	// agent-sandbox claims warm Pods of kubernetes-sigs/agent-sandbox
+	// (settings: SANDBOXWICH_AGENT_SANDBOX_*, see driver/agentsandbox).
+	"agent-sandbox": func(pool string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+		cfg, err := agentsandbox.ConfigFromSettings(pool, s)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Logger = log
+		return agentsandbox.New(cfg)
 	},
 }
 

@@ -7,9 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-
+	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -51,12 +49,7 @@ func ConfigFromSettings(pool string, s map[string]string) (Config, error) {
 		}
 	}
 	var err error
-	if path := s["kubeconfig"]; path != "" {
-		cfg.RESTConfig, err = clientcmd.BuildConfigFromFlags("", path)
-	} else {
-		cfg.RESTConfig, err = rest.InClusterConfig()
-	}
-	if err != nil {
+	if cfg.RESTConfig, err = kubeconf.RESTConfig(s["kubeconfig"]); err != nil {
 		return cfg, fmt.Errorf("kubernetes: setting kubeconfig: %w", err)
 	}
 	cfg.Namespace, cfg.Image, cfg.NodeName = s["namespace"], s["image"], s["node_name"]
@@ -99,15 +92,5 @@ func ConfigFromSettings(pool string, s map[string]string) (Config, error) {
 }
 
 // LabelValue maps a pool name to a label value: characters a label value
-// cannot hold become "-", and the ends are trimmed to alphanumerics. It
-// does not shorten names over 63 characters (New refuses them).
-func LabelValue(name string) string {
-	v := strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-			return r
-		}
-		return '-'
-	}, name)
-	return strings.Trim(v, "-_.")
-}
+// cannot hold become "-", and the ends are trimmed to alphanumerics.
+func LabelValue(name string) string { return kubeconf.LabelValue(name) }
