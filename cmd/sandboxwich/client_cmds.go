@@ -124,6 +124,16 @@ func (f *cliFlags) context(ctx context.Context) (context.Context, context.Cancel
 }
 
 // client builds the API client from the flags and the environment.
+// connect returns the client and a context bounded by --timeout.
+func (f *cliFlags) connect(ctx context.Context) (*client.Client, context.Context, context.CancelFunc, error) {
+	c, err := f.client()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := f.context(ctx)
+	return c, ctx, cancel, nil
+}
+
 func (f *cliFlags) client() (*client.Client, error) {
 	token, err := cliSecret(f.e, f.tokenFile, "SANDBOXWICH_TOKEN", "--token-file")
 	if err != nil {
@@ -498,11 +508,10 @@ func cliValidate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	l, err := c.Validate(ctx, *pf.leaseID, proof)
 	if err != nil {
@@ -527,11 +536,10 @@ func cliRelease(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	st, err := c.Release(ctx, *pf.leaseID, proof, *d)
 	if err != nil {
@@ -564,11 +572,10 @@ func cliLease(ctx context.Context, e env, args []string) error {
 	if err := cliRequireUUID(leaseID, "--lease-id"); err != nil {
 		return err
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	st, err := c.Lease(ctx, *leaseID)
 	if err != nil {
@@ -684,11 +691,10 @@ func cliPools(ctx context.Context, e env, args []string) error {
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	pools, err := c.Pools(ctx)
 	if err != nil {
@@ -762,11 +768,10 @@ func cliPrepare(ctx context.Context, e env, args []string) error {
 		}
 		*cellID = id
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	cell, err := c.Prepare(ctx, *workerID, wire.PrepareRequest{CellID: *cellID, Release: *rel, ProviderCellID: *providerCellID,
 		ExpiresAt: wire.Time{Time: deadline.UTC().Truncate(time.Microsecond)}})
@@ -804,11 +809,10 @@ func cliCell(ctx context.Context, e env, args []string) error {
 	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
 		return err
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	resp, err := c.WorkerCell(ctx, *workerID, *cellID)
 	if err != nil {
@@ -840,11 +844,10 @@ func cliRetire(ctx context.Context, e env, args []string) error {
 	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
 		return err
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	cell, err := c.Retire(ctx, *workerID, *cellID, *generation)
 	if err != nil {
@@ -868,11 +871,10 @@ func cliDestroy(ctx context.Context, e env, args []string) error {
 	if err := cliRequireUUID(leaseID, "--lease-id"); err != nil {
 		return err
 	}
-	c, err := f.client()
+	c, ctx, cancel, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := f.context(ctx)
 	defer cancel()
 	cell, err := c.Destroy(ctx, *workerID, *cellID, wire.DestroyRequest{LeaseID: *leaseID, Generation: *generation, Disposition: *d})
 	if err != nil {
