@@ -186,9 +186,6 @@ func (p *Plane) Pools() *pool.Reconciler { return p.pools }
 // Store returns the plane's store.
 func (p *Plane) Store() store.Store { return p.store }
 
-// Keyring returns the plane's keyring.
-func (p *Plane) Keyring() *attest.Keyring { return p.keys }
-
 // Now returns the plane's current time, truncated to microseconds.
 func (p *Plane) Now() time.Time { return p.now().UTC().Truncate(time.Microsecond) }
 
@@ -244,7 +241,7 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		ClaimID:      req.ClaimID,
 		Release:      r,
 		Binding:      b,
-		LeaseSeconds: ClampLeaseSeconds(req.LeaseSeconds),
+		LeaseSeconds: clampLeaseSeconds(req.LeaseSeconds),
 		LeaseID:      p.newID(),
 		Now:          p.Now(),
 		ReadyFloors:  p.floors,
@@ -283,8 +280,8 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	return out, nil
 }
 
-// ClampLeaseSeconds returns the lease duration a request gets.
-func ClampLeaseSeconds(requested *uint64) uint64 {
+// clampLeaseSeconds returns the lease duration a request gets.
+func clampLeaseSeconds(requested *uint64) uint64 {
 	if requested == nil {
 		return DefaultLeaseSeconds
 	}
@@ -323,10 +320,6 @@ func (p *Plane) checkRelease(r lease.Release) error {
 	}
 	return nil
 }
-
-// CheckRelease reports whether a release is well formed and signed by the
-// plane's key, with the errors a claim would return.
-func (p *Plane) CheckRelease(r lease.Release) error { return p.checkRelease(r) }
 
 func checkBinding(b lease.Binding) error {
 	for _, f := range b.Fields() {
