@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
@@ -158,21 +159,9 @@ func New(cfg Config) (*Provider, error) {
 			return bad("container", "%q is not a valid container name", cfg.Container)
 		}
 	}
-	if len(cfg.RuntimeClassNames) == 0 {
-		return bad("runtime_class_names", "must map at least one runtime class")
-	}
-	byName := map[string]lease.RuntimeClass{}
-	for class, name := range cfg.RuntimeClassNames {
-		if !class.Valid() {
-			return bad("runtime_class_names", "names an undefined class %q", class)
-		}
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-			return bad("runtime_class_names", "%s → %q is not a valid RuntimeClass name", class, name)
-		}
-		if other, dup := byName[name]; dup {
-			return bad("runtime_class_names", "maps both %s and %s to %q: verification could not tell them apart", other, class, name)
-		}
-		byName[name] = class
+	byName, err := kubeconf.RuntimeClassIndex(cfg.RuntimeClassNames)
+	if err != nil {
+		return bad("runtime_class_names", "%v", err)
 	}
 	if cfg.BindTimeout <= 0 {
 		cfg.BindTimeout = DefaultBindTimeout
@@ -187,7 +176,6 @@ func New(cfg Config) (*Provider, error) {
 		cfg.Logger = slog.Default()
 	}
 	p := &Provider{cfg: cfg, byName: byName}
-	var err error
 	if p.dyn, err = dynamic.NewForConfig(cfg.RESTConfig); err != nil {
 		return nil, fmt.Errorf("agentsandbox: dynamic client: %w", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
@@ -152,21 +153,9 @@ func New(cfg Config) (*Provider, error) {
 	if errs := validation.IsValidLabelValue(cfg.Pool); cfg.Pool == "" || len(errs) > 0 {
 		return bad("pool", "%q must be a non-empty Kubernetes label value: %s", cfg.Pool, strings.Join(errs, "; "))
 	}
-	if len(cfg.RuntimeClassNames) == 0 {
-		return bad("runtime_class_names", "must map at least one runtime class")
-	}
-	byName := map[string]lease.RuntimeClass{}
-	for class, name := range cfg.RuntimeClassNames {
-		if !class.Valid() {
-			return bad("runtime_class_names", "names an undefined class %q", class)
-		}
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-			return bad("runtime_class_names", "%s → %q is not a valid RuntimeClass name", class, name)
-		}
-		if other, dup := byName[name]; dup {
-			return bad("runtime_class_names", "maps both %s and %s to %q: verification could not tell them apart", other, class, name)
-		}
-		byName[name] = class
+	byName, err := kubeconf.RuntimeClassIndex(cfg.RuntimeClassNames)
+	if err != nil {
+		return bad("runtime_class_names", "%v", err)
 	}
 	if !digestRef.MatchString(cfg.Image) {
 		return bad("image", "%q must be pinned by digest (name@sha256:<64 hex digits>)", cfg.Image)
@@ -183,7 +172,6 @@ func New(cfg Config) (*Provider, error) {
 	def(&cfg.Memory, DefaultMemory)
 	def(&cfg.TmpSize, DefaultTmpSize)
 	p := &Provider{byName: byName}
-	var err error
 	for _, q := range []struct {
 		field string
 		s     string

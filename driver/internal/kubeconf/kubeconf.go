@@ -3,8 +3,12 @@
 package kubeconf
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 
+	"github.com/sandboxwich/sandboxwich/lease"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -30,4 +34,28 @@ func LabelValue(name string) string {
 		return '-'
 	}, name)
 	return strings.Trim(v, "-_.")
+}
+
+// RuntimeClassIndex checks a class → RuntimeClass name mapping and returns
+// its inverse, by which verification maps an admitted Pod's
+// runtimeClassName back to a class. Two classes sharing one name could not
+// be told apart, so that is refused.
+func RuntimeClassIndex(names map[lease.RuntimeClass]string) (map[string]lease.RuntimeClass, error) {
+	if len(names) == 0 {
+		return nil, errors.New("must map at least one runtime class")
+	}
+	byName := map[string]lease.RuntimeClass{}
+	for class, name := range names {
+		if !class.Valid() {
+			return nil, fmt.Errorf("names an undefined class %q", class)
+		}
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return nil, fmt.Errorf("%s → %q is not a valid RuntimeClass name", class, name)
+		}
+		if other, dup := byName[name]; dup {
+			return nil, fmt.Errorf("maps both %s and %s to %q: verification could not tell them apart", other, class, name)
+		}
+		byName[name] = class
+	}
+	return byName, nil
 }
