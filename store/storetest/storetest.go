@@ -125,10 +125,6 @@ type env struct {
 
 func newEnv(t *testing.T, newStore func(t *testing.T) store.Store) *env {
 	t.Helper()
-	kr, err := attest.NewKeyring([]byte(testKey))
-	if err != nil {
-		t.Fatal(err)
-	}
 	inner := newStore(t)
 	if inner == nil {
 		t.Fatal("newStore returned nil")
@@ -138,7 +134,20 @@ func newEnv(t *testing.T, newStore func(t *testing.T) store.Store) *env {
 			t.Errorf("Close: %v", err)
 		}
 	})
-	e := &env{
+	e := envOver(t, inner)
+	// Registered after Close, so it runs before it.
+	t.Cleanup(func() { e.s.verify(context.Background()) })
+	return e
+}
+
+// envOver is a scenario over a store the caller owns.
+func envOver(t *testing.T, inner store.Store) *env {
+	t.Helper()
+	kr, err := attest.NewKeyring([]byte(testKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{
 		t:    t,
 		ctx:  t.Context(),
 		s:    newTracker(t, inner),
@@ -147,9 +156,6 @@ func newEnv(t *testing.T, newStore func(t *testing.T) store.Store) *env {
 		kata: releaseFor(kr, releaseSetID, lease.KataMicroVM, policyDigest),
 		gvis: releaseFor(kr, releaseSetID, lease.GVisorLowerRisk, policyDigest),
 	}
-	// Registered after Close, so it runs before it.
-	t.Cleanup(func() { e.s.verify(context.Background()) })
-	return e
 }
 
 func releaseFor(kr *attest.Keyring, setID string, class lease.RuntimeClass, digest string) lease.Release {

@@ -1,0 +1,88 @@
+package storetest
+
+import (
+	"database/sql"
+	"strings"
+	"testing"
+
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+// ClaimWithToken prepares a cell in s and claims it with a fenced claim
+// whose Sign computes the real attestation; it returns the token and the
+// digest the store kept.
+func ClaimWithToken(t *testing.T, s store.Store) (token, digest string) {
+	t.Helper()
+	e := envOver(t, s)
+	e.prepare()
+	p := e.claimParams(fenced(newID()))
+	p.Sign = func(l lease.Lease) string {
+		token = e.kr.LeaseToken(claimsOf(l))
+		return attest.Digest(token)
+	}
+	res, err := s.Claim(t.Context(), p)
+	if err != nil || res.Lease == nil {
+		t.Fatalf("Claim = %+v, %v; want a lease", res, err)
+	}
+	if !strings.HasPrefix(token, "swla1_") || res.Lease.AttestationDigest != attest.Digest(token) {
+		t.Fatalf("token %q does not match the lease digest %q", token, res.Lease.AttestationDigest)
+	}
+	return token, res.Lease.AttestationDigest
+}
+
+// CheckNoSecretStored claims through s with a real attestation and scans
+// db, a connection to the same database, for the token, its MAC part and
+// the signing key. It first checks that db holds the token's digest, so a
+// scan of the wrong database cannot pass.
+func CheckNoSecretStored(t *testing.T, s store.Store, db *sql.DB) {
+	t.Helper()
+	token, digest := ClaimWithToken(t, s)
+	var found bool
+	rows, err := db.QueryContext(t.Context(), `SELECT attestation_digest FROM cells WHERE attestation_digest IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var d string
+		if err := rows.Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		found = found || d == digest
+	}
+	rows.Close()
+	if !found {
+		t.Fatalf("the scanned database does not hold the attestation digest %s", digest)
+	}
+	for _, secret := range []string{token, strings.TrimPrefix(token, "swla1_"), testKey} {
+		CheckNoSecret(t, db, secret)
+	}
+}
+
+// CheckReopen opens one database three times through open: the second open
+// migrates nothing and keeps the data; the third, without migrating, finds
+// the schema current. open must return a store over the same database on
+// every call, migrating it when migrate is true.
+func CheckReopen(t *testing.T, open func(t *testing.T, migrate bool) store.Store) {
+	t.Helper()
+	s := open(t, true)
+	ClaimWithToken(t, s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, true)
+	defer s.Close()
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping after a second open: %v", err)
+	}
+	counts, err := s.CellCounts(t.Context())
+	if err != nil || counts[lease.Leased] != 1 {
+		t.Fatalf("CellCounts after a second open = %v, %v; want the leased cell", counts, err)
+	}
+	s2 := open(t, false)
+	defer s2.Close()
+	if err := s2.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping without migrating on a migrated database: %v", err)
+	}
+}
