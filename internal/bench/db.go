@@ -30,6 +30,7 @@ type backend struct {
 	bind    int
 	st      store.Store
 	db      *sql.DB // the store's writer pool: the baseline runs on it
+	update  *sql.Stmt
 	plane   *sandboxwich.Plane
 	keys    *attest.Keyring
 	rel     lease.Release
@@ -105,6 +106,9 @@ func newBackend(name string, bind int, st dbStore, cleanup func()) (*backend, er
 	if err == nil {
 		_, err = b.db.Exec(`INSERT INTO bench_baseline (id, n) VALUES (1, 0)`)
 	}
+	if err == nil {
+		b.update, err = b.db.Prepare(sqlx.Rebind(bind, `UPDATE bench_baseline SET n = n + 1 WHERE id = ? RETURNING n`))
+	}
 	if err != nil {
 		b.cleanup()
 		return nil, fmt.Errorf("%s: baseline table: %w", name, err)
@@ -114,15 +118,16 @@ func newBackend(name string, bind int, st dbStore, cleanup func()) (*backend, er
 
 // baseline is the database's own floor for a serialized read-modify-write:
 // one transaction updating one row and returning it, on the store's own
-// pool and settings. Every worker updates the same row, as every claim of
-// one inventory serializes on that inventory.
+// pool and settings, with a prepared statement as the store's are. Every
+// worker updates the same row: the baseline serializes where claims of one
+// inventory need not.
 func (b *backend) baseline(ctx context.Context, _ int) error {
 	tx, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	var n int64
-	if err := tx.QueryRowContext(ctx, sqlx.Rebind(b.bind, `UPDATE bench_baseline SET n = n + 1 WHERE id = ? RETURNING n`), 1).Scan(&n); err != nil {
+	if err := tx.StmtContext(ctx, b.update).QueryRowContext(ctx, 1).Scan(&n); err != nil {
 		_ = tx.Rollback()
 		return err
 	}

@@ -1,16 +1,21 @@
 // Package postgres is the shared Store: lib/pq through sqlx, for deployments
 // where many server replicas share one PostgreSQL database.
 //
-// Concurrency: a claim takes a transaction-scoped advisory lock on its
-// inventory (tenant and exact release) before it reads anything. Claims on
-// one inventory therefore run one at a time across every connection and
-// process — which keeps the ready floor exact and lets identical fenced
-// retries see each other's fence row — while claims on other inventories
-// proceed in parallel. Every write is still a compare-and-set on (state,
-// generation, lease_id), so pool reconciliation, which does not take the
-// lock, can never make a claim take a cell that changed under it; the loser
-// of such a race retries. SKIP LOCKED alone would not do: two claims could
-// each count the ready floor before the other's lease committed.
+// Concurrency: a claim picks the oldest claimable cell with FOR UPDATE SKIP
+// LOCKED, so concurrent claims on one inventory take different cells in
+// parallel; when every candidate is locked it waits for them instead, so an
+// empty answer is exact. Identical fenced claims meet at the fence's
+// primary key: the loser rolls back and replays the winner's outcome. Only
+// when a pool keeps a ready floor do claims also take a transaction-scoped
+// advisory lock on their inventory (tenant and exact release): counting the
+// floor needs them one at a time, or two could each see one cell above it.
+// Every write is still a compare-and-set on (state, generation, lease_id),
+// so pool reconciliation can never make a claim take a cell that changed
+// under it.
+//
+// Every fixed statement is prepared once per connection. Behind PgBouncer
+// use session pooling, or a version with prepared statement support in
+// transaction pooling (1.21+).
 package postgres
 
 import (
@@ -95,7 +100,9 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	return &Store{sqlstore.New(x, x, sqlstore.Dialect{
 		Name:            "postgres",
 		Bind:            sqlx.DOLLAR,
-		LockInventory:   lockInventory,
+		Lock:            `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+		RowLock:         "FOR UPDATE",
+		WritableCTE:     true,
 		Retryable:       retryable,
 		UniqueViolation: uniqueViolation,
 		SchemaVersion:   version,
@@ -119,14 +126,6 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 		return err
 	}
 	return sqlstore.Migrate(ctx, db, goose.DialectPostgres, Migrations, locker)
-}
-
-// lockInventory takes the transaction-scoped advisory lock of an inventory,
-// keyed by the first 64 bits of SHA-256 of the key.
-func lockInventory(ctx context.Context, tx *sqlx.Tx, key string) error {
-	sum := sha256.Sum256([]byte(key))
-	_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(binary.BigEndian.Uint64(sum[:8])))
-	return err
 }
 
 func pqCode(err error) pqerror.Code {

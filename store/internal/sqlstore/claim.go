@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/fence"
@@ -23,14 +23,20 @@ var (
 )
 
 // Claim implements store.Store.
+//
+// A fenced claim first assumes its claim_id is new: it does not read the
+// fence, it inserts it with the lease. When the insert finds the claim_id
+// taken — a retry, or an identical claim that committed first — the
+// transaction rolls back and the next attempt replays the recorded outcome.
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResult, error) {
 	if p.TenantID == "" || p.Sign == nil || p.LeaseSeconds == 0 || p.LeaseID == uuid.Nil {
 		return store.ClaimResult{}, errcode.New(errcode.InvalidRequest, "claim parameters are incomplete")
 	}
 	var res store.ClaimResult
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	taken := false
+	err := s.inTx(ctx, func(tx txn) error {
 		res = store.ClaimResult{}
-		return s.claimOnce(ctx, tx, &p, &res)
+		return s.claimOnce(ctx, tx, &p, &res, &taken)
 	})
 	switch {
 	case err == nil:
@@ -47,27 +53,28 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 	return store.ClaimResult{}, s.fail("claim", err)
 }
 
-func (s *Store) claimOnce(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams, res *store.ClaimResult) error {
-	r := p.Release
-	if s.d.LockInventory != nil {
-		key := strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature}, "\x00")
-		if err := s.d.LockInventory(ctx, tx, key); err != nil {
-			return err
-		}
-	}
+// claimOnce is one attempt. taken records, across attempts, that the
+// claim_id's fence row exists.
+func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult, taken *bool) error {
 	fenced := p.ClaimID != uuid.Nil
-	if fenced {
-		done, err := s.replay(ctx, tx, p, res)
-		if done || err != nil {
+	if fenced && *taken {
+		if done, err := s.replay(ctx, tx, p, res); done || err != nil {
 			return err
 		}
 	}
-
+	r := p.Release
+	if len(p.ReadyFloors) > 0 {
+		// Counting a ready floor needs the inventory's claims one at a time.
+		key := strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature}, "\x1f")
+		if err := s.lock(ctx, tx, key); err != nil {
+			return err
+		}
+	}
 	id, pool, deadline, err := s.pickCell(ctx, tx, p)
 	if errors.Is(err, sql.ErrNoRows) {
 		if fenced {
-			_, err = tx.ExecContext(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, nil, us(p.Now))
-			return s.retryOnUnique(err)
+			_, err = tx.exec(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, nil, us(p.Now))
+			return s.fenceTaken(err, taken)
 		}
 		return nil
 	}
@@ -91,40 +98,69 @@ func (s *Store) claimOnce(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams
 		ExpiresAt:  fromUS(us(expires)),
 	}
 	l.AttestationDigest = p.Sign(l)
-	b := p.Binding
-	n, err := affected(tx.ExecContext(ctx, s.q.leaseCell, l.ID.String(), b.OrganizationID, b.WorkspaceID,
-		b.ThreadID, b.RunnerSessionID, us(l.ExpiresAt), l.AttestationDigest, us(p.Now), id))
-	if err != nil {
+	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, pool.Valid), taken); err != nil {
 		return err
-	}
-	if n != 1 {
-		return errRetry
-	}
-	if pool.Valid {
-		n, err := affected(tx.ExecContext(ctx, s.q.memberLeased, us(p.Now), id))
-		if err != nil {
-			return err
-		}
-		if n != 1 {
-			return errRetry
-		}
-	}
-	if fenced {
-		_, err := tx.ExecContext(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, l.ID.String(), us(p.Now))
-		if err := s.retryOnUnique(err); err != nil {
-			return err
-		}
 	}
 	*res = store.ClaimResult{Lease: &l, PoolName: pool.String}
 	return nil
 }
 
+// leaseCell writes a new lease: the cell's compare-and-set from ready, its
+// membership's, and the claim's fence row. With writable CTEs that is one
+// statement (one round trip); otherwise three.
+func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool) error {
+	b := p.Binding
+	args := []any{l.ID.String(), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
+		us(l.ExpiresAt), l.AttestationDigest, us(p.Now), l.CellID.String()}
+	fenced := p.ClaimID != uuid.Nil
+	if s.d.WritableCTE {
+		q := s.q.leaseAll
+		args = append(args, us(p.Now))
+		if fenced {
+			q = s.q.leaseAllFenced
+			args = append(args, p.TenantID, p.ClaimID.String(), p.Digest, us(p.Now))
+		}
+		var cells, members int
+		if err := tx.row(ctx, q, args...).Scan(&cells, &members); err != nil {
+			return err
+		}
+		if cells != 1 || (pooled && members != 1) {
+			return errRetry
+		}
+		return nil
+	}
+	if n, err := affected(tx.exec(ctx, s.q.leaseCell, args...)); err != nil || n != 1 {
+		return cmp.Or(err, errRetry)
+	}
+	if pooled {
+		if n, err := affected(tx.exec(ctx, s.q.memberLeased, us(p.Now), l.CellID.String())); err != nil || n != 1 {
+			return cmp.Or(err, errRetry)
+		}
+	}
+	if fenced {
+		_, err := tx.exec(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, l.ID.String(), us(p.Now))
+		return err
+	}
+	return nil
+}
+
+// fenceTaken turns a unique violation — the claim_id's fence row already
+// exists, committed by an earlier or concurrent claim — into another attempt,
+// which replays that row.
+func (s *Store) fenceTaken(err error, taken *bool) error {
+	if err != nil && s.d.UniqueViolation(err) {
+		*taken = true
+		return errRetry
+	}
+	return err
+}
+
 // replay applies the fence row of a fenced claim, if there is one. It
 // reports done when the claim's outcome is decided by the row.
-func (s *Store) replay(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams, res *store.ClaimResult) (bool, error) {
+func (s *Store) replay(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult) (bool, error) {
 	var digest string
 	var c cellRow
-	err := tx.QueryRowxContext(ctx, s.q.fence, p.TenantID, p.ClaimID.String()).Scan(append([]any{&digest}, c.dest()...)...)
+	err := tx.row(ctx, s.q.fence, p.TenantID, p.ClaimID.String()).Scan(append([]any{&digest}, c.dest()...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
@@ -159,16 +195,27 @@ func (s *Store) replay(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams, r
 	}
 }
 
-// pickCell selects the oldest claimable cell, skipping the cells of pools
-// held at their ready floor.
-func (s *Store) pickCell(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams) (id string, pool sql.NullString, deadline int64, err error) {
+// pickCell selects, and with row locks locks, the oldest claimable cell,
+// skipping the cells of pools held at their ready floor. It first skips
+// cells other claims have locked; when that finds none it waits for them,
+// so an empty answer is exact: a claim that rolls back leaves its cell
+// ready for this one.
+func (s *Store) pickCell(ctx context.Context, tx txn, p *store.ClaimParams) (string, sql.NullString, int64, error) {
+	id, pool, deadline, err := s.pickWith(ctx, tx, p, s.q.candidateSkip, s.q.skipLocked)
+	if errors.Is(err, sql.ErrNoRows) && s.d.RowLock != "" {
+		return s.pickWith(ctx, tx, p, s.q.candidateWait, s.q.waitLocked)
+	}
+	return id, pool, deadline, err
+}
+
+func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, first, lockClause string) (id string, pool sql.NullString, deadline int64, err error) {
 	r := p.Release
 	args := []any{p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
 		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
-	query := s.q.candidateFirst
+	row := tx.row(ctx, first, args...)
 	var held []any
 	for {
-		err = tx.QueryRowxContext(ctx, query, append(args, held...)...).Scan(&id, &pool, &deadline)
+		err = row.Scan(&id, &pool, &deadline)
 		if err != nil || !pool.Valid {
 			return id, pool, deadline, err
 		}
@@ -177,33 +224,25 @@ func (s *Store) pickCell(ctx context.Context, tx *sqlx.Tx, p *store.ClaimParams)
 			return id, pool, deadline, nil
 		}
 		var ready int
-		if err = tx.GetContext(ctx, &ready, s.q.readyMembers, pool.String); err != nil {
+		if err = tx.row(ctx, s.q.readyMembers, pool.String).Scan(&ready); err != nil {
 			return "", pool, 0, err
 		}
 		if ready > floor {
 			return id, pool, deadline, nil
 		}
 		held = append(held, pool.String)
-		query = s.q.rebind(s.q.candidateRaw + ` AND (c.pool_name IS NULL OR c.pool_name NOT IN (?` +
-			strings.Repeat(", ?", len(held)-1) + `))` + s.q.candidateOrder)
+		query := s.q.rebind(s.q.candidateRaw + ` AND (c.pool_name IS NULL OR c.pool_name NOT IN (?` +
+			strings.Repeat(", ?", len(held)-1) + `))` + s.q.candidateOrder + lockClause)
+		row = tx.tx.QueryRowxContext(ctx, query, append(args, held...)...)
 	}
-}
-
-func (s *Store) retryOnUnique(err error) error {
-	if err != nil && s.d.UniqueViolation(err) {
-		// A concurrent claim with the same claim_id and another inventory
-		// committed first: the next attempt sees its fence row.
-		return errRetry
-	}
-	return err
 }
 
 // quarantine compare-and-sets a live cell to quarantined.
-func (s *Store) quarantine(ctx context.Context, tx *sqlx.Tx, c *lease.Cell, now time.Time) error {
+func (s *Store) quarantine(ctx context.Context, tx txn, c *lease.Cell, now time.Time) error {
 	if c.State.Terminal() {
 		return nil
 	}
-	n, err := affected(tx.ExecContext(ctx, s.q.quarantine, us(now), c.ID.String(), string(c.State), c.Generation))
+	n, err := affected(tx.exec(ctx, s.q.quarantine, us(now), c.ID.String(), string(c.State), c.Generation))
 	if err != nil {
 		return err
 	}
@@ -216,7 +255,7 @@ func (s *Store) quarantine(ctx context.Context, tx *sqlx.Tx, c *lease.Cell, now 
 
 // Lease implements store.Store.
 func (s *Store) Lease(ctx context.Context, tenantID string, leaseID uuid.UUID) (store.LeaseRecord, error) {
-	rec, err := scanRecord(s.r.QueryRowxContext(ctx, s.q.recordByLease, leaseID.String(), tenantID))
+	rec, err := scanRecord(s.r.row(ctx, s.q.recordByLease, leaseID.String(), tenantID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.LeaseRecord{}, errLeaseNotFound
 	}
@@ -235,7 +274,7 @@ func (s *Store) CheckLease(ctx context.Context, p store.LeaseCheck) (store.Lease
 	if err := rec.Cell.CheckProof(p.Proof, p.Now); !errors.Is(err, lease.ErrNotLive) || rec.Cell.State.Terminal() {
 		return rec, fenceError(err)
 	}
-	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err = s.inTx(ctx, func(tx txn) error {
 		var err error
 		rec, err = s.lockedRecord(ctx, tx, p.TenantID, p.LeaseID)
 		if err != nil {
@@ -247,8 +286,8 @@ func (s *Store) CheckLease(ctx context.Context, p store.LeaseCheck) (store.Lease
 }
 
 // lockedRecord reads a lease record inside a write transaction.
-func (s *Store) lockedRecord(ctx context.Context, tx *sqlx.Tx, tenantID string, leaseID uuid.UUID) (store.LeaseRecord, error) {
-	rec, err := scanRecord(tx.QueryRowxContext(ctx, s.q.recordByLease, leaseID.String(), tenantID))
+func (s *Store) lockedRecord(ctx context.Context, tx txn, tenantID string, leaseID uuid.UUID) (store.LeaseRecord, error) {
+	rec, err := scanRecord(tx.row(ctx, s.q.recordByLease, leaseID.String(), tenantID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return rec, errLeaseNotFound
 	}
@@ -257,7 +296,7 @@ func (s *Store) lockedRecord(ctx context.Context, tx *sqlx.Tx, tenantID string, 
 
 // applyFence checks the lease fence inside a transaction, quarantining a
 // lease found no longer live.
-func (s *Store) applyFence(ctx context.Context, tx *sqlx.Tx, rec *store.LeaseRecord, p store.LeaseCheck) error {
+func (s *Store) applyFence(ctx context.Context, tx txn, rec *store.LeaseRecord, p store.LeaseCheck) error {
 	err := rec.Cell.CheckProof(p.Proof, p.Now)
 	if errors.Is(err, lease.ErrNotLive) && !rec.Cell.State.Terminal() {
 		if qerr := s.quarantine(ctx, tx, &rec.Cell, p.Now); qerr != nil {
@@ -286,7 +325,7 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) (store.Lease
 		return store.LeaseRecord{}, errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
 	}
 	var rec store.LeaseRecord
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		var err error
 		if rec, err = s.lockedRecord(ctx, tx, p.TenantID, p.LeaseID); err != nil {
 			return err

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -22,7 +21,7 @@ var errMemberNotFound = errcode.New(errcode.NotFound, "pool member not found")
 func (s *Store) CreateMember(ctx context.Context, p store.CreateMemberParams) (store.Member, error) {
 	m := store.Member{CellID: p.CellID, Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
 		CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
-	n, err := affected(s.w.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, nil, nil,
+	n, err := affected(s.w.exec(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, nil, nil,
 		us(p.Now), us(p.Now), m.CellID.String()))
 	if (err != nil && s.d.UniqueViolation(err)) || (err == nil && n != 1) {
 		return m, errcode.New(errcode.Conflict, "cell_id was already used")
@@ -36,22 +35,20 @@ func (s *Store) Replenish(ctx context.Context, p store.ReplenishParams) ([]store
 		return nil, errcode.New(errcode.InvalidRequest, "replenish parameters are incomplete")
 	}
 	var out []store.Member
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		out = nil
-		if s.d.LockInventory != nil {
-			if err := s.d.LockInventory(ctx, tx, "pool\x00"+p.Pool); err != nil {
-				return err
-			}
+		if err := s.lock(ctx, tx, "pool\x1f"+p.Pool); err != nil {
+			return err
 		}
 		var live, provisioning int
-		if err := tx.QueryRowxContext(ctx, s.q.memberLive, p.Pool).Scan(&live, &provisioning); err != nil {
+		if err := tx.row(ctx, s.q.memberLive, p.Pool).Scan(&live, &provisioning); err != nil {
 			return err
 		}
 		n := min(p.Target-live, p.MaxProvisioning-provisioning)
 		for range max(n, 0) {
 			m := store.Member{CellID: p.NewID(), Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
 				CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
-			if _, err := tx.ExecContext(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID,
+			if _, err := tx.exec(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID,
 				nullString(p.Owner), us(p.LockUntil), us(p.Now), us(p.Now), m.CellID.String()); err != nil {
 				return err
 			}
@@ -76,7 +73,7 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 		ExpiresAt:      fromUS(us(p.ReadyDeadline)),
 		CreatedAt:      fromUS(us(p.Now)),
 	}
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		m, err := s.memberTx(ctx, tx, p.CellID)
 		if err != nil {
 			return err
@@ -85,7 +82,7 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 			return errcode.New(errcode.Conflict, "member is "+string(m.State)+", not provisioning")
 		}
 		c.TenantID = m.TenantID
-		if _, err := tx.ExecContext(ctx, s.q.cellInsertPool, c.ID.String(), c.TenantID, c.WorkerID, c.PoolName,
+		if _, err := tx.exec(ctx, s.q.cellInsertPool, c.ID.String(), c.TenantID, c.WorkerID, c.PoolName,
 			c.ProviderCellID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature,
 			us(c.ExpiresAt), us(p.Now), us(p.Now)); err != nil {
 			if s.d.UniqueViolation(err) {
@@ -93,7 +90,7 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 			}
 			return err
 		}
-		n, err := affected(tx.ExecContext(ctx, s.q.memberAdmit, p.Identity, us(p.Now), c.ID.String(), p.Pool))
+		n, err := affected(tx.exec(ctx, s.q.memberAdmit, p.Identity, us(p.Now), c.ID.String(), p.Pool))
 		if err != nil {
 			return err
 		}
@@ -111,7 +108,7 @@ func (s *Store) BeginStop(ctx context.Context, p store.StopIntent) (store.Member
 		return store.Member{}, errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
 	}
 	var m store.Member
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		var err error
 		if m, err = s.memberTx(ctx, tx, p.CellID); err != nil {
 			return err
@@ -133,7 +130,7 @@ func (s *Store) BeginStop(ctx context.Context, p store.StopIntent) (store.Member
 // recordStop moves a member to stopping under the fence of its cell as it
 // is now. A ready cell is quarantined at once so it can never be claimed; a
 // leased cell stays leased until the provider confirms.
-func (s *Store) recordStop(ctx context.Context, tx *sqlx.Tx, m *store.Member, c *lease.Cell, d lease.Disposition, reason string, now time.Time) error {
+func (s *Store) recordStop(ctx context.Context, tx txn, m *store.Member, c *lease.Cell, d lease.Disposition, reason string, now time.Time) error {
 	var leaseID uuid.UUID
 	var gen uint64
 	if c != nil {
@@ -147,7 +144,7 @@ func (s *Store) recordStop(ctx context.Context, tx *sqlx.Tx, m *store.Member, c 
 			}
 		}
 	}
-	n, err := affected(tx.ExecContext(ctx, s.q.memberStop, string(d), nullUUID(leaseID), gen, reason, us(now),
+	n, err := affected(tx.exec(ctx, s.q.memberStop, string(d), nullUUID(leaseID), gen, reason, us(now),
 		m.CellID.String(), string(m.State)))
 	if err != nil {
 		return err
@@ -162,13 +159,13 @@ func (s *Store) recordStop(ctx context.Context, tx *sqlx.Tx, m *store.Member, c 
 
 // cleanupPending records a failed, uncertain or mismatched stop: the member
 // is retried later and its cell is quarantined now.
-func (s *Store) cleanupPending(ctx context.Context, tx *sqlx.Tx, m *store.Member, c *lease.Cell, reason string, now time.Time) error {
+func (s *Store) cleanupPending(ctx context.Context, tx txn, m *store.Member, c *lease.Cell, reason string, now time.Time) error {
 	if c != nil {
 		if err := s.quarantine(ctx, tx, c, now); err != nil {
 			return err
 		}
 	}
-	n, err := affected(tx.ExecContext(ctx, s.q.memberCleanup, reason, us(now), m.CellID.String()))
+	n, err := affected(tx.exec(ctx, s.q.memberCleanup, reason, us(now), m.CellID.String()))
 	if err != nil {
 		return err
 	}
@@ -183,7 +180,7 @@ func (s *Store) cleanupPending(ctx context.Context, tx *sqlx.Tx, m *store.Member
 // CompleteStop implements store.Store.
 func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Member, error) {
 	var m store.Member
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		var err error
 		if m, err = s.memberTx(ctx, tx, p.CellID); err != nil {
 			return err
@@ -219,7 +216,7 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 				}
 			}
 		}
-		n, err := affected(tx.ExecContext(ctx, s.q.memberDone, string(final), us(p.Now), m.CellID.String()))
+		n, err := affected(tx.exec(ctx, s.q.memberDone, string(final), us(p.Now), m.CellID.String()))
 		if err != nil {
 			return err
 		}
@@ -234,8 +231,8 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 }
 
 // terminal compare-and-sets a leased cell to a terminal state.
-func (s *Store) terminal(ctx context.Context, tx *sqlx.Tx, c *lease.Cell, to lease.State, now time.Time) error {
-	n, err := affected(tx.ExecContext(ctx, s.q.toTerminal, string(to), us(now), c.ID.String(), c.Lease.ID.String()))
+func (s *Store) terminal(ctx context.Context, tx txn, c *lease.Cell, to lease.State, now time.Time) error {
+	n, err := affected(tx.exec(ctx, s.q.toTerminal, string(to), us(now), c.ID.String(), c.Lease.ID.String()))
 	if err != nil {
 		return err
 	}
@@ -246,8 +243,8 @@ func (s *Store) terminal(ctx context.Context, tx *sqlx.Tx, c *lease.Cell, to lea
 	return nil
 }
 
-func (s *Store) memberTx(ctx context.Context, tx *sqlx.Tx, cellID uuid.UUID) (store.Member, error) {
-	m, err := scanMember(tx.QueryRowxContext(ctx, s.q.memberByID, cellID.String()))
+func (s *Store) memberTx(ctx context.Context, tx txn, cellID uuid.UUID) (store.Member, error) {
+	m, err := scanMember(tx.row(ctx, s.q.memberByID, cellID.String()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return m, errMemberNotFound
 	}
@@ -256,7 +253,7 @@ func (s *Store) memberTx(ctx context.Context, tx *sqlx.Tx, cellID uuid.UUID) (st
 
 // Member implements store.Store.
 func (s *Store) Member(ctx context.Context, cellID uuid.UUID) (store.Member, error) {
-	m, err := scanMember(s.r.QueryRowxContext(ctx, s.q.memberByID, cellID.String()))
+	m, err := scanMember(s.r.row(ctx, s.q.memberByID, cellID.String()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return m, errMemberNotFound
 	}
@@ -273,7 +270,7 @@ func (s *Store) Members(ctx context.Context, pool string, states ...lease.Member
 			args = append(args, string(st))
 		}
 	}
-	rows, err := s.r.QueryxContext(ctx, s.r.Rebind(q+` ORDER BY m.created_us, m.cell_id`), args...)
+	rows, err := s.r.db.QueryxContext(ctx, s.r.db.Rebind(q+` ORDER BY m.created_us, m.cell_id`), args...)
 	if err != nil {
 		return nil, s.fail("members", err)
 	}
@@ -291,7 +288,7 @@ func (s *Store) Members(ctx context.Context, pool string, states ...lease.Member
 
 // MemberCounts implements store.Store.
 func (s *Store) MemberCounts(ctx context.Context) (map[string]map[lease.MemberState]int, error) {
-	rows, err := s.r.QueryxContext(ctx, s.q.memberCounts)
+	rows, err := s.r.rows(ctx, s.q.memberCounts)
 	if err != nil {
 		return nil, s.fail("member counts", err)
 	}
@@ -313,7 +310,7 @@ func (s *Store) MemberCounts(ctx context.Context) (map[string]map[lease.MemberSt
 
 // CellCounts implements store.Store.
 func (s *Store) CellCounts(ctx context.Context) (map[lease.State]int, error) {
-	rows, err := s.r.QueryxContext(ctx, s.q.cellCounts)
+	rows, err := s.r.rows(ctx, s.q.cellCounts)
 	if err != nil {
 		return nil, s.fail("cell counts", err)
 	}
@@ -332,21 +329,21 @@ func (s *Store) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 
 // LockMember implements store.Store.
 func (s *Store) LockMember(ctx context.Context, cellID uuid.UUID, owner string, until, now time.Time) (bool, error) {
-	n, err := affected(s.w.ExecContext(ctx, s.q.memberLock, owner, us(until), cellID.String(), owner, us(now)))
+	n, err := affected(s.w.exec(ctx, s.q.memberLock, owner, us(until), cellID.String(), owner, us(now)))
 	return n == 1, s.fail("lock member", err)
 }
 
 // UnlockMember implements store.Store.
 func (s *Store) UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error {
-	_, err := s.w.ExecContext(ctx, s.q.memberUnlock, cellID.String(), owner)
+	_, err := s.w.exec(ctx, s.q.memberUnlock, cellID.String(), owner)
 	return s.fail("unlock member", err)
 }
 
 // BeginIdempotent implements store.Store.
 func (s *Store) BeginIdempotent(ctx context.Context, p store.IdempotencyParams) (store.IdempotencyRecord, error) {
 	var rec store.IdempotencyRecord
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
-		n, err := affected(tx.ExecContext(ctx, s.q.idemUpsert, p.TenantID, p.Key, p.Fingerprint,
+	err := s.inTx(ctx, func(tx txn) error {
+		n, err := affected(tx.exec(ctx, s.q.idemUpsert, p.TenantID, p.Key, p.Fingerprint,
 			us(p.Now), us(p.InFlightUntil), us(p.Now)))
 		if err != nil {
 			return err
@@ -357,7 +354,7 @@ func (s *Store) BeginIdempotent(ctx context.Context, p store.IdempotencyParams) 
 		}
 		var body string
 		rec = store.IdempotencyRecord{}
-		if err := tx.QueryRowxContext(ctx, s.q.idemGet, p.TenantID, p.Key).Scan(&rec.Fingerprint, &rec.Done, &rec.Status, &body); err != nil {
+		if err := tx.row(ctx, s.q.idemGet, p.TenantID, p.Key).Scan(&rec.Fingerprint, &rec.Done, &rec.Status, &body); err != nil {
 			return err
 		}
 		rec.Body = []byte(body)
@@ -368,12 +365,12 @@ func (s *Store) BeginIdempotent(ctx context.Context, p store.IdempotencyParams) 
 
 // FinishIdempotent implements store.Store.
 func (s *Store) FinishIdempotent(ctx context.Context, p store.IdempotencyResult) error {
-	_, err := s.w.ExecContext(ctx, s.q.idemFinish, p.Status, string(p.Body), us(p.ExpiresAt), p.TenantID, p.Key)
+	_, err := s.w.exec(ctx, s.q.idemFinish, p.Status, string(p.Body), us(p.ExpiresAt), p.TenantID, p.Key)
 	return s.fail("finish idempotent", err)
 }
 
 // DropIdempotent implements store.Store.
 func (s *Store) DropIdempotent(ctx context.Context, tenantID, key string) error {
-	_, err := s.w.ExecContext(ctx, s.q.idemDrop, tenantID, key)
+	_, err := s.w.exec(ctx, s.q.idemDrop, tenantID, key)
 	return s.fail("drop idempotent", err)
 }

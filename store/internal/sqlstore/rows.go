@@ -211,15 +211,21 @@ type queries struct {
 
 	idemUpsert, idemGet, idemFinish, idemDrop string
 
-	// candidateFirst is candidate + candidateOrder: the common claim path.
-	candidateFirst string
+	// candidateSkip and candidateWait are candidate + candidateOrder + the
+	// dialect's row lock, skipping or waiting for rows other transactions
+	// locked (skipLocked, waitLocked: the clauses alone).
+	candidateSkip, candidateWait, skipLocked, waitLocked string
 	// candidateRaw is candidate before rebinding, for the rare path that
 	// excludes pools held at their ready floor.
 	candidateRaw string
-	rebind       func(string) string
+	// leaseAll and leaseAllFenced are leaseCell, memberLeased and (fenced)
+	// fenceInsert as one statement of writable CTEs, for dialects that have
+	// them. They return how many cells and members they leased.
+	leaseAll, leaseAllFenced string
+	rebind                   func(string) string
 }
 
-func bindQueries(db *sqlx.DB) queries {
+func bindQueries(db *sqlx.DB, d Dialect) queries {
 	q := queries{
 		rebind:        db.Rebind,
 		schemaVersion: `SELECT max(version_id) FROM goose_db_version WHERE is_applied`,
@@ -303,15 +309,45 @@ func bindQueries(db *sqlx.DB) queries {
 		idemDrop: `DELETE FROM idempotency_records WHERE tenant_id = ? AND idem_key = ? AND NOT done`,
 	}
 	q.candidateRaw = q.candidate
-	for _, p := range []*string{
+	if d.RowLock != "" {
+		q.skipLocked, q.waitLocked = " "+d.RowLock+" SKIP LOCKED", " "+d.RowLock
+	}
+	if d.WritableCTE {
+		leased := `WITH c AS (` + q.leaseCell + ` RETURNING id, pool_name, lease_id),
+			m AS (UPDATE pool_members SET state = 'leased', updated_us = ?
+				WHERE cell_id = (SELECT id FROM c WHERE pool_name IS NOT NULL) AND state = 'ready' RETURNING cell_id)`
+		counts := ` SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM m)`
+		q.leaseAll = leased + counts
+		q.leaseAllFenced = leased + `, f AS (INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
+				SELECT ?, ?, ?, lease_id, ? FROM c RETURNING claim_id)` + counts
+	}
+	for _, p := range q.all() {
+		*p = db.Rebind(*p)
+	}
+	q.candidateSkip = q.candidate + q.candidateOrder + q.skipLocked
+	q.candidateWait = q.candidate + q.candidateOrder + q.waitLocked
+	return q
+}
+
+// all points at every fixed query that needs rebinding.
+func (q *queries) all() []*string {
+	return []*string{
 		&q.schemaVersion, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
 		&q.recordByLease, &q.cellByWorker, &q.claimOfLease, &q.quarantine, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
-	} {
-		*p = db.Rebind(*p)
+		&q.leaseAll, &q.leaseAllFenced,
 	}
-	q.candidateFirst = q.candidate + q.candidateOrder
-	return q
+}
+
+// fixed lists every complete fixed query, the statements a pool prepares.
+func (q queries) fixed() []string {
+	out := []string{q.candidateSkip, q.candidateWait}
+	for _, p := range q.all() {
+		if *p != q.candidate { // a fragment: candidateSkip and candidateWait complete it
+			out = append(out, *p)
+		}
+	}
+	return out
 }

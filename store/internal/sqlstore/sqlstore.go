@@ -26,10 +26,19 @@ type Dialect struct {
 	Name string
 	// Bind is the sqlx bind type of the driver's placeholders.
 	Bind int
-	// LockInventory, when set, serializes claims on one inventory (tenant
-	// and exact release) inside the transaction tx. SQLite needs none: its
-	// writers are already serialized by BEGIN IMMEDIATE on one connection.
-	LockInventory func(ctx context.Context, tx *sqlx.Tx, key string) error
+	// Lock, when set, is a statement taking one text argument, a key, that
+	// holds a lock on the key until the transaction ends: it serializes
+	// claims that must count a ready floor, and the refills of one pool.
+	// SQLite needs none: its writers are already serialized by BEGIN
+	// IMMEDIATE on one connection.
+	Lock string
+	// RowLock, when set, is the clause that makes a SELECT lock the rows it
+	// returns ("FOR UPDATE"). Claims then pick a cell with it plus SKIP
+	// LOCKED, so claims on one inventory take different cells in parallel.
+	RowLock string
+	// WritableCTE reports data-modifying WITH clauses: a claim's three
+	// writes then go in one statement, one round trip.
+	WritableCTE bool
 	// Retryable reports whether a transaction failed for a transient reason
 	// (serialization failure, deadlock, busy database) worth another try.
 	Retryable func(error) bool
@@ -42,7 +51,7 @@ type Dialect struct {
 // Store implements store.Store over a writer pool and a reader pool, which
 // may be the same *sqlx.DB.
 type Store struct {
-	w, r *sqlx.DB
+	w, r *pool
 	d    Dialect
 	q    queries
 }
@@ -50,20 +59,26 @@ type Store struct {
 // New returns a Store. w runs every transaction that writes; r serves reads
 // that need no transaction.
 func New(w, r *sqlx.DB, d Dialect) *Store {
-	return &Store{w: w, r: r, d: d, q: bindQueries(w)}
+	q := bindQueries(w, d)
+	fixed := append(q.fixed(), d.Lock)
+	s := &Store{w: newPool(w, fixed), r: newPool(r, fixed), d: d, q: q}
+	if r == w {
+		s.r = s.w
+	}
+	return s
 }
 
 // DB returns the pool every write transaction runs on, with the store's
 // connection settings. It is for tooling and benchmarks (a baseline
 // transaction on the same settings); never write the store's tables
 // through it.
-func (s *Store) DB() *sql.DB { return s.w.DB }
+func (s *Store) DB() *sql.DB { return s.w.db.DB }
 
 // Close closes both pools.
 func (s *Store) Close() error {
-	err := s.w.Close()
+	err := s.w.close()
 	if s.r != s.w {
-		err = errors.Join(err, s.r.Close())
+		err = errors.Join(err, s.r.close())
 	}
 	return err
 }
@@ -72,7 +87,7 @@ func (s *Store) Close() error {
 // this build expects.
 func (s *Store) Ping(ctx context.Context) error {
 	var v sql.NullInt64
-	if err := s.r.GetContext(ctx, &v, s.q.schemaVersion); err != nil {
+	if err := s.r.db.GetContext(ctx, &v, s.q.schemaVersion); err != nil {
 		return fmt.Errorf("%s: schema version: %w", s.d.Name, err)
 	}
 	if v.Int64 != s.d.SchemaVersion {
@@ -97,7 +112,7 @@ const maxAttempts = 8
 // inTx runs fn in one write transaction, retrying it from scratch on
 // transient failures and on errRetry. It returns errRetry when every attempt
 // lost.
-func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
+func (s *Store) inTx(ctx context.Context, fn func(tx txn) error) error {
 	var err error
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if attempt > 0 {
@@ -119,12 +134,24 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
 	return err
 }
 
-func (s *Store) once(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
-	tx, err := s.w.BeginTxx(ctx, nil)
+// lock takes the dialect's transaction-scoped lock on key, if it has one.
+func (s *Store) lock(ctx context.Context, tx txn, key string) error {
+	if s.d.Lock == "" {
+		return nil
+	}
+	_, err := tx.exec(ctx, s.d.Lock, key)
+	return err
+}
+
+func (s *Store) once(ctx context.Context, fn func(tx txn) error) error {
+	if err := s.w.prepare(ctx); err != nil {
+		return err
+	}
+	tx, err := s.w.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	err = fn(tx)
+	err = fn(txn{tx, s.w})
 	if ct, ok := err.(commitThen); ok {
 		if cerr := tx.Commit(); cerr != nil {
 			return cerr

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -30,7 +29,7 @@ func (s *Store) Prepare(ctx context.Context, p store.PrepareParams) (lease.Cell,
 		ExpiresAt:      fromUS(us(p.ExpiresAt)),
 		CreatedAt:      fromUS(us(p.Now)),
 	}
-	n, err := affected(s.w.ExecContext(ctx, s.q.prepare, c.ID.String(), c.TenantID, c.WorkerID, c.ProviderCellID,
+	n, err := affected(s.w.exec(ctx, s.q.prepare, c.ID.String(), c.TenantID, c.WorkerID, c.ProviderCellID,
 		r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature, us(c.ExpiresAt), us(p.Now), us(p.Now),
 		c.ID.String()))
 	if err != nil {
@@ -44,7 +43,7 @@ func (s *Store) Prepare(ctx context.Context, p store.PrepareParams) (lease.Cell,
 
 // WorkerCell implements store.Store.
 func (s *Store) WorkerCell(ctx context.Context, workerID string, cellID uuid.UUID) (lease.Cell, *store.ClaimInfo, error) {
-	c, err := scanCell(s.r.QueryRowxContext(ctx, s.q.cellByWorker, cellID.String(), workerID))
+	c, err := scanCell(s.r.row(ctx, s.q.cellByWorker, cellID.String(), workerID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, nil, errCellNotFound
 	}
@@ -53,7 +52,7 @@ func (s *Store) WorkerCell(ctx context.Context, workerID string, cellID uuid.UUI
 	}
 	info := &store.ClaimInfo{LeaseID: c.Lease.ID, Generation: c.Generation, ExpiresAt: c.Lease.ExpiresAt}
 	var claimID string
-	switch err := s.r.GetContext(ctx, &claimID, s.q.claimOfLease, c.Lease.ID.String()); {
+	switch err := s.r.row(ctx, s.q.claimOfLease, c.Lease.ID.String()).Scan(&claimID); {
 	case errors.Is(err, sql.ErrNoRows): // an unfenced claim
 	case err != nil:
 		return c, nil, s.fail("worker cell claim", err)
@@ -66,8 +65,8 @@ func (s *Store) WorkerCell(ctx context.Context, workerID string, cellID uuid.UUI
 }
 
 // workerCell reads a worker's cell inside a write transaction.
-func (s *Store) workerCell(ctx context.Context, tx *sqlx.Tx, workerID string, cellID uuid.UUID) (lease.Cell, error) {
-	c, err := scanCell(tx.QueryRowxContext(ctx, s.q.cellByWorker, cellID.String(), workerID))
+func (s *Store) workerCell(ctx context.Context, tx txn, workerID string, cellID uuid.UUID) (lease.Cell, error) {
+	c, err := scanCell(tx.row(ctx, s.q.cellByWorker, cellID.String(), workerID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, errCellNotFound
 	}
@@ -77,7 +76,7 @@ func (s *Store) workerCell(ctx context.Context, tx *sqlx.Tx, workerID string, ce
 // Retire implements store.Store.
 func (s *Store) Retire(ctx context.Context, p store.RetireParams) (lease.Cell, error) {
 	var c lease.Cell
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		var err error
 		if c, err = s.workerCell(ctx, tx, p.WorkerID, p.CellID); err != nil {
 			return err
@@ -100,7 +99,7 @@ func (s *Store) Destroy(ctx context.Context, p store.DestroyParams) (lease.Cell,
 		return lease.Cell{}, errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
 	}
 	var c lease.Cell
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		var err error
 		if c, err = s.workerCell(ctx, tx, p.WorkerID, p.CellID); err != nil {
 			return err
@@ -122,7 +121,7 @@ func (s *Store) Destroy(ctx context.Context, p store.DestroyParams) (lease.Cell,
 			return commitThen{errcode.New(errcode.Conflict,
 				"destroy does not match the cell's live lease; the cell is quarantined")}
 		}
-		n, err := affected(tx.ExecContext(ctx, s.q.toTerminal, string(p.Disposition), us(p.Now), c.ID.String(), p.LeaseID.String()))
+		n, err := affected(tx.exec(ctx, s.q.toTerminal, string(p.Disposition), us(p.Now), c.ID.String(), p.LeaseID.String()))
 		if err != nil {
 			return err
 		}
@@ -138,16 +137,16 @@ func (s *Store) Destroy(ctx context.Context, p store.DestroyParams) (lease.Cell,
 // ExpireUnmanaged implements store.Store.
 func (s *Store) ExpireUnmanaged(ctx context.Context, now time.Time) (int, error) {
 	var total int64
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx txn) error {
 		total = 0
 		for _, q := range []string{s.q.expireReady, s.q.expireLeased} {
-			n, err := affected(tx.ExecContext(ctx, q, us(now), us(now)))
+			n, err := affected(tx.exec(ctx, q, us(now), us(now)))
 			if err != nil {
 				return err
 			}
 			total += n
 		}
-		_, err := tx.ExecContext(ctx, s.q.expireIdempotency, us(now))
+		_, err := tx.exec(ctx, s.q.expireIdempotency, us(now))
 		return err
 	})
 	return int(total), s.fail("expire", err)

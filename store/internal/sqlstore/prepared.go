@@ -1,0 +1,137 @@
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// pool is a connection pool whose fixed queries are prepared statements:
+// database/sql keeps each *sql.Stmt's handle per connection, so a query is
+// parsed once per connection and, on Postgres, runs in one round trip
+// (Bind/Execute) instead of two (Parse/Describe, then Bind/Execute).
+//
+// Every fixed query is prepared together, on first use and never inside a
+// transaction: preparing takes a connection of its own, and the writer
+// pool may have only the one a transaction holds. Queries built at run time
+// (a variable IN list) are not prepared.
+type pool struct {
+	db      *sqlx.DB
+	queries []string
+
+	mu    sync.Mutex
+	ready atomic.Bool
+	stmts map[string]*sqlx.Stmt // complete before ready is set; read-only after
+}
+
+func newPool(db *sqlx.DB, queries []string) *pool { return &pool{db: db, queries: queries} }
+
+// prepare prepares every fixed query once. It fails, to be tried again on
+// the next use, while the database is unreachable or not yet migrated.
+func (p *pool) prepare(ctx context.Context) error {
+	if p.ready.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ready.Load() {
+		return nil
+	}
+	stmts := make(map[string]*sqlx.Stmt, len(p.queries))
+	for _, q := range p.queries {
+		if _, ok := stmts[q]; ok || q == "" {
+			continue
+		}
+		st, err := p.db.PreparexContext(ctx, q)
+		if err != nil {
+			for _, st := range stmts {
+				_ = st.Close()
+			}
+			return err
+		}
+		stmts[q] = st
+	}
+	p.stmts = stmts
+	p.ready.Store(true)
+	return nil
+}
+
+// stmt returns q's prepared statement, or nil when q is not a fixed query.
+func (p *pool) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
+	if err := p.prepare(ctx); err != nil {
+		return nil, err
+	}
+	return p.stmts[q], nil
+}
+
+func (p *pool) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	st, err := p.stmt(ctx, q)
+	if err != nil || st == nil {
+		return nil, cmp.Or(err, errNotPrepared)
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+func (p *pool) row(ctx context.Context, q string, args ...any) scanner {
+	st, err := p.stmt(ctx, q)
+	if err != nil || st == nil {
+		return errScanner{cmp.Or(err, errNotPrepared)}
+	}
+	return st.QueryRowxContext(ctx, args...)
+}
+
+func (p *pool) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
+	st, err := p.stmt(ctx, q)
+	if err != nil || st == nil {
+		return nil, cmp.Or(err, errNotPrepared)
+	}
+	return st.QueryxContext(ctx, args...)
+}
+
+// close closes the prepared statements, then the pool.
+func (p *pool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, st := range p.stmts {
+		errs = append(errs, st.Close())
+	}
+	return errors.Join(append(errs, p.db.Close())...)
+}
+
+// txn is a write transaction that runs its pool's prepared statements on
+// its own connection. Its pool was prepared before the transaction began.
+type txn struct {
+	tx *sqlx.Tx
+	p  *pool
+}
+
+func (t txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	st := t.p.stmts[q]
+	if st == nil {
+		return nil, errNotPrepared
+	}
+	return t.tx.StmtxContext(ctx, st).ExecContext(ctx, args...)
+}
+
+func (t txn) row(ctx context.Context, q string, args ...any) scanner {
+	st := t.p.stmts[q]
+	if st == nil {
+		return errScanner{errNotPrepared}
+	}
+	return t.tx.StmtxContext(ctx, st).QueryRowxContext(ctx, args...)
+}
+
+// errNotPrepared is a programming error: a fixed query missing from the
+// list New prepares.
+var errNotPrepared = errors.New("sqlstore: query is not among the prepared statements")
+
+// errScanner is a row whose statement could not be prepared.
+type errScanner struct{ err error }
+
+func (e errScanner) Scan(...any) error { return e.err }
