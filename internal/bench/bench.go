@@ -132,19 +132,29 @@ func benchBackend(ctx context.Context, open func(context.Context) (*backend, err
 	}
 	defer b.cleanup()
 	r := &BackendReport{Baseline: map[int]Stats{}, Claims: map[int]Stats{}}
+	// At concurrency 1 a sample is a millisecond or less: take many, with
+	// baseline and claim taking turns. Higher concurrencies measure
+	// throughput, each series in its own block, one after the other.
+	n := func(c int) int {
+		if c == 1 {
+			return 2 * samples
+		}
+		return samples * c / 4
+	}
 	total := 0
 	for _, c := range Concurrencies {
-		total += samples * c / 4
+		total += n(c)
 	}
 	if err := b.seed(ctx, total+2*samples, 0); err != nil {
 		return nil, fmt.Errorf("seed: %w", err)
 	}
 	for _, c := range Concurrencies {
-		n := max(samples*c/4, samples/2)
-		// Baseline and claims alternate at each concurrency, so both see
-		// the same machine.
-		r.Baseline[c] = measure(ctx, c, n, b.baseline)
-		r.Claims[c] = measure(ctx, c, n, b.claim)
+		if c == 1 {
+			r.Baseline[c], r.Claims[c] = measurePair(ctx, n(c), b.baseline, b.claim)
+			continue
+		}
+		r.Baseline[c] = measure(ctx, c, n(c), b.baseline)
+		r.Claims[c] = measure(ctx, c, n(c), b.claim)
 	}
 	r.P50Ratio = ratio(r.Claims[1].P50MS, r.Baseline[1].P50MS)
 	r.ThroughputR = ratio(r.Claims[32].Throughput, r.Baseline[32].Throughput)
@@ -153,28 +163,19 @@ func benchBackend(ctx context.Context, open func(context.Context) (*backend, err
 		return nil, fmt.Errorf("http: %w", err)
 	}
 
+	// Scale: two databases side by side, claims on each taking turns.
 	small, large := 1000, 100000
-	if quick {
-		large = 100000
-	}
-	scaleSamples := samples / 2
-	for _, sz := range []struct {
-		n   int
-		out *Stats
-	}{{small, &r.ScaleSmall}, {large, &r.ScaleLarge}} {
-		s, err := open(ctx)
-		if err != nil {
+	var dbs [2]*backend
+	for i, sz := range []int{small, large} {
+		if dbs[i], err = open(ctx); err != nil {
 			return nil, err
 		}
-		err = s.seed(ctx, sz.n, sz.n)
-		if err == nil {
-			*sz.out = measure(ctx, 1, scaleSamples, s.claim)
-		}
-		s.cleanup()
-		if err != nil {
+		defer dbs[i].cleanup()
+		if err := dbs[i].seed(ctx, sz, sz); err != nil {
 			return nil, fmt.Errorf("scale seed: %w", err)
 		}
 	}
+	r.ScaleSmall, r.ScaleLarge = measurePair(ctx, min(samples, small/2), dbs[0].claim, dbs[1].claim)
 	r.ScaleSmallN, r.ScaleLargeN = small, large
 	r.ScaleRatio = ratio(r.ScaleLarge.P50MS, r.ScaleSmall.P50MS)
 	return r, nil

@@ -64,6 +64,32 @@ func measure(ctx context.Context, conc, total int, fn func(ctx context.Context, 
 	return summarize(slices.Concat(lats...), time.Since(start), int(errs.Load()))
 }
 
+// measurePair runs a and b total times each from one goroutine, taking
+// turns (a b, then b a, …), so that both series see the same machine from
+// moment to moment: on a shared machine that is what makes their ratio
+// mean something. Throughput is per series, over its own time.
+func measurePair(ctx context.Context, total int, a, b func(ctx context.Context, i int) error) (Stats, Stats) {
+	var lat [2][]time.Duration
+	var busy [2]time.Duration
+	var errs [2]int
+	fns := [2]func(context.Context, int) error{a, b}
+	for i := 0; i < total && ctx.Err() == nil; i++ {
+		for k := range 2 {
+			j := (i + k) % 2
+			t0 := time.Now()
+			err := fns[j](ctx, i)
+			d := time.Since(t0)
+			busy[j] += d
+			if err != nil {
+				errs[j]++
+				continue
+			}
+			lat[j] = append(lat[j], d)
+		}
+	}
+	return summarize(lat[0], busy[0], errs[0]), summarize(lat[1], busy[1], errs[1])
+}
+
 func ratio(a, b float64) float64 {
 	if b == 0 {
 		return math.NaN()

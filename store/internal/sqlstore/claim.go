@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -24,7 +25,9 @@ var (
 
 // Claim implements store.Store.
 //
-// A fenced claim first assumes its claim_id is new: it does not read the
+// A claim running alone on a dialect with writable CTEs first tries
+// claimAlone; every other claim, and one claimAlone cannot decide, runs in
+// a transaction. A fenced claim first assumes its claim_id is new: it does not read the
 // fence, it inserts it with the lease. When the insert finds the claim_id
 // taken — a retry, or an identical claim that committed first — the
 // transaction rolls back and the next attempt replays the recorded outcome.
@@ -34,10 +37,17 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 	}
 	var res store.ClaimResult
 	taken := false
-	err := s.inTx(ctx, func(tx txn) error {
-		res = store.ClaimResult{}
-		return s.claimOnce(ctx, tx, &p, &res, &taken)
-	})
+	done, err := false, error(nil)
+	if s.claiming.Add(1) == 1 && s.d.WritableCTE && len(p.ReadyFloors) == 0 {
+		done, err = s.claimAlone(ctx, &p, &res, &taken)
+	}
+	defer s.claiming.Add(-1)
+	if !done && (err == nil || errors.Is(err, errRetry)) {
+		err = s.inTx(ctx, func(tx txn) error {
+			res = store.ClaimResult{}
+			return s.claimOnce(ctx, tx, &p, &res, &taken)
+		})
+	}
 	switch {
 	case err == nil:
 		return res, nil
@@ -81,9 +91,63 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 	if err != nil {
 		return err
 	}
-	cellID, err := uuid.Parse(id)
+	l, err := newLease(p, id, deadline)
 	if err != nil {
 		return err
+	}
+	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, pool.Valid), taken); err != nil {
+		return err
+	}
+	*res = store.ClaimResult{Lease: &l, PoolName: pool.String}
+	return nil
+}
+
+// claimAlone is the fast path of a claim no other claim of this store runs
+// beside, on dialects with writable CTEs: the pick as a plain read, then the
+// whole lease as one autocommitted statement — two round trips where the
+// transaction takes four. It reports false, having written nothing, when it
+// cannot decide the claim alone: no cell was free (an empty answer must
+// wait for locked candidates), the cell was taken meanwhile (the
+// statement's compare-and-set matched nothing), or the claim_id is taken.
+func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store.ClaimResult, taken *bool) (bool, error) {
+	var id string
+	var pool sql.NullString
+	var deadline int64
+	err := s.w.row(ctx, s.q.candidatePeek, s.candidateArgs(p)...).Scan(&id, &pool, &deadline)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	l, err := newLease(p, id, deadline)
+	if err != nil {
+		return false, err
+	}
+	q, args := s.leaseAll(p, &l)
+	var cells, members int
+	if err := s.w.row(ctx, q, args...).Scan(&cells, &members); err != nil {
+		return false, s.fenceTaken(err, taken)
+	}
+	switch {
+	case cells == 0:
+		return false, nil
+	case pool.Valid && members != 1:
+		// The compare-and-set required a ready member, and every change
+		// to a ready member changes its cell too: this cannot happen
+		// unless something else wrote the table. The fence row is
+		// written, so a retry replays the lease.
+		return false, fmt.Errorf("cell %s leased while its pool member changed", id)
+	}
+	*res = store.ClaimResult{Lease: &l, PoolName: pool.String}
+	return true, nil
+}
+
+// newLease is the lease a claim makes of cell id, ready until deadline.
+func newLease(p *store.ClaimParams, id string, deadline int64) (lease.Lease, error) {
+	cellID, err := uuid.Parse(id)
+	if err != nil {
+		return lease.Lease{}, err
 	}
 	expires := p.Now.Add(secondsDuration(p.LeaseSeconds))
 	if d := fromUS(deadline); d.Before(expires) {
@@ -93,33 +157,37 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 		ID:         p.LeaseID,
 		CellID:     cellID,
 		Generation: lease.GenerationLeased,
-		Release:    r,
+		Release:    p.Release,
 		Binding:    p.Binding,
 		ExpiresAt:  fromUS(us(expires)),
 	}
 	l.AttestationDigest = p.Sign(l)
-	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, pool.Valid), taken); err != nil {
-		return err
+	return l, nil
+}
+
+// leaseArgs are the arguments of leaseCell.
+func leaseArgs(p *store.ClaimParams, l *lease.Lease) []any {
+	b := p.Binding
+	return []any{l.ID.String(), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
+		us(l.ExpiresAt), l.AttestationDigest, us(p.Now), l.CellID.String()}
+}
+
+// leaseAll returns the one statement, with its arguments, that writes a
+// lease on dialects with writable CTEs.
+func (s *Store) leaseAll(p *store.ClaimParams, l *lease.Lease) (string, []any) {
+	args := append(leaseArgs(p, l), us(p.Now))
+	if p.ClaimID == uuid.Nil {
+		return s.q.leaseAll, args
 	}
-	*res = store.ClaimResult{Lease: &l, PoolName: pool.String}
-	return nil
+	return s.q.leaseAllFenced, append(args, p.TenantID, p.ClaimID.String(), p.Digest, us(p.Now))
 }
 
 // leaseCell writes a new lease: the cell's compare-and-set from ready, its
 // membership's, and the claim's fence row. With writable CTEs that is one
 // statement (one round trip); otherwise three.
 func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool) error {
-	b := p.Binding
-	args := []any{l.ID.String(), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
-		us(l.ExpiresAt), l.AttestationDigest, us(p.Now), l.CellID.String()}
-	fenced := p.ClaimID != uuid.Nil
 	if s.d.WritableCTE {
-		q := s.q.leaseAll
-		args = append(args, us(p.Now))
-		if fenced {
-			q = s.q.leaseAllFenced
-			args = append(args, p.TenantID, p.ClaimID.String(), p.Digest, us(p.Now))
-		}
+		q, args := s.leaseAll(p, l)
 		var cells, members int
 		if err := tx.row(ctx, q, args...).Scan(&cells, &members); err != nil {
 			return err
@@ -129,7 +197,7 @@ func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *
 		}
 		return nil
 	}
-	if n, err := affected(tx.exec(ctx, s.q.leaseCell, args...)); err != nil || n != 1 {
+	if n, err := affected(tx.exec(ctx, s.q.leaseCell, leaseArgs(p, l)...)); err != nil || n != 1 {
 		return cmp.Or(err, errRetry)
 	}
 	if pooled {
@@ -137,7 +205,7 @@ func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *
 			return cmp.Or(err, errRetry)
 		}
 	}
-	if fenced {
+	if p.ClaimID != uuid.Nil {
 		_, err := tx.exec(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, l.ID.String(), us(p.Now))
 		return err
 	}
@@ -208,10 +276,15 @@ func (s *Store) pickCell(ctx context.Context, tx txn, p *store.ClaimParams) (str
 	return id, pool, deadline, err
 }
 
-func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, first, lockClause string) (id string, pool sql.NullString, deadline int64, err error) {
+// candidateArgs are the arguments of the candidate query.
+func (s *Store) candidateArgs(p *store.ClaimParams) []any {
 	r := p.Release
-	args := []any{p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
+	return []any{p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
 		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
+}
+
+func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, first, lockClause string) (id string, pool sql.NullString, deadline int64, err error) {
+	args := s.candidateArgs(p)
 	row := tx.row(ctx, first, args...)
 	var held []any
 	for {

@@ -215,6 +215,8 @@ type queries struct {
 	// dialect's row lock, skipping or waiting for rows other transactions
 	// locked (skipLocked, waitLocked: the clauses alone).
 	candidateSkip, candidateWait, skipLocked, waitLocked string
+	// candidatePeek is candidate + candidateOrder without a lock.
+	candidatePeek string
 	// candidateRaw is candidate before rebinding, for the rare path that
 	// excludes pools held at their ready floor.
 	candidateRaw string
@@ -313,7 +315,11 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		q.skipLocked, q.waitLocked = " "+d.RowLock+" SKIP LOCKED", " "+d.RowLock
 	}
 	if d.WritableCTE {
-		leased := `WITH c AS (` + q.leaseCell + ` RETURNING id, pool_name, lease_id),
+		// The cell's compare-and-set also requires a ready member, so an
+		// autocommitted claimAlone writes all of it or nothing.
+		leased := `WITH c AS (` + q.leaseCell + ` AND (pool_name IS NULL OR EXISTS (SELECT 1 FROM pool_members pm
+				WHERE pm.cell_id = cells.id AND pm.pool_name = cells.pool_name AND pm.state = 'ready'))
+				RETURNING id, pool_name, lease_id),
 			m AS (UPDATE pool_members SET state = 'leased', updated_us = ?
 				WHERE cell_id = (SELECT id FROM c WHERE pool_name IS NOT NULL) AND state = 'ready' RETURNING cell_id)`
 		counts := ` SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM m)`
@@ -324,6 +330,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 	for _, p := range q.all() {
 		*p = db.Rebind(*p)
 	}
+	q.candidatePeek = q.candidate + q.candidateOrder
 	q.candidateSkip = q.candidate + q.candidateOrder + q.skipLocked
 	q.candidateWait = q.candidate + q.candidateOrder + q.waitLocked
 	return q
@@ -343,7 +350,7 @@ func (q *queries) all() []*string {
 
 // fixed lists every complete fixed query, the statements a pool prepares.
 func (q queries) fixed() []string {
-	out := []string{q.candidateSkip, q.candidateWait}
+	out := []string{q.candidatePeek, q.candidateSkip, q.candidateWait}
 	for _, p := range q.all() {
 		if *p != q.candidate { // a fragment: candidateSkip and candidateWait complete it
 			out = append(out, *p)

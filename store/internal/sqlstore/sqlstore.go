@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -54,6 +55,8 @@ type Store struct {
 	w, r *pool
 	d    Dialect
 	q    queries
+	// claiming counts the claims in flight; one alone may take claimAlone.
+	claiming atomic.Int32
 }
 
 // New returns a Store. w runs every transaction that writes; r serves reads
