@@ -235,11 +235,16 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		fence: `SELECT f.request_digest, ` + cellCols + `
 			FROM claim_fences f LEFT JOIN cells c ON c.lease_id = f.lease_id
 			WHERE f.tenant_id = ? AND f.claim_id = ?`,
+		// The CASTs keep SQLite from re-preparing the statement whenever
+		// its parameters are rebound, which it does (once sqlite_stat4
+		// holds samples, after ANALYZE or PRAGMA optimize) for a bare
+		// parameter compared with an indexed column: a parse per claim.
 		candidate: `SELECT c.id, c.pool_name, c.ready_deadline_us FROM cells c
-			WHERE c.tenant_id = ? AND c.runtime_class = ? AND c.release_set_id = ? AND c.policy_digest = ?
-			  AND c.release_signature = ? AND c.state = 'ready' AND c.ready_deadline_us > ?`,
+			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)
+			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'
+			  AND c.ready_deadline_us > CAST(? AS BIGINT)`,
 		candidateOrder: ` ORDER BY c.created_us, c.id LIMIT 1`,
-		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = ? AND state = 'ready'`,
+		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = CAST(? AS TEXT) AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
 			updated_us = ?
