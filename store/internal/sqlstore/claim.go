@@ -25,23 +25,26 @@ var (
 
 // Claim implements store.Store.
 //
-// A claim running alone on a dialect with writable CTEs first tries
-// claimAlone; every other claim, and one claimAlone cannot decide, runs in
-// a transaction. A fenced claim first assumes its claim_id is new: it does not read the
-// fence, it inserts it with the lease. When the insert finds the claim_id
-// taken — a retry, or an identical claim that committed first — the
-// transaction rolls back and the next attempt replays the recorded outcome.
+// A claim with no other claim of this store in flight, on a dialect with
+// writable CTEs and no ready floor to count, first tries claimAlone; every
+// other claim, and one claimAlone cannot decide, runs in a transaction.
+//
+// A fenced claim assumes its claim_id is new: it does not read the fence,
+// it inserts it with the lease. When the insert finds the claim_id taken —
+// a retry, or an identical claim that committed first — nothing is written
+// and the next attempt replays the recorded outcome.
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResult, error) {
 	if p.TenantID == "" || p.Sign == nil || p.LeaseSeconds == 0 || p.LeaseID == uuid.Nil {
 		return store.ClaimResult{}, errcode.New(errcode.InvalidRequest, "claim parameters are incomplete")
 	}
+	alone := s.claiming.Add(1) == 1
+	defer s.claiming.Add(-1)
 	var res store.ClaimResult
 	taken := false
 	done, err := false, error(nil)
-	if s.claiming.Add(1) == 1 && s.d.WritableCTE && len(p.ReadyFloors) == 0 {
+	if alone && s.d.WritableCTE && len(p.ReadyFloors) == 0 {
 		done, err = s.claimAlone(ctx, &p, &res, &taken)
 	}
-	defer s.claiming.Add(-1)
 	if !done && (err == nil || errors.Is(err, errRetry)) {
 		err = s.inTx(ctx, func(tx txn) error {
 			res = store.ClaimResult{}
