@@ -121,9 +121,9 @@ type GVisorReport struct {
 }
 
 func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, error) {
-	n := 20
+	n := 30
 	if quick {
-		n = 6
+		n = 10
 	}
 	stateDir := filepath.Join(dir, "runsc-"+uuid.NewString()[:8])
 	prov, err := gvisor.New(gvisor.Config{StateDir: stateDir, BundleDir: filepath.Join(dir, "bundles"), Pool: "bench",
@@ -157,43 +157,40 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		<-done
 	}()
 
+	// Warm and bare take turns, each pair starting with both pool cells
+	// ready (no refill running): a bare runsc exec into the newer cell,
+	// then a claim of the older one and the same command through the plane.
 	rep := &GVisorReport{}
 	argv := []string{"echo", "first-output"}
-	var warm []time.Duration
-	for len(warm) < n {
-		waitReady(ctx, plane, 1)
-		t0 := time.Now()
-		res, err := plane.Claim(ctx, benchTenant, sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: rel, Binding: benchBinding})
-		if err != nil || res.Lease == nil {
-			return nil, fmt.Errorf("gvisor claim: %v", err)
-		}
-		proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: benchBinding}
-		out, err := plane.Exec(ctx, benchTenant, res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: argv})
-		if err != nil || !strings.Contains(string(out.Stdout), "first-output") {
-			return nil, fmt.Errorf("gvisor exec: %v %q", err, out.Stdout)
-		}
-		warm = append(warm, time.Since(t0))
-		_, _ = plane.Release(ctx, benchTenant, res.Lease.ID, proof, lease.Destroyed)
-	}
-	rep.Warm = summarize(warm, 0, 0)
-
-	// The runtime's own floor: runsc exec into an already running cell.
-	waitReady(ctx, plane, 1)
-	ready, err := st.Members(ctx, "bench", lease.MemberReady)
-	if err != nil || len(ready) == 0 {
-		return nil, fmt.Errorf("no ready gvisor cell: %v", err)
-	}
-	id := "sbw-bench-" + ready[0].CellID.String() // the driver's container ID
-	var bare []time.Duration
+	var warm, bare []time.Duration
 	for range n {
+		waitReady(ctx, plane, 2)
+		ready, err := st.Members(ctx, "bench", lease.MemberReady)
+		if err != nil || len(ready) < 2 {
+			return nil, fmt.Errorf("no ready gvisor cell: %v", err)
+		}
+		id := "sbw-bench-" + ready[len(ready)-1].CellID.String() // the driver's container ID
 		t0 := time.Now()
 		out, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "--network=none", "exec", id, argv[0], argv[1]).Output()
 		if err != nil || !strings.Contains(string(out), "first-output") {
 			return nil, fmt.Errorf("bare runsc exec: %v", err)
 		}
 		bare = append(bare, time.Since(t0))
+
+		t0 = time.Now()
+		res, err := plane.Claim(ctx, benchTenant, sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: rel, Binding: benchBinding})
+		if err != nil || res.Lease == nil {
+			return nil, fmt.Errorf("gvisor claim: %v", err)
+		}
+		proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: benchBinding}
+		got, err := plane.Exec(ctx, benchTenant, res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: argv})
+		if err != nil || !strings.Contains(string(got.Stdout), "first-output") {
+			return nil, fmt.Errorf("gvisor exec: %v %q", err, got.Stdout)
+		}
+		warm = append(warm, time.Since(t0))
+		_, _ = plane.Release(ctx, benchTenant, res.Lease.ID, proof, lease.Destroyed)
 	}
-	rep.Bare = summarize(bare, 0, 0)
+	rep.Warm, rep.Bare = summarize(warm, 0, 0), summarize(bare, 0, 0)
 
 	// Cold: a new container created, started and asked for output.
 	var cold []time.Duration
