@@ -173,8 +173,10 @@ type ClaimParams struct {
 	Now     time.Time
 	// ReadyFloors maps pool name to ready_floor for pools with a floor.
 	ReadyFloors map[string]int
-	// Sign returns the attestation digest of a new lease. It runs inside
-	// the transaction, so it must be pure and fast.
+	// Sign returns the attestation digest of a new lease. It runs between
+	// picking a cell and writing its lease (inside the transaction, when
+	// there is one), so it must be pure and fast; it may run more than
+	// once for one claim.
 	Sign func(lease.Lease) string
 }
 
