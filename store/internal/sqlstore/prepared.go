@@ -11,7 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// pool is a connection pool whose fixed queries are prepared statements:
+// connPool is a connection pool whose fixed queries are prepared statements:
 // database/sql keeps each *sql.Stmt's handle per connection, so a query is
 // parsed once per connection and, on Postgres, runs in one round trip
 // (Bind/Execute) instead of two (Parse/Describe, then Bind/Execute).
@@ -20,7 +20,7 @@ import (
 // transaction: preparing takes a connection of its own, and the writer
 // pool may have only the one a transaction holds. Queries built at run time
 // (a variable IN list) are not prepared.
-type pool struct {
+type connPool struct {
 	db      *sqlx.DB
 	queries []string
 
@@ -29,11 +29,11 @@ type pool struct {
 	stmts map[string]*sqlx.Stmt // complete before ready is set; read-only after
 }
 
-func newPool(db *sqlx.DB, queries []string) *pool { return &pool{db: db, queries: queries} }
+func newConnPool(db *sqlx.DB, queries []string) *connPool { return &connPool{db: db, queries: queries} }
 
 // prepare prepares every fixed query once. It fails, to be tried again on
 // the next use, while the database is unreachable or not yet migrated.
-func (p *pool) prepare(ctx context.Context) error {
+func (p *connPool) prepare(ctx context.Context) error {
 	if p.ready.Load() {
 		return nil
 	}
@@ -62,14 +62,14 @@ func (p *pool) prepare(ctx context.Context) error {
 }
 
 // stmt returns q's prepared statement, or nil when q is not a fixed query.
-func (p *pool) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
+func (p *connPool) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
 	if err := p.prepare(ctx); err != nil {
 		return nil, err
 	}
 	return p.stmts[q], nil
 }
 
-func (p *pool) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+func (p *connPool) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	st, err := p.stmt(ctx, q)
 	if err != nil || st == nil {
 		return nil, cmp.Or(err, errNotPrepared)
@@ -77,7 +77,7 @@ func (p *pool) exec(ctx context.Context, q string, args ...any) (sql.Result, err
 	return st.ExecContext(ctx, args...)
 }
 
-func (p *pool) row(ctx context.Context, q string, args ...any) scanner {
+func (p *connPool) row(ctx context.Context, q string, args ...any) scanner {
 	st, err := p.stmt(ctx, q)
 	if err != nil || st == nil {
 		return errScanner{cmp.Or(err, errNotPrepared)}
@@ -85,7 +85,7 @@ func (p *pool) row(ctx context.Context, q string, args ...any) scanner {
 	return st.QueryRowxContext(ctx, args...)
 }
 
-func (p *pool) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
+func (p *connPool) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
 	st, err := p.stmt(ctx, q)
 	if err != nil || st == nil {
 		return nil, cmp.Or(err, errNotPrepared)
@@ -94,7 +94,7 @@ func (p *pool) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, err
 }
 
 // close closes the prepared statements, then the pool.
-func (p *pool) close() error {
+func (p *connPool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
@@ -108,7 +108,7 @@ func (p *pool) close() error {
 // its own connection. Its pool was prepared before the transaction began.
 type txn struct {
 	tx *sqlx.Tx
-	p  *pool
+	p  *connPool
 }
 
 func (t txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {

@@ -52,7 +52,7 @@ type Dialect struct {
 // Store implements store.Store over a writer pool and a reader pool, which
 // may be the same *sqlx.DB.
 type Store struct {
-	w, r *pool
+	w, r *connPool
 	d    Dialect
 	q    queries
 	// claiming counts the claims in flight; one alone may take claimAlone.
@@ -64,7 +64,7 @@ type Store struct {
 func New(w, r *sqlx.DB, d Dialect) *Store {
 	q := bindQueries(w, d)
 	fixed := append(q.fixed(), d.Lock)
-	s := &Store{w: newPool(w, fixed), r: newPool(r, fixed), d: d, q: q}
+	s := &Store{w: newConnPool(w, fixed), r: newConnPool(r, fixed), d: d, q: q}
 	if r == w {
 		s.r = s.w
 	}
