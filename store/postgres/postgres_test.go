@@ -296,6 +296,59 @@ func TestTwoStoresAlone(t *testing.T) {
 	}
 }
 
+// TestClaimWaitsForLockedCell holds the only ready cell locked in another
+// transaction, as a claim that will roll back would: a claim must neither
+// answer empty nor take it while the lock is held, and must lease it once
+// the other transaction rolls back. It runs both claim paths: alone (one
+// autocommitted statement) and the transaction (SKIP LOCKED, then a wait).
+func TestClaimWaitsForLockedCell(t *testing.T) {
+	for _, path := range []string{"alone", "transaction"} {
+		t.Run(path, func(t *testing.T) {
+			url := testpg.Schema(t)
+			s := open(t, url, postgres.Options{})
+			defer s.Close()
+			f := newFixture(t)
+			f.prepare(t, s, 1)
+			db, err := sql.Open("postgres", url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			tx, err := db.BeginTx(t.Context(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(`SELECT id FROM cells WHERE state = 'ready' FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+			p := f.claim()
+			p.ClaimID = uuid.Must(uuid.NewV7())
+			if path == "transaction" {
+				p.ReadyFloors = map[string]int{"another-pool": 1} // a floor to count: never alone
+			}
+			done := make(chan store.ClaimResult, 1)
+			go func() {
+				res, err := s.Claim(t.Context(), p)
+				if err != nil {
+					t.Errorf("Claim: %v", err)
+				}
+				done <- res
+			}()
+			select {
+			case res := <-done:
+				t.Fatalf("claim answered %+v while the only cell was locked", res)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			if res := <-done; res.Lease == nil {
+				t.Errorf("claim after the rollback: %+v, want the cell leased", res)
+			}
+		})
+	}
+}
+
 func BenchmarkClaim(b *testing.B) {
 	s := newStore(b)
 	defer s.Close()
