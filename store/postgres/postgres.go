@@ -11,10 +11,12 @@
 // floor needs them one at a time, or two could each see one cell above it
 // (the lock key is hashed to 64 bits; a collision only makes two
 // inventories wait for each other). A claim with no other claim of its
-// Store in flight skips the transaction: it picks with a plain read and
-// writes the lease, its membership and its fence as one autocommitted
-// statement whose compare-and-set writes all of it or nothing, falling back
-// to the transaction when that statement finds the cell taken.
+// Store in flight skips the transaction: it picks with a plain read — or
+// takes the next candidate the inventory's previous lease statement
+// returned — and writes the lease, its membership and its fence as one
+// autocommitted statement whose compare-and-set writes all of it or
+// nothing, falling back to the transaction when that statement finds the
+// cell taken.
 // Every write is still a compare-and-set on (state, generation, lease_id),
 // so pool reconciliation can never make a claim take a cell that changed
 // under it.

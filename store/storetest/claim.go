@@ -18,6 +18,7 @@ var claimScenarios = []scenario{
 	{"Claim/ExactRelease", testClaimExactRelease},
 	{"Claim/TenantIsolation", testClaimTenantIsolation},
 	{"Claim/ReadyDeadline", testClaimReadyDeadline},
+	{"Claim/DeadlineBetweenClaims", testClaimDeadlineBetweenClaims},
 	{"Claim/UnfencedTwice", testClaimUnfencedTwice},
 	{"Claim/Empty", testClaimEmpty},
 	{"Claim/OnlyReadyCells", testClaimOnlyReady},
@@ -178,6 +179,27 @@ func testClaimReadyDeadline(e *env) {
 	l = e.mustLease(leaseSeconds(119))
 	if l.CellID != exact.ID {
 		e.t.Errorf("leased cell %s, want %s", l.CellID, exact.ID)
+	}
+	e.mustEmpty(leaseSeconds(1))
+}
+
+// testClaimDeadlineBetweenClaims checks the deadline of each claim's own
+// lease even when the cell next in line was seen by the claim before it
+// (on Postgres, the candidate a lease statement returns for the next claim).
+func testClaimDeadlineBetweenClaims(e *env) {
+	deadline := func(d time.Duration) func(*store.PrepareParams) {
+		return func(p *store.PrepareParams) { p.ExpiresAt = e.now.Add(d) }
+	}
+	first := e.prepare(deadline(time.Hour))
+	soon := e.prepare(deadline(60 * time.Second))
+	last := e.prepare(deadline(time.Hour))
+	for i, c := range []struct {
+		seconds uint64
+		want    lease.Cell
+	}{{300, first}, {300, last}, {30, soon}} {
+		if l := e.mustLease(leaseSeconds(c.seconds), fenced(newID())); l.CellID != c.want.ID {
+			e.t.Errorf("claim %d (lease %d s) leased cell %s, want %s", i+1, c.seconds, l.CellID, c.want.ID)
+		}
 	}
 	e.mustEmpty(leaseSeconds(1))
 }

@@ -75,11 +75,9 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 			return err
 		}
 	}
-	r := p.Release
 	if len(p.ReadyFloors) > 0 {
 		// Counting a ready floor needs the inventory's claims one at a time.
-		key := strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature}, "\x1f")
-		if err := s.lock(ctx, tx, key); err != nil {
+		if err := s.lock(ctx, tx, inventory(p)); err != nil {
 			return err
 		}
 	}
@@ -106,44 +104,97 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 }
 
 // claimAlone is the fast path of a claim no other claim of this store runs
-// beside, on dialects with writable CTEs: the pick as a plain read, then the
-// whole lease as one autocommitted statement — two round trips where the
-// transaction takes four. It reports false, having written nothing, when it
-// cannot decide the claim alone: no cell was free (an empty answer must
-// wait for locked candidates), the cell was taken meanwhile (the
-// statement's compare-and-set matched nothing), or the claim_id is taken.
+// beside, on dialects with writable CTEs: the whole lease as one
+// autocommitted statement, after a plain read that picks the cell — or
+// without it, when the inventory's previous lease statement returned the
+// next candidate. One or two round trips where the transaction takes four.
+// It reports false, having written nothing, when it cannot decide the claim
+// alone: no cell was free (an empty answer must wait for locked
+// candidates), the cell was taken meanwhile or is too close to its
+// deadline (the statement's compare-and-set matched nothing), or the
+// claim_id is taken.
 func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store.ClaimResult, taken *bool) (bool, error) {
-	var id string
-	var pool sql.NullString
-	var deadline int64
-	err := s.w.row(ctx, s.q.candidatePeek, s.candidateArgs(p)...).Scan(&id, &pool, &deadline)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
+	key := inventory(p)
+	var next candidate
+	if h, ok := s.takeHint(key); ok {
+		next = h
+	} else {
+		err := s.w.row(ctx, s.q.candidatePeek, s.candidateArgs(p)...).Scan(&next.id, &next.pool, &next.deadline)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
 	}
-	if err != nil {
-		return false, err
-	}
-	l, err := newLease(p, id, deadline)
+	l, err := newLease(p, next.id, next.deadline)
 	if err != nil {
 		return false, err
 	}
 	q, args := s.leaseAll(p, &l)
-	var cells, members int
-	if err := s.w.row(ctx, q, args...).Scan(&cells, &members); err != nil {
+	var r leaseRow
+	if err := s.w.row(ctx, q, args...).Scan(r.dest()...); err != nil {
 		return false, s.fenceTaken(err, taken)
 	}
 	switch {
-	case cells == 0:
+	case r.cells == 0:
 		return false, nil
-	case pool.Valid && members != 1:
+	case next.pool.Valid && r.members != 1:
 		// The compare-and-set required a ready member, and every change
 		// to a ready member changes its cell too: this cannot happen
 		// unless something else wrote the table. The fence row is
 		// written, so a retry replays the lease.
-		return false, fmt.Errorf("cell %s leased while its pool member changed", id)
+		return false, fmt.Errorf("cell %s leased while its pool member changed", next.id)
 	}
-	*res = store.ClaimResult{Lease: &l, PoolName: pool.String}
+	s.remember(key, &r)
+	*res = store.ClaimResult{Lease: &l, PoolName: next.pool.String}
 	return true, nil
+}
+
+// candidate is a claimable cell as the pick reads it.
+type candidate struct {
+	id       string
+	pool     sql.NullString
+	deadline int64
+}
+
+// leaseRow is the row of leaseAll: what it leased, and the next candidate.
+type leaseRow struct {
+	cells, members   int
+	nextID, nextPool sql.NullString
+	nextDeadline     sql.NullInt64
+}
+
+func (r *leaseRow) dest() []any {
+	return []any{&r.cells, &r.members, &r.nextID, &r.nextPool, &r.nextDeadline}
+}
+
+// maxHints bounds the remembered next candidates, one per inventory.
+const maxHints = 1024
+
+// remember keeps r's next candidate as the hint of inventory key. Only a
+// committed lease statement's row may be remembered: a rolled-back one may
+// name a cell younger than the one it failed to lease.
+func (s *Store) remember(key string, r *leaseRow) {
+	if !r.nextID.Valid {
+		return
+	}
+	s.hintsMu.Lock()
+	defer s.hintsMu.Unlock()
+	if _, ok := s.hints[key]; !ok && len(s.hints) >= maxHints {
+		clear(s.hints)
+	}
+	s.hints[key] = candidate{id: r.nextID.String, pool: r.nextPool, deadline: r.nextDeadline.Int64}
+}
+
+// takeHint removes and returns the hint of inventory key: a hint is tried
+// once.
+func (s *Store) takeHint(key string) (candidate, bool) {
+	s.hintsMu.Lock()
+	defer s.hintsMu.Unlock()
+	h, ok := s.hints[key]
+	delete(s.hints, key)
+	return h, ok
 }
 
 // newLease is the lease a claim makes of cell id, ready until deadline.
@@ -172,17 +223,27 @@ func newLease(p *store.ClaimParams, id string, deadline int64) (lease.Lease, err
 func leaseArgs(p *store.ClaimParams, l *lease.Lease) []any {
 	b := p.Binding
 	return []any{l.ID.String(), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
-		us(l.ExpiresAt), l.AttestationDigest, us(p.Now), l.CellID.String()}
+		us(l.ExpiresAt), l.AttestationDigest, us(p.Now), l.CellID.String(), us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
 }
 
 // leaseAll returns the one statement, with its arguments, that writes a
 // lease on dialects with writable CTEs.
 func (s *Store) leaseAll(p *store.ClaimParams, l *lease.Lease) (string, []any) {
-	args := append(leaseArgs(p, l), us(p.Now))
-	if p.ClaimID == uuid.Nil {
-		return s.q.leaseAll, args
+	q, args := s.q.leaseAll, append(leaseArgs(p, l), us(p.Now))
+	if p.ClaimID != uuid.Nil {
+		q, args = s.q.leaseAllFenced, append(args, p.TenantID, p.ClaimID.String(), p.Digest, us(p.Now))
 	}
-	return s.q.leaseAllFenced, append(args, p.TenantID, p.ClaimID.String(), p.Digest, us(p.Now))
+	// The next candidate is the oldest other ready cell, whatever lease
+	// the next claim asks for: its compare-and-set checks the deadline.
+	r := p.Release
+	return q, append(args, p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
+		us(p.Now), l.CellID.String())
+}
+
+// inventory is the key of a claim's inventory: tenant and exact release.
+func inventory(p *store.ClaimParams) string {
+	r := p.Release
+	return strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature}, "\x1f")
 }
 
 // leaseCell writes a new lease: the cell's compare-and-set from ready, its
@@ -191,11 +252,11 @@ func (s *Store) leaseAll(p *store.ClaimParams, l *lease.Lease) (string, []any) {
 func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool) error {
 	if s.d.WritableCTE {
 		q, args := s.leaseAll(p, l)
-		var cells, members int
-		if err := tx.row(ctx, q, args...).Scan(&cells, &members); err != nil {
+		var r leaseRow
+		if err := tx.row(ctx, q, args...).Scan(r.dest()...); err != nil {
 			return err
 		}
-		if cells != 1 || (pooled && members != 1) {
+		if r.cells != 1 || (pooled && r.members != 1) {
 			return errRetry
 		}
 		return nil

@@ -222,7 +222,8 @@ type queries struct {
 	candidateRaw string
 	// leaseAll and leaseAllFenced are leaseCell, memberLeased and (fenced)
 	// fenceInsert as one statement of writable CTEs, for dialects that have
-	// them. They return how many cells and members they leased.
+	// them. They return how many cells and members they leased, and the
+	// next candidate (or NULLs).
 	leaseAll, leaseAllFenced string
 	rebind                   func(string) string
 }
@@ -248,7 +249,8 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
 			updated_us = ?
-			WHERE id = ? AND state = 'ready' AND generation = 1 AND lease_id IS NULL`,
+			WHERE id = ? AND ready_deadline_us > CAST(? AS BIGINT) AND state = 'ready' AND generation = 1
+			  AND lease_id IS NULL`,
 		fenceInsert: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
 			VALUES (?, ?, ?, ?, ?)`,
 		memberLeased: `UPDATE pool_members SET state = 'leased', updated_us = ? WHERE cell_id = ? AND state = 'ready'`,
@@ -321,16 +323,20 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 	}
 	if d.WritableCTE {
 		// The cell's compare-and-set also requires a ready member, so an
-		// autocommitted claimAlone writes all of it or nothing.
-		leased := `WITH c AS (` + q.leaseCell + ` AND (pool_name IS NULL OR EXISTS (SELECT 1 FROM pool_members pm
+		// autocommitted claimAlone writes all of it or nothing. The
+		// statement also returns the inventory's next candidate, the hint
+		// the next claim alone starts from (its snapshot still shows the
+		// leased cell as ready, hence the exclusion).
+		leased := `WITH leased AS (` + q.leaseCell + ` AND (pool_name IS NULL OR EXISTS (SELECT 1 FROM pool_members pm
 				WHERE pm.cell_id = cells.id AND pm.pool_name = cells.pool_name AND pm.state = 'ready'))
 				RETURNING id, pool_name, lease_id),
-			m AS (UPDATE pool_members SET state = 'leased', updated_us = ?
-				WHERE cell_id = (SELECT id FROM c WHERE pool_name IS NOT NULL) AND state = 'ready' RETURNING cell_id)`
-		counts := ` SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM m)`
-		q.leaseAll = leased + counts
-		q.leaseAllFenced = leased + `, f AS (INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
-				SELECT ?, ?, ?, lease_id, ? FROM c RETURNING claim_id)` + counts
+			member AS (UPDATE pool_members SET state = 'leased', updated_us = ?
+				WHERE cell_id = (SELECT id FROM leased WHERE pool_name IS NOT NULL) AND state = 'ready' RETURNING cell_id)`
+		result := ` SELECT (SELECT count(*) FROM leased), (SELECT count(*) FROM member), n.id, n.pool_name, n.ready_deadline_us
+			FROM (SELECT 1) AS one LEFT JOIN LATERAL (` + q.candidate + ` AND c.id <> ?` + q.candidateOrder + `) n ON TRUE`
+		q.leaseAll = leased + result
+		q.leaseAllFenced = leased + `, fence AS (INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
+				SELECT ?, ?, ?, lease_id, ? FROM leased RETURNING claim_id)` + result
 	}
 	for _, p := range q.all() {
 		*p = db.Rebind(*p)

@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +58,10 @@ type Store struct {
 	q    queries
 	// claiming counts the claims in flight; one alone may take claimAlone.
 	claiming atomic.Int32
+	// hints maps an inventory to its next candidate, as the last lease
+	// statement on it saw it: where claimAlone starts.
+	hintsMu sync.Mutex
+	hints   map[string]candidate
 }
 
 // New returns a Store. w runs every transaction that writes; r serves reads
@@ -64,7 +69,7 @@ type Store struct {
 func New(w, r *sqlx.DB, d Dialect) *Store {
 	q := bindQueries(w, d)
 	fixed := append(q.fixed(), d.Lock)
-	s := &Store{w: newConnPool(w, fixed), r: newConnPool(r, fixed), d: d, q: q}
+	s := &Store{w: newConnPool(w, fixed), r: newConnPool(r, fixed), d: d, q: q, hints: map[string]candidate{}}
 	if r == w {
 		s.r = s.w
 	}
