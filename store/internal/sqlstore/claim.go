@@ -81,7 +81,7 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 			return err
 		}
 	}
-	id, pool, deadline, err := s.pickCell(ctx, tx, p)
+	c, err := s.pickCell(ctx, tx, p)
 	if errors.Is(err, sql.ErrNoRows) {
 		if fenced {
 			_, err = tx.exec(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, nil, us(p.Now))
@@ -92,14 +92,14 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 	if err != nil {
 		return err
 	}
-	l, err := newLease(p, id, deadline)
+	l, err := newLease(p, c)
 	if err != nil {
 		return err
 	}
-	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, pool.Valid), taken); err != nil {
+	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, c.pool.Valid), taken); err != nil {
 		return err
 	}
-	*res = store.ClaimResult{Lease: &l, PoolName: pool.String}
+	*res = store.ClaimResult{Lease: &l, PoolName: c.pool.String}
 	return nil
 }
 
@@ -115,11 +115,9 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 // claim_id is taken.
 func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store.ClaimResult, taken *bool) (bool, error) {
 	key := inventory(p)
-	var next candidate
-	if h, ok := s.takeHint(key); ok {
-		next = h
-	} else {
-		err := s.w.row(ctx, s.q.candidatePeek, s.candidateArgs(p)...).Scan(&next.id, &next.pool, &next.deadline)
+	next, ok := s.takeHint(key)
+	if !ok {
+		err := s.w.row(ctx, s.q.candidatePeek, s.candidateArgs(p)...).Scan(next.dest()...)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, nil
 		}
@@ -127,7 +125,7 @@ func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store
 			return false, err
 		}
 	}
-	l, err := newLease(p, next.id, next.deadline)
+	l, err := newLease(p, next)
 	if err != nil {
 		return false, err
 	}
@@ -157,6 +155,8 @@ type candidate struct {
 	pool     sql.NullString
 	deadline int64
 }
+
+func (c *candidate) dest() []any { return []any{&c.id, &c.pool, &c.deadline} }
 
 // leaseRow is the row of leaseAll: what it leased, and the next candidate.
 type leaseRow struct {
@@ -197,14 +197,14 @@ func (s *Store) takeHint(key string) (candidate, bool) {
 	return h, ok
 }
 
-// newLease is the lease a claim makes of cell id, ready until deadline.
-func newLease(p *store.ClaimParams, id string, deadline int64) (lease.Lease, error) {
-	cellID, err := uuid.Parse(id)
+// newLease is the lease a claim makes of cell c.
+func newLease(p *store.ClaimParams, c candidate) (lease.Lease, error) {
+	cellID, err := uuid.Parse(c.id)
 	if err != nil {
 		return lease.Lease{}, err
 	}
 	expires := p.Now.Add(secondsDuration(p.LeaseSeconds))
-	if d := fromUS(deadline); d.Before(expires) {
+	if d := fromUS(c.deadline); d.Before(expires) {
 		expires = d
 	}
 	l := lease.Lease{
@@ -332,12 +332,12 @@ func (s *Store) replay(ctx context.Context, tx txn, p *store.ClaimParams, res *s
 // cells other claims have locked; when that finds none it waits for them,
 // so an empty answer is exact: a claim that rolls back leaves its cell
 // ready for this one.
-func (s *Store) pickCell(ctx context.Context, tx txn, p *store.ClaimParams) (string, sql.NullString, int64, error) {
-	id, pool, deadline, err := s.pickWith(ctx, tx, p, s.q.candidateSkip, s.q.skipLocked)
+func (s *Store) pickCell(ctx context.Context, tx txn, p *store.ClaimParams) (candidate, error) {
+	c, err := s.pickWith(ctx, tx, p, s.q.candidateSkip, s.q.skipLocked)
 	if errors.Is(err, sql.ErrNoRows) && s.d.RowLock != "" {
 		return s.pickWith(ctx, tx, p, s.q.candidateWait, s.q.waitLocked)
 	}
-	return id, pool, deadline, err
+	return c, err
 }
 
 // candidateArgs are the arguments of the candidate query.
@@ -347,27 +347,27 @@ func (s *Store) candidateArgs(p *store.ClaimParams) []any {
 		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
 }
 
-func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, first, lockClause string) (id string, pool sql.NullString, deadline int64, err error) {
+func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, first, lockClause string) (candidate, error) {
 	args := s.candidateArgs(p)
 	row := tx.row(ctx, first, args...)
 	var held []any
 	for {
-		err = row.Scan(&id, &pool, &deadline)
-		if err != nil || !pool.Valid {
-			return id, pool, deadline, err
+		var c candidate
+		if err := row.Scan(c.dest()...); err != nil || !c.pool.Valid {
+			return c, err
 		}
-		floor := p.ReadyFloors[pool.String]
+		floor := p.ReadyFloors[c.pool.String]
 		if floor <= 0 {
-			return id, pool, deadline, nil
+			return c, nil
 		}
 		var ready int
-		if err = tx.row(ctx, s.q.readyMembers, pool.String).Scan(&ready); err != nil {
-			return "", pool, 0, err
+		if err := tx.row(ctx, s.q.readyMembers, c.pool.String).Scan(&ready); err != nil {
+			return c, err
 		}
 		if ready > floor {
-			return id, pool, deadline, nil
+			return c, nil
 		}
-		held = append(held, pool.String)
+		held = append(held, c.pool.String)
 		query := s.q.rebind(s.q.candidateRaw + ` AND (c.pool_name IS NULL OR c.pool_name NOT IN (?` +
 			strings.Repeat(", ?", len(held)-1) + `))` + s.q.candidateOrder + lockClause)
 		row = tx.tx.QueryRowxContext(ctx, query, append(args, held...)...)
