@@ -127,11 +127,29 @@ type ExecRequest struct {
 	Env   map[string]string
 	// Timeout bounds the command; the driver kills it, and everything it
 	// started, when it expires. A killed command reports TimedOut and a
-	// non-zero exit code. Zero means the driver's default (60 s).
+	// non-zero exit code. Zero means DefaultExecTimeout.
 	Timeout time.Duration
-	// MaxOutput caps each of stdout and stderr, in bytes; zero means the
-	// driver's default (1 MiB).
+	// MaxOutput caps each of stdout and stderr, in bytes; zero means
+	// DefaultMaxOutput.
 	MaxOutput int
+}
+
+// Defaults of an ExecRequest's zero Timeout and MaxOutput.
+const (
+	DefaultExecTimeout = 60 * time.Second
+	DefaultMaxOutput   = 1 << 20
+)
+
+// Limits returns the request's timeout and output cap, defaults applied.
+func (r ExecRequest) Limits() (time.Duration, int) {
+	timeout, maxOut := r.Timeout, r.MaxOutput
+	if timeout <= 0 {
+		timeout = DefaultExecTimeout
+	}
+	if maxOut <= 0 {
+		maxOut = DefaultMaxOutput
+	}
+	return timeout, maxOut
 }
 
 // ExecResult is a finished command.

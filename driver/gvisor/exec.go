@@ -18,8 +18,8 @@ import (
 
 // Exec defaults, used when an ExecRequest leaves Timeout or MaxOutput zero.
 const (
-	DefaultExecTimeout = 60 * time.Second
-	DefaultMaxOutput   = 1 << 20
+	DefaultExecTimeout = driver.DefaultExecTimeout
+	DefaultMaxOutput   = driver.DefaultMaxOutput
 )
 
 const (
@@ -87,14 +87,7 @@ func execEnv(extra map[string]string) []string {
 
 // exec runs req in container id; see Exec.
 func (p *Provider) exec(ctx context.Context, id string, req driver.ExecRequest) (driver.ExecResult, error) {
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = DefaultExecTimeout
-	}
-	maxOut := req.MaxOutput
-	if maxOut <= 0 {
-		maxOut = DefaultMaxOutput
-	}
+	timeout, maxOut := req.Limits()
 	dir, err := os.MkdirTemp(p.cfg.BundleDir, "exec-")
 	if err != nil {
 		return driver.ExecResult{}, fmt.Errorf("gvisor: exec in %s: %w", id, err)

@@ -32,8 +32,8 @@ import (
 
 // Exec defaults, used when an ExecRequest leaves Timeout or MaxOutput zero.
 const (
-	DefaultExecTimeout = 60 * time.Second
-	DefaultMaxOutput   = 1 << 20
+	DefaultExecTimeout = driver.DefaultExecTimeout
+	DefaultMaxOutput   = driver.DefaultMaxOutput
 )
 
 // killTimeout bounds the extra exec that kills a timed-out or cancelled
@@ -122,14 +122,7 @@ func (r *Runner) Run(ctx context.Context, pod, container string, req driver.Exec
 	if r.Config == nil {
 		return driver.ExecResult{}, errors.New("no REST config: exec needs one")
 	}
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = DefaultExecTimeout
-	}
-	maxOut := req.MaxOutput
-	if maxOut <= 0 {
-		maxOut = DefaultMaxOutput
-	}
+	timeout, maxOut := req.Limits()
 	id := randomID()
 	argv := []string{"sh", "-c", execScript, "sbw-exec", id, fmt.Sprint(len(req.Env))}
 	for _, k := range slices.Sorted(maps.Keys(req.Env)) {
