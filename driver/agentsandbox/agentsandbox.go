@@ -46,18 +46,17 @@ const (
 
 // Labels the driver reads and writes.
 const (
-	// LabelManagedBy marks every claim the driver creates.
-	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// LabelManagedBy marks every object the driver creates.
+	LabelManagedBy = kubeconf.LabelManagedBy
 	// ManagedByValue is LabelManagedBy's value.
-	ManagedByValue = "sandboxwich"
+	ManagedByValue = kubeconf.ManagedByValue
 	// LabelPool carries Config.Pool: the ownership label List selects on.
-	LabelPool = "sandboxwich.dev/pool"
-	// LabelCellID carries the cell ID a claim backs.
-	LabelCellID = "sandboxwich.dev/cell-id"
-	// LabelRuntimeClass records the class the claim was made for. It is
-	// bookkeeping, never evidence: verification reads the bound Pod's
-	// spec.runtimeClassName.
-	LabelRuntimeClass = "sandboxwich.dev/runtime-class"
+	LabelPool = kubeconf.LabelPool
+	// LabelCellID carries the cell ID an object backs.
+	LabelCellID = kubeconf.LabelCellID
+	// LabelRuntimeClass records the class an object was requested for:
+	// bookkeeping, never evidence.
+	LabelRuntimeClass = kubeconf.LabelRuntimeClass
 	// LabelClaimUID is the label agent-sandbox puts on the Pod it hands to
 	// a claim: the claim's UID.
 	LabelClaimUID = "agents.x-k8s.io/claim-uid"

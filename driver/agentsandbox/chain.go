@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -187,7 +188,7 @@ func (c *chain) verifyClass(p *Provider) {
 
 // ready reports a whole, consistent chain whose Pod is Running and ready.
 func (c *chain) ready() bool {
-	return c.claim != nil && c.pod != nil && len(c.problems) == 0 && c.pending == "" && c.class != "" && podReady(c.pod)
+	return c.claim != nil && c.pod != nil && len(c.problems) == 0 && c.pending == "" && c.class != "" && kubeconf.PodReady(c.pod)
 }
 
 // detail explains the chain for logs and errors.
@@ -201,7 +202,7 @@ func (c *chain) detail() string {
 		if c.pod.Spec.RuntimeClassName != nil {
 			rc = *c.pod.Spec.RuntimeClassName
 		}
-		s += fmt.Sprintf(" (pod phase %s, runtimeClassName %q, ready %v)", c.pod.Status.Phase, rc, podReady(c.pod))
+		s += fmt.Sprintf(" (pod phase %s, runtimeClassName %q, ready %v)", c.pod.Status.Phase, rc, kubeconf.PodReady(c.pod))
 	}
 	if len(c.problems) > 0 {
 		s += ": " + strings.Join(c.problems, "; ")
@@ -227,20 +228,4 @@ func (c *chain) observe(obj driver.Object) driver.Observation {
 		o.Ready = c.ready()
 	}
 	return o
-}
-
-// podReady reports Running, not terminating, every container ready.
-func podReady(pod *corev1.Pod) bool {
-	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	if len(pod.Status.ContainerStatuses) < len(pod.Spec.Containers) {
-		return false
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if !cs.Ready {
-			return false
-		}
-	}
-	return true
 }

@@ -1,14 +1,9 @@
 package agentsandbox
 
 import (
-	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
-	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // Settings are the keys ConfigFromSettings understands: the reference
@@ -33,36 +28,21 @@ var Settings = []string{
 //	                                 pool name as a label value)
 //
 // The result still goes through New for validation.
-func ConfigFromSettings(pool string, s map[string]string) (Config, error) {
+func ConfigFromSettings(pool string, values map[string]string) (Config, error) {
 	var cfg Config
-	for k := range s {
-		if !slices.Contains(Settings, k) {
-			return cfg, fmt.Errorf("agentsandbox: unknown setting %q (known: %s)", k, strings.Join(Settings, ", "))
-		}
+	s := kubeconf.Settings{Driver: "agentsandbox", Known: Settings, Values: values}
+	if err := s.Check(); err != nil {
+		return cfg, err
 	}
 	var err error
-	if cfg.RESTConfig, err = kubeconf.RESTConfig(s["kubeconfig"]); err != nil {
-		return cfg, fmt.Errorf("agentsandbox: setting kubeconfig: %w", err)
+	if cfg.RESTConfig, err = s.RESTConfig(); err != nil {
+		return cfg, err
 	}
-	cfg.Namespace, cfg.WarmPool, cfg.Template, cfg.Container = s["namespace"], s["warm_pool"], s["template"], s["container"]
-	cfg.RuntimeClassNames = map[lease.RuntimeClass]string{}
-	for _, class := range []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM} {
-		if name := s["runtime_class_"+string(class)]; name != "" {
-			cfg.RuntimeClassNames[class] = name
-		}
+	cfg.Namespace, cfg.WarmPool, cfg.Template, cfg.Container = values["namespace"], values["warm_pool"], values["template"], values["container"]
+	cfg.RuntimeClassNames = s.RuntimeClassNames()
+	if err := s.Millis(map[string]*time.Duration{"bind_timeout_ms": &cfg.BindTimeout, "delete_timeout_ms": &cfg.DeleteTimeout}); err != nil {
+		return cfg, err
 	}
-	for key, dst := range map[string]*time.Duration{"bind_timeout_ms": &cfg.BindTimeout, "delete_timeout_ms": &cfg.DeleteTimeout} {
-		if v := s[key]; v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 {
-				return cfg, fmt.Errorf("agentsandbox: setting %s: %q is not a positive number of milliseconds", key, v)
-			}
-			*dst = time.Duration(n) * time.Millisecond
-		}
-	}
-	cfg.Pool = s["pool_label"]
-	if cfg.Pool == "" {
-		cfg.Pool = kubeconf.LabelValue(pool)
-	}
+	cfg.Pool = s.PoolLabel(pool)
 	return cfg, nil
 }

@@ -21,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -220,7 +221,7 @@ func TestPodReady(t *testing.T) {
 	} {
 		pod := readyPod(p, id, "uid")
 		tc.mutate(pod)
-		if got := podReady(pod); got != tc.want {
+		if got := kubeconf.PodReady(pod); got != tc.want {
 			t.Errorf("%s: ready = %v, want %v", name, got, tc.want)
 		}
 	}

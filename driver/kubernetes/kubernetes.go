@@ -31,17 +31,16 @@ import (
 // Labels and names the driver puts on its objects.
 const (
 	// LabelManagedBy marks every object the driver creates.
-	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelManagedBy = kubeconf.LabelManagedBy
 	// ManagedByValue is LabelManagedBy's value.
-	ManagedByValue = "sandboxwich"
+	ManagedByValue = kubeconf.ManagedByValue
 	// LabelPool carries Config.Pool: the ownership label List selects on.
-	LabelPool = "sandboxwich.dev/pool"
-	// LabelCellID carries the cell ID a Pod backs.
-	LabelCellID = "sandboxwich.dev/cell-id"
-	// LabelRuntimeClass records the runtime class the Pod was requested
-	// for. It is bookkeeping, never evidence: verification reads
-	// spec.runtimeClassName.
-	LabelRuntimeClass = "sandboxwich.dev/runtime-class"
+	LabelPool = kubeconf.LabelPool
+	// LabelCellID carries the cell ID an object backs.
+	LabelCellID = kubeconf.LabelCellID
+	// LabelRuntimeClass records the class an object was requested for:
+	// bookkeeping, never evidence.
+	LabelRuntimeClass = kubeconf.LabelRuntimeClass
 	// PodNamePrefix starts every Pod name; the cell ID follows.
 	PodNamePrefix = "sbw-"
 	// ContainerName is the name of the cell's only container.
@@ -375,7 +374,7 @@ func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
 	if len(problems) > 0 {
 		o.RuntimeClass = ""
 	}
-	o.Ready = podReady(pod)
+	o.Ready = kubeconf.PodReady(pod)
 	phase := string(pod.Status.Phase)
 	if pod.DeletionTimestamp != nil {
 		phase += ", terminating"
@@ -419,22 +418,6 @@ func (p *Provider) weakened(pod *corev1.Pod) []string {
 		out = append(out, "admitted pod has no "+ContainerName+" container")
 	}
 	return out
-}
-
-// podReady reports Running, not terminating, every container ready.
-func podReady(pod *corev1.Pod) bool {
-	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	if len(pod.Status.ContainerStatuses) < len(pod.Spec.Containers) {
-		return false
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if !cs.Ready {
-			return false
-		}
-	}
-	return true
 }
 
 // Destroy implements driver.Provider. It deletes the Pod with a UID

@@ -2,13 +2,11 @@ package kubernetes
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
-	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // Settings are the keys ConfigFromSettings understands: the reference
@@ -41,53 +39,39 @@ var Settings = []string{
 //
 // At least one runtime_class_* setting is required. The result still goes
 // through New for validation.
-func ConfigFromSettings(pool string, s map[string]string) (Config, error) {
+func ConfigFromSettings(pool string, values map[string]string) (Config, error) {
 	var cfg Config
-	for k := range s {
-		if !slices.Contains(Settings, k) {
-			return cfg, fmt.Errorf("kubernetes: unknown setting %q (known: %s)", k, strings.Join(Settings, ", "))
-		}
+	s := kubeconf.Settings{Driver: "kubernetes", Known: Settings, Values: values}
+	if err := s.Check(); err != nil {
+		return cfg, err
 	}
 	var err error
-	if cfg.RESTConfig, err = kubeconf.RESTConfig(s["kubeconfig"]); err != nil {
-		return cfg, fmt.Errorf("kubernetes: setting kubeconfig: %w", err)
+	if cfg.RESTConfig, err = s.RESTConfig(); err != nil {
+		return cfg, err
 	}
-	cfg.Namespace, cfg.Image, cfg.NodeName = s["namespace"], s["image"], s["node_name"]
-	cfg.CPU, cfg.Memory, cfg.TmpSize = s["cpu"], s["memory"], s["tmp_size"]
-	if c := strings.Fields(s["command"]); len(c) > 0 {
+	cfg.Namespace, cfg.Image, cfg.NodeName = values["namespace"], values["image"], values["node_name"]
+	cfg.CPU, cfg.Memory, cfg.TmpSize = values["cpu"], values["memory"], values["tmp_size"]
+	if c := strings.Fields(values["command"]); len(c) > 0 {
 		cfg.Command = c
 	}
-	cfg.RuntimeClassNames = map[lease.RuntimeClass]string{}
-	for _, class := range []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM} {
-		if name := s["runtime_class_"+string(class)]; name != "" {
-			cfg.RuntimeClassNames[class] = name
-		}
-	}
-	if v := s["run_as_user"]; v != "" {
+	cfg.RuntimeClassNames = s.RuntimeClassNames()
+	if v := values["run_as_user"]; v != "" {
 		if cfg.RunAsUser, err = strconv.ParseInt(v, 10, 64); err != nil || cfg.RunAsUser <= 0 {
 			return cfg, fmt.Errorf("kubernetes: setting run_as_user: %q is not a positive UID", v)
 		}
 	}
-	if v := s["network_policy"]; v != "" {
+	if v := values["network_policy"]; v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			return cfg, fmt.Errorf("kubernetes: setting network_policy: %q is not true or false", v)
 		}
 		cfg.NetworkPolicy = &b
 	}
-	for key, dst := range map[string]*time.Duration{"ready_timeout_ms": &cfg.ReadyTimeout, "termination_grace_period_ms": &cfg.TerminationGracePeriod} {
-		if v := s[key]; v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 {
-				return cfg, fmt.Errorf("kubernetes: setting %s: %q is not a positive number of milliseconds", key, v)
-			}
-			*dst = time.Duration(n) * time.Millisecond
-		}
+	if err := s.Millis(map[string]*time.Duration{"ready_timeout_ms": &cfg.ReadyTimeout,
+		"termination_grace_period_ms": &cfg.TerminationGracePeriod}); err != nil {
+		return cfg, err
 	}
-	cfg.Pool = s["pool_label"]
-	if cfg.Pool == "" {
-		cfg.Pool = LabelValue(pool)
-	}
+	cfg.Pool = s.PoolLabel(pool)
 	return cfg, nil
 }
 
