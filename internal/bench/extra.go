@@ -66,32 +66,49 @@ type RefillReport struct {
 	Overhead        float64       `json:"overhead"`
 }
 
-func benchRefill(ctx context.Context, dir string, quick bool) (*RefillReport, error) {
-	r := &RefillReport{Cells: 16, MaxProvisioning: 4, Latency: 500 * time.Millisecond}
-	if quick {
-		r.Latency = 250 * time.Millisecond
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "refill-"+uuid.NewString()+".db"), sqlite.Options{})
+// poolPlane returns a plane over a fresh SQLite file in dir with the one
+// pool cfg, for the bench tenant and a release signed with a fresh key.
+func poolPlane(ctx context.Context, dir string, cfg pool.Config, opts ...sandboxwich.Option) (*sandboxwich.Plane, *sqlite.Store, lease.Release, error) {
+	st, err := sqlite.Open(ctx, filepath.Join(dir, cfg.Name+"-"+uuid.NewString()+".db"), sqlite.Options{})
 	if err != nil {
-		return nil, err
+		return nil, nil, lease.Release{}, err
 	}
-	defer st.Close()
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	keys, _ := attest.NewKeyring(key)
 	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("c", 64)}
 	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)), sandboxwich.WithSweepInterval(0),
-		sandboxwich.WithPools(pool.Config{Name: "refill", TenantID: benchTenant, Release: rel, Target: r.Cells,
-			MaxProvisioning: r.MaxProvisioning, Provider: fake.New(fake.Config{Mode: driver.Apply, Latency: r.Latency})}))
+	cfg.TenantID, cfg.Release = benchTenant, rel
+	plane, err := sandboxwich.New(st, keys, append([]sandboxwich.Option{sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
+		sandboxwich.WithSweepInterval(0), sandboxwich.WithPools(cfg)}, opts...)...)
+	if err != nil {
+		st.Close()
+		return nil, nil, lease.Release{}, err
+	}
+	return plane, st, rel, nil
+}
+
+// run runs plane's pools until the returned stop is called.
+func run(ctx context.Context, plane *sandboxwich.Plane) (stop func()) {
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- plane.Run(runCtx) }()
+	return func() { cancel(); <-done }
+}
+
+func benchRefill(ctx context.Context, dir string, quick bool) (*RefillReport, error) {
+	r := &RefillReport{Cells: 16, MaxProvisioning: 4, Latency: 500 * time.Millisecond}
+	if quick {
+		r.Latency = 250 * time.Millisecond
+	}
+	plane, st, _, err := poolPlane(ctx, dir, pool.Config{Name: "refill", Target: r.Cells, MaxProvisioning: r.MaxProvisioning,
+		Provider: fake.New(fake.Config{Mode: driver.Apply, Latency: r.Latency})})
 	if err != nil {
 		return nil, err
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
+	defer st.Close()
 	start := time.Now()
-	go func() { done <- plane.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer run(ctx, plane)()
 	for {
 		sts, err := plane.Pools().Status(ctx)
 		if err != nil {
@@ -131,30 +148,17 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 	if err != nil {
 		return nil, err
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "gvisor-"+uuid.NewString()+".db"), sqlite.Options{})
-	if err != nil {
-		return nil, err
-	}
-	defer st.Close()
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	keys, _ := attest.NewKeyring(key)
-	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("d", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)), sandboxwich.WithSweepInterval(0),
-		sandboxwich.WithPools(pool.Config{Name: "bench", TenantID: benchTenant, Release: rel, Target: 2, Provider: prov}),
+	plane, st, rel, err := poolPlane(ctx, dir, pool.Config{Name: "bench", Target: 2, Provider: prov},
 		sandboxwich.WithPoolOptions(pool.Options{Interval: 20 * time.Millisecond}))
 	if err != nil {
 		return nil, err
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- plane.Run(runCtx) }()
+	defer st.Close()
+	stop := run(ctx, plane)
 	defer func() {
 		_ = plane.Pools().SetTarget("bench", 0)
 		waitLive(ctx, plane, 0)
 		stop()
-		<-done
 	}()
 
 	// Warm and bare take turns, each pair starting with both pool cells
