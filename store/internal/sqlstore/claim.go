@@ -46,10 +46,14 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 		done, err = s.claimAlone(ctx, &p, &res, &taken)
 	}
 	if !done && (err == nil || errors.Is(err, errRetry)) {
+		var r leaseRow
 		err = s.inTx(ctx, func(tx txn) error {
-			res = store.ClaimResult{}
-			return s.claimOnce(ctx, tx, &p, &res, &taken)
+			res, r = store.ClaimResult{}, leaseRow{}
+			return s.claimOnce(ctx, tx, &p, &res, &taken, &r)
 		})
+		if err == nil {
+			s.remember(inventory(&p), &r) // committed
+		}
 	}
 	switch {
 	case err == nil:
@@ -67,8 +71,8 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 }
 
 // claimOnce is one attempt. taken records, across attempts, that the
-// claim_id's fence row exists.
-func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult, taken *bool) error {
+// claim_id's fence row exists; r receives the lease statement's row.
+func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult, taken *bool, r *leaseRow) error {
 	fenced := p.ClaimID != uuid.Nil
 	if fenced && *taken {
 		if done, err := s.replay(ctx, tx, p, res); done || err != nil {
@@ -96,7 +100,7 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 	if err != nil {
 		return err
 	}
-	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, c.pool.Valid), taken); err != nil {
+	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, c.pool.Valid, r), taken); err != nil {
 		return err
 	}
 	*res = store.ClaimResult{Lease: &l, PoolName: c.pool.String}
@@ -248,11 +252,10 @@ func inventory(p *store.ClaimParams) string {
 
 // leaseCell writes a new lease: the cell's compare-and-set from ready, its
 // membership's, and the claim's fence row. With writable CTEs that is one
-// statement (one round trip); otherwise three.
-func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool) error {
+// statement (one round trip), whose row lands in r; otherwise three.
+func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool, r *leaseRow) error {
 	if s.d.WritableCTE {
 		q, args := s.leaseAll(p, l)
-		var r leaseRow
 		if err := tx.row(ctx, q, args...).Scan(r.dest()...); err != nil {
 			return err
 		}
