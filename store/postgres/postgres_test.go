@@ -224,76 +224,15 @@ func TestTwoPools(t *testing.T) {
 	}
 }
 
-// TestTwoStoresAlone races claims that each run alone in their store — the
-// two-statement path without a transaction — through two stores on one
-// schema, as two replicas with one claim each in flight would: sequential
-// claims from both until the inventory is empty lease every cell exactly
-// once, and identical fenced claims sent to both at once get one lease.
+// TestTwoStoresAlone claims through two stores on one schema, as two
+// replicas would; with one claim in flight each, most run alone (one
+// autocommitted statement) from a candidate the other may have leased.
 func TestTwoStoresAlone(t *testing.T) {
 	url := testpg.Schema(t)
-	stores := [2]*postgres.Store{open(t, url, postgres.Options{}), open(t, url, postgres.Options{})}
-	defer stores[0].Close()
-	defer stores[1].Close()
-	f := newFixture(t)
-	const cells = 40
-	f.prepare(t, stores[0], cells)
-
-	var mu sync.Mutex
-	leased := map[uuid.UUID]int{}
-	var wg sync.WaitGroup
-	for _, s := range stores {
-		wg.Go(func() {
-			for {
-				p := f.claim()
-				p.ClaimID = uuid.Must(uuid.NewV7())
-				res, err := s.Claim(t.Context(), p)
-				if err != nil {
-					t.Errorf("Claim: %v", err)
-					return
-				}
-				if res.Lease == nil {
-					return
-				}
-				mu.Lock()
-				leased[res.Lease.CellID]++
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	if len(leased) != cells {
-		t.Errorf("leased %d distinct cells of %d", len(leased), cells)
-	}
-	for id, n := range leased {
-		if n != 1 {
-			t.Errorf("cell %s leased %d times", id, n)
-		}
-	}
-
-	f.prepare(t, stores[0], 20)
-	for range 20 {
-		p := f.claim()
-		p.ClaimID = uuid.Must(uuid.NewV7())
-		var res [2]store.ClaimResult
-		var errs [2]error
-		var wg sync.WaitGroup
-		for i, s := range stores {
-			q := p
-			wg.Go(func() { res[i], errs[i] = s.Claim(t.Context(), q) })
-		}
-		wg.Wait()
-		if errs[0] != nil || errs[1] != nil || res[0].Lease == nil || res[1].Lease == nil {
-			t.Fatalf("identical claims: %+v %v, %+v %v", res[0], errs[0], res[1], errs[1])
-		}
-		if res[0].Lease.ID != res[1].Lease.ID || res[0].Replayed == res[1].Replayed {
-			t.Errorf("identical claims got leases %s (replayed %t) and %s (replayed %t); want one lease, one replay",
-				res[0].Lease.ID, res[0].Replayed, res[1].Lease.ID, res[1].Replayed)
-		}
-	}
-	counts, err := stores[1].CellCounts(t.Context())
-	if err != nil || counts[lease.Leased] != cells+20 || counts[lease.Ready] != 0 {
-		t.Errorf("CellCounts = %v, %v; want %d leased, none ready", counts, err, cells+20)
-	}
+	a, b := open(t, url, postgres.Options{}), open(t, url, postgres.Options{})
+	defer a.Close()
+	defer b.Close()
+	storetest.CheckTwoStores(t, a, b)
 }
 
 // TestClaimWaitsForLockedCell holds the only ready cell locked in another

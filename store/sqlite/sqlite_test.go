@@ -74,6 +74,17 @@ func TestSkipMigrate(t *testing.T) {
 	}
 }
 
+// TestTwoStores claims through two stores on one file, as two processes
+// would: each trusts the candidates its last pick read only as far as its
+// compare-and-set holds.
+func TestTwoStores(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sandboxwich.db")
+	a, b := open(t, path, sqlite.Options{}), open(t, path, sqlite.Options{})
+	defer a.Close()
+	defer b.Close()
+	storetest.CheckTwoStores(t, a, b)
+}
+
 func TestOpenEmptyPath(t *testing.T) {
 	if s, err := sqlite.Open(t.Context(), "", sqlite.Options{}); err == nil {
 		s.Close()

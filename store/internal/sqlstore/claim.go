@@ -46,13 +46,13 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 		done, err = s.claimAlone(ctx, &p, &res, &taken)
 	}
 	if !done && (err == nil || errors.Is(err, errRetry)) {
-		var r leaseRow
+		var next []candidate
 		err = s.inTx(ctx, func(tx txn) error {
-			res, r = store.ClaimResult{}, leaseRow{}
-			return s.claimOnce(ctx, tx, &p, &res, &taken, &r)
+			res, next = store.ClaimResult{}, nil
+			return s.claimOnce(ctx, tx, &p, &res, &taken, &next)
 		})
 		if err == nil {
-			s.remember(inventory(&p), &r) // committed
+			s.remember(inventory(&p), next) // committed
 		}
 	}
 	switch {
@@ -71,12 +71,27 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 }
 
 // claimOnce is one attempt. taken records, across attempts, that the
-// claim_id's fence row exists; r receives the lease statement's row.
-func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult, taken *bool, r *leaseRow) error {
+// claim_id's fence row exists; next receives the inventory's next
+// candidates, to remember once the transaction commits.
+//
+// On a dialect whose writers are serialized (no row locks: SQLite), the
+// transaction sees every committed lease, so a remembered candidate is as
+// good as a pick once its compare-and-set holds: the claim tries the next
+// remembered one first, and a pick reads hintDepth candidates for the
+// claims that follow.
+func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult, taken *bool, next *[]candidate) error {
 	fenced := p.ClaimID != uuid.Nil
 	if fenced && *taken {
 		if done, err := s.replay(ctx, tx, p, res); done || err != nil {
 			return err
+		}
+	}
+	serial := s.d.RowLock == "" && len(p.ReadyFloors) == 0
+	if serial {
+		if c, ok := s.takeHint(inventory(p)); ok {
+			if err := s.leaseCandidate(ctx, tx, p, c, res, taken, next); !errors.Is(err, errCellTaken) {
+				return err
+			}
 		}
 	}
 	if len(p.ReadyFloors) > 0 {
@@ -85,7 +100,13 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 			return err
 		}
 	}
-	c, err := s.pickCell(ctx, tx, p)
+	var c candidate
+	var err error
+	if serial {
+		c, *next, err = s.pickQueue(ctx, tx, p)
+	} else {
+		c, err = s.pickCell(ctx, tx, p)
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		if fenced {
 			_, err = tx.exec(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, nil, us(p.Now))
@@ -96,15 +117,46 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res
 	if err != nil {
 		return err
 	}
+	return s.leaseCandidate(ctx, tx, p, c, res, taken, next)
+}
+
+// leaseCandidate leases cell c to the claim, or reports errCellTaken,
+// having written nothing, when c is no longer claimable.
+func (s *Store) leaseCandidate(ctx context.Context, tx txn, p *store.ClaimParams, c candidate, res *store.ClaimResult, taken *bool, next *[]candidate) error {
 	l, err := newLease(p, c)
 	if err != nil {
 		return err
 	}
-	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, c.pool.Valid, r), taken); err != nil {
+	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, c.pool.Valid, next), taken); err != nil {
 		return err
 	}
 	*res = store.ClaimResult{Lease: &l, PoolName: c.pool.String}
 	return nil
+}
+
+// pickQueue is the pick of a dialect whose writers are serialized: the
+// oldest claimable cell, and the next hintDepth-1 after it.
+func (s *Store) pickQueue(ctx context.Context, tx txn, p *store.ClaimParams) (candidate, []candidate, error) {
+	rows, err := tx.rows(ctx, s.q.candidateQueue, s.candidateArgs(p)...)
+	if err != nil {
+		return candidate{}, nil, err
+	}
+	defer rows.Close()
+	var cs []candidate
+	for rows.Next() {
+		var c candidate
+		if err := rows.Scan(c.dest()...); err != nil {
+			return candidate{}, nil, err
+		}
+		cs = append(cs, c)
+	}
+	if err := rows.Err(); err != nil {
+		return candidate{}, nil, err
+	}
+	if len(cs) == 0 {
+		return candidate{}, nil, sql.ErrNoRows
+	}
+	return cs[0], cs[1:], nil
 }
 
 // claimAlone is the fast path of a claim no other claim of this store runs
@@ -148,7 +200,7 @@ func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store
 		// written, so a retry replays the lease.
 		return false, fmt.Errorf("cell %s leased while its pool member changed", next.id)
 	}
-	s.remember(key, &r)
+	s.remember(key, r.next())
 	*res = store.ClaimResult{Lease: &l, PoolName: next.pool.String}
 	return true, nil
 }
@@ -173,14 +225,27 @@ func (r *leaseRow) dest() []any {
 	return []any{&r.cells, &r.members, &r.nextID, &r.nextPool, &r.nextDeadline}
 }
 
-// maxHints bounds the remembered next candidates, one per inventory.
-const maxHints = 1024
-
-// remember keeps r's next candidate as the hint of inventory key. Only a
-// committed lease statement's row may be remembered: a rolled-back one may
-// name a cell younger than the one it failed to lease.
-func (s *Store) remember(key string, r *leaseRow) {
+// next is the row's next candidate, if it names one.
+func (r *leaseRow) next() []candidate {
 	if !r.nextID.Valid {
+		return nil
+	}
+	return []candidate{{id: r.nextID.String, pool: r.nextPool, deadline: r.nextDeadline.Int64}}
+}
+
+// maxHints bounds the inventories with remembered candidates; hintDepth
+// bounds the candidates remembered for one.
+const (
+	maxHints  = 1024
+	hintDepth = 16
+)
+
+// remember keeps next, oldest first, as the candidates of inventory key,
+// unless it is empty. Only what a committed transaction read may be
+// remembered: a rolled-back one may name a cell younger than the one it
+// failed to lease.
+func (s *Store) remember(key string, next []candidate) {
+	if len(next) == 0 {
 		return
 	}
 	s.hintsMu.Lock()
@@ -188,17 +253,24 @@ func (s *Store) remember(key string, r *leaseRow) {
 	if _, ok := s.hints[key]; !ok && len(s.hints) >= maxHints {
 		clear(s.hints)
 	}
-	s.hints[key] = candidate{id: r.nextID.String, pool: r.nextPool, deadline: r.nextDeadline.Int64}
+	s.hints[key] = next
 }
 
-// takeHint removes and returns the hint of inventory key: a hint is tried
-// once.
+// takeHint removes and returns the oldest remembered candidate of
+// inventory key: each is tried once.
 func (s *Store) takeHint(key string) (candidate, bool) {
 	s.hintsMu.Lock()
 	defer s.hintsMu.Unlock()
-	h, ok := s.hints[key]
-	delete(s.hints, key)
-	return h, ok
+	q := s.hints[key]
+	if len(q) == 0 {
+		return candidate{}, false
+	}
+	if len(q) == 1 {
+		delete(s.hints, key)
+	} else {
+		s.hints[key] = q[1:]
+	}
+	return q[0], true
 }
 
 // newLease is the lease a claim makes of cell c.
@@ -252,20 +324,27 @@ func inventory(p *store.ClaimParams) string {
 
 // leaseCell writes a new lease: the cell's compare-and-set from ready, its
 // membership's, and the claim's fence row. With writable CTEs that is one
-// statement (one round trip), whose row lands in r; otherwise three.
-func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool, r *leaseRow) error {
+// statement (one round trip), whose next candidate lands in next; otherwise
+// three. It reports errCellTaken, having written nothing, when the cell's
+// compare-and-set matched no row.
+func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool, next *[]candidate) error {
 	if s.d.WritableCTE {
+		var r leaseRow
 		q, args := s.leaseAll(p, l)
 		if err := tx.row(ctx, q, args...).Scan(r.dest()...); err != nil {
 			return err
 		}
-		if r.cells != 1 || (pooled && r.members != 1) {
+		switch {
+		case r.cells != 1:
+			return errCellTaken
+		case pooled && r.members != 1:
 			return errRetry
 		}
+		*next = r.next()
 		return nil
 	}
 	if n, err := affected(tx.exec(ctx, s.q.leaseCell, leaseArgs(p, l)...)); err != nil || n != 1 {
-		return cmp.Or(err, errRetry)
+		return cmp.Or(err, errCellTaken)
 	}
 	if pooled {
 		if n, err := affected(tx.exec(ctx, s.q.memberLeased, us(p.Now), l.CellID.String())); err != nil || n != 1 {
@@ -278,6 +357,10 @@ func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *
 	}
 	return nil
 }
+
+// errCellTaken is a lost compare-and-set on the cell itself, before
+// anything was written: another attempt, or another candidate, may follow.
+var errCellTaken = fmt.Errorf("%w: the cell is no longer claimable", errRetry)
 
 // fenceTaken turns a unique violation — the claim_id's fence row already
 // exists, committed by an earlier or concurrent claim — into another attempt,

@@ -127,6 +127,14 @@ func (t txn) row(ctx context.Context, q string, args ...any) scanner {
 	return t.tx.StmtxContext(ctx, st).QueryRowxContext(ctx, args...)
 }
 
+func (t txn) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
+	st := t.p.stmts[q]
+	if st == nil {
+		return nil, errNotPrepared
+	}
+	return t.tx.StmtxContext(ctx, st).QueryxContext(ctx, args...)
+}
+
 // errNotPrepared is a programming error: a fixed query missing from the
 // list New prepares.
 var errNotPrepared = errors.New("sqlstore: query is not among the prepared statements")

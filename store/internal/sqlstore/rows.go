@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"database/sql"
 	"fmt"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
@@ -217,6 +218,10 @@ type queries struct {
 	candidateSkip, candidateWait, skipLocked, waitLocked string
 	// candidatePeek is candidate + candidateOrder without a lock.
 	candidatePeek string
+	// candidateQueue is candidate in order, the first hintDepth rows: on a
+	// dialect whose writers are serialized, one pick serves that many
+	// claims (see claimOnce).
+	candidateQueue string
 	// candidateRaw is candidate before rebinding, for the rare path that
 	// excludes pools held at their ready floor.
 	candidateRaw string
@@ -227,6 +232,9 @@ type queries struct {
 	leaseAll, leaseAllFenced string
 	rebind                   func(string) string
 }
+
+// oldestFirst is the order claims take an inventory's cells in.
+const oldestFirst = ` ORDER BY c.created_us, c.id`
 
 func bindQueries(db *sqlx.DB, d Dialect) queries {
 	q := queries{
@@ -244,7 +252,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)
 			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'
 			  AND c.ready_deadline_us > CAST(? AS BIGINT)`,
-		candidateOrder: ` ORDER BY c.created_us, c.id LIMIT 1`,
+		candidateOrder: oldestFirst + ` LIMIT 1`,
 		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = CAST(? AS TEXT) AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
@@ -342,6 +350,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		*p = db.Rebind(*p)
 	}
 	q.candidatePeek = q.candidate + q.candidateOrder
+	q.candidateQueue = q.candidate + oldestFirst + " LIMIT " + strconv.Itoa(hintDepth)
 	q.candidateSkip = q.candidate + q.candidateOrder + q.skipLocked
 	q.candidateWait = q.candidate + q.candidateOrder + q.waitLocked
 	return q
@@ -361,7 +370,7 @@ func (q *queries) all() []*string {
 
 // fixed lists every complete fixed query, the statements a pool prepares.
 func (q queries) fixed() []string {
-	out := []string{q.candidatePeek, q.candidateSkip, q.candidateWait}
+	out := []string{q.candidatePeek, q.candidateSkip, q.candidateWait, q.candidateQueue}
 	for _, p := range q.all() {
 		if *p != q.candidate { // a fragment: candidateSkip and candidateWait complete it
 			out = append(out, *p)

@@ -61,7 +61,7 @@ type Store struct {
 	// hints maps an inventory to its next candidate, as the last lease
 	// statement on it saw it: where claimAlone starts.
 	hintsMu sync.Mutex
-	hints   map[string]candidate
+	hints   map[string][]candidate
 }
 
 // New returns a Store. w runs every transaction that writes; r serves reads
@@ -69,7 +69,7 @@ type Store struct {
 func New(w, r *sqlx.DB, d Dialect) *Store {
 	q := bindQueries(w, d)
 	fixed := append(q.fixed(), d.Lock)
-	s := &Store{w: newConnPool(w, fixed), r: newConnPool(r, fixed), d: d, q: q, hints: map[string]candidate{}}
+	s := &Store{w: newConnPool(w, fixed), r: newConnPool(r, fixed), d: d, q: q, hints: map[string][]candidate{}}
 	if r == w {
 		s.r = s.w
 	}
