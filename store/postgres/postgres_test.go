@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/pressly/goose/v3"
 
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/fence"
@@ -50,6 +52,31 @@ func TestNoSecretStored(t *testing.T) {
 	}
 	defer db.Close()
 	storetest.CheckNoSecretStored(t, s, db)
+}
+
+// TestSchemaGuards tries the writes the schema itself must refuse.
+func TestSchemaGuards(t *testing.T) {
+	url := testpg.Schema(t)
+	s := open(t, url, postgres.Options{})
+	defer s.Close()
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	storetest.CheckSchemaGuards(t, s, db, func(q string) string { return sqlx.Rebind(sqlx.DOLLAR, q) })
+}
+
+// TestMigrateDown migrates a schema with leases and fences down to version
+// 1 and back up.
+func TestMigrateDown(t *testing.T) {
+	url := testpg.Schema(t)
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, url, postgres.Options{}) }, db, goose.DialectPostgres, postgres.Migrations)
 }
 
 const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"

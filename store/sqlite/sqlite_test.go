@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pressly/goose/v3"
+
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/store/storetest"
@@ -83,6 +85,31 @@ func TestTwoStores(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	storetest.CheckTwoStores(t, a, b)
+}
+
+// TestSchemaGuards tries the writes the schema itself must refuse.
+func TestSchemaGuards(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sandboxwich.db")
+	s := open(t, path, sqlite.Options{})
+	defer s.Close()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	storetest.CheckSchemaGuards(t, s, db, func(q string) string { return q })
+}
+
+// TestMigrateDown migrates a database with leases and fences down to
+// version 1 and back up.
+func TestMigrateDown(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sandboxwich.db")
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, path, sqlite.Options{}) }, db, goose.DialectSQLite3, sqlite.Migrations)
 }
 
 func TestOpenEmptyPath(t *testing.T) {

@@ -298,8 +298,13 @@ func newLease(p *store.ClaimParams, c candidate) (lease.Lease, error) {
 // leaseArgs are the arguments of leaseCell.
 func leaseArgs(p *store.ClaimParams, l *lease.Lease) []any {
 	b := p.Binding
+	var claimID any // NULL for an unfenced claim
+	if p.ClaimID != uuid.Nil {
+		claimID = p.ClaimID.String()
+	}
 	return []any{l.ID.String(), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
-		us(l.ExpiresAt), l.AttestationDigest, us(p.Now), l.CellID.String(), us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
+		us(l.ExpiresAt), l.AttestationDigest, claimID, us(p.Now), l.CellID.String(),
+		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
 }
 
 // leaseAll returns the one statement, with its arguments, that writes a

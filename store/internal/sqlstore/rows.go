@@ -202,7 +202,7 @@ type queries struct {
 	schemaVersion string
 
 	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, memberLeased string
-	recordByLease, cellByWorker, claimOfLease                                            string
+	recordByLease, cellByWorker, claimOfCell                                             string
 	quarantine, toTerminal, prepare                                                      string
 	expireReady, expireLeased, expireIdempotency                                         string
 
@@ -256,7 +256,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = CAST(? AS TEXT) AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
-			updated_us = ?
+			claim_id = ?, updated_us = ?
 			WHERE id = ? AND ready_deadline_us > CAST(? AS BIGINT) AND state = 'ready' AND generation = 1
 			  AND lease_id IS NULL`,
 		fenceInsert: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
@@ -267,7 +267,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id AND m.pool_name = c.pool_name
 			WHERE c.lease_id = ? AND c.tenant_id = ?`,
 		cellByWorker: `SELECT ` + cellCols + ` FROM cells c WHERE c.id = ? AND c.worker_id = ?`,
-		claimOfLease: `SELECT claim_id FROM claim_fences WHERE lease_id = ?`,
+		claimOfCell:  `SELECT claim_id FROM cells WHERE id = ? AND claim_id IS NOT NULL`,
 
 		// quarantine and toTerminal are the compare-and-sets of every later
 		// transition: the row must still be in the state, generation and
@@ -360,7 +360,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 func (q *queries) all() []*string {
 	return []*string{
 		&q.schemaVersion, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
-		&q.recordByLease, &q.cellByWorker, &q.claimOfLease, &q.quarantine, &q.toTerminal,
+		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,

@@ -52,7 +52,7 @@ func (s *Store) WorkerCell(ctx context.Context, workerID string, cellID uuid.UUI
 	}
 	info := &store.ClaimInfo{LeaseID: c.Lease.ID, Generation: c.Generation, ExpiresAt: c.Lease.ExpiresAt}
 	var claimID string
-	switch err := s.r.row(ctx, s.q.claimOfLease, c.Lease.ID.String()).Scan(&claimID); {
+	switch err := s.r.row(ctx, s.q.claimOfCell, c.ID.String()).Scan(&claimID); {
 	case errors.Is(err, sql.ErrNoRows): // an unfenced claim
 	case err != nil:
 		return c, nil, s.fail("worker cell claim", err)
