@@ -236,6 +236,9 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		return ClaimResult{}, errcode.New(errcode.InvalidRequest, "tenant is required")
 	}
 	r, b := req.Release, req.Binding
+	// signed is the last token Sign made: a new lease's, since the store
+	// signs each lease it tries just before writing it.
+	var signed string
 	params := store.ClaimParams{
 		TenantID:     tenantID,
 		ClaimID:      req.ClaimID,
@@ -245,7 +248,10 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		LeaseID:      p.newID(),
 		Now:          p.Now(),
 		ReadyFloors:  p.floors,
-		Sign:         func(l lease.Lease) string { return attest.Digest(p.token(l)) },
+		Sign: func(l lease.Lease) string {
+			signed = p.token(l)
+			return attest.Digest(signed)
+		},
 	}
 	if req.ClaimID != uuid.Nil {
 		params.Digest = fence.Digest(fence.ClaimRequest{
@@ -262,9 +268,12 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if res.Lease == nil {
 		return out, nil
 	}
-	// The token is a pure function of the stored lease and the key: an
-	// exact retry regenerates it byte for byte, unless the key changed.
-	out.Attestation = p.token(*res.Lease)
+	out.Attestation = signed
+	if res.Replayed {
+		// The token is a pure function of the stored lease and the key: an
+		// exact retry regenerates it byte for byte, unless the key changed.
+		out.Attestation = p.token(*res.Lease)
+	}
 	if !attest.EqualDigest(attest.Digest(out.Attestation), res.Lease.AttestationDigest) {
 		return ClaimResult{}, errcode.New(errcode.Conflict, "the lease attestation cannot be regenerated (the signing key changed)")
 	}
