@@ -153,23 +153,28 @@ func (b *backend) seed(ctx context.Context, ready, terminal int) error {
 	}
 	defer tx.Rollback()
 	now := time.Now().UTC()
-	const batch = 400
+	const batch = 400 // 14 parameters a row, under SQLite's limit
 	add := func(n int, state string) error {
 		for done := 0; done < n; done += batch {
 			k := min(batch, n-done)
 			var sb strings.Builder
 			sb.WriteString(`INSERT INTO cells (id, tenant_id, worker_id, provider_cell_id, state, generation, release_set_id,
-				runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us) VALUES `)
-			args := make([]any, 0, k*13)
+				runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us, retired_us) VALUES `)
+			args := make([]any, 0, k*14)
 			for i := range k {
 				if i > 0 {
 					sb.WriteString(", ")
 				}
-				sb.WriteString("(?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?)")
+				sb.WriteString("(?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)")
 				id := uuid.Must(uuid.NewV7()).String()
 				created := now.Add(time.Duration(done+i) * time.Microsecond).UnixMicro()
+				var retired any // NULL while live
+				if state != string(lease.Ready) {
+					retired = created
+				}
 				args = append(args, id, benchTenant, "bench-worker", "p-"+id, state, b.rel.ReleaseSetID,
-					string(b.rel.RuntimeClass), b.rel.PolicyDigest, b.rel.Signature, now.Add(time.Hour).UnixMicro(), created, created)
+					string(b.rel.RuntimeClass), b.rel.PolicyDigest, b.rel.Signature, now.Add(time.Hour).UnixMicro(), created, created,
+					retired)
 			}
 			if _, err := tx.ExecContext(ctx, sqlx.Rebind(b.bind, sb.String()), args...); err != nil {
 				return err

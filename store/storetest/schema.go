@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/pressly/goose/v3"
@@ -17,7 +18,7 @@ import (
 // connection to the same database, with the dialect's placeholders made by
 // rebind), what the schema itself must refuse whoever asks: deleting a
 // cell, returning it to inventory, rewriting what it is or its lease, or
-// the claim that leased it. Each attempt must fail and change nothing; a
+// the claim that leased it, or when it retired. Each attempt must fail and change nothing; a
 // harmless update must still succeed, so the refusals are not an accident.
 func CheckSchemaGuards(t *testing.T, s store.Store, db *sql.DB, rebind func(string) string) {
 	t.Helper()
@@ -30,6 +31,11 @@ func CheckSchemaGuards(t *testing.T, s store.Store, db *sql.DB, rebind func(stri
 	if leased.ID == ready.ID {
 		ready = e.cell(workerA, e.prepare().ID)
 	}
+	retired := e.prepare(func(p *store.PrepareParams) { p.ExpiresAt = e.now.Add(10 * time.Second) })
+	if n, err := s.ExpireUnmanaged(t.Context(), e.now.Add(20*time.Second)); err != nil || n != 1 {
+		t.Fatalf("ExpireUnmanaged = %d, %v; want the one cell past its deadline", n, err)
+	}
+	retired = e.cell(workerA, retired.ID)
 	exec := func(q string, args ...any) error {
 		_, err := db.ExecContext(t.Context(), rebind(q), args...)
 		return err
@@ -52,12 +58,16 @@ func CheckSchemaGuards(t *testing.T, s store.Store, db *sql.DB, rebind func(stri
 		{"swap an attestation", `UPDATE cells SET attestation_digest = '` + strings.Repeat("0", 64) + `' WHERE id = ?`, leased.ID},
 		{"rewrite the claim of a lease", `UPDATE cells SET claim_id = '` + newID().String() + `' WHERE id = ?`, leased.ID},
 		{"name a claim for an unleased cell", `UPDATE cells SET claim_id = '` + newID().String() + `' WHERE id = ?`, ready.ID},
+		{"revive a retired cell", `UPDATE cells SET state = 'ready', retired_us = NULL WHERE id = ?`, retired.ID},
+		{"rewrite when a cell retired", `UPDATE cells SET retired_us = retired_us + 1 WHERE id = ?`, retired.ID},
+		{"retire a live cell in name only", `UPDATE cells SET retired_us = 1 WHERE id = ?`, ready.ID},
 	} {
 		if err := exec(c.q, c.id.String()); err == nil {
 			t.Errorf("the schema let an operator %s", c.what)
 		}
 	}
 	e.wantCell(e.cell(workerA, ready.ID), ready, "ready cell after refused writes")
+	e.wantCell(e.cell(workerA, retired.ID), retired, "retired cell after refused writes")
 	got, info, err := s.WorkerCell(t.Context(), workerA, leased.ID)
 	if err != nil {
 		t.Fatal(err)

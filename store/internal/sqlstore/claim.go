@@ -470,7 +470,7 @@ func (s *Store) quarantine(ctx context.Context, tx txn, c *lease.Cell, now time.
 	if c.State.Terminal() {
 		return nil
 	}
-	n, err := affected(tx.exec(ctx, s.q.quarantine, us(now), c.ID.String(), string(c.State), c.Generation))
+	n, err := affected(tx.exec(ctx, s.q.quarantine, us(now), us(now), c.ID.String(), string(c.State), c.Generation))
 	if err != nil {
 		return err
 	}

@@ -232,7 +232,7 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 
 // terminal compare-and-sets a leased cell to a terminal state.
 func (s *Store) terminal(ctx context.Context, tx txn, c *lease.Cell, to lease.State, now time.Time) error {
-	n, err := affected(tx.exec(ctx, s.q.toTerminal, string(to), us(now), c.ID.String(), c.Lease.ID.String()))
+	n, err := affected(tx.exec(ctx, s.q.toTerminal, string(to), us(now), us(now), c.ID.String(), c.Lease.ID.String()))
 	if err != nil {
 		return err
 	}

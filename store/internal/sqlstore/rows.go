@@ -271,10 +271,11 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 
 		// quarantine and toTerminal are the compare-and-sets of every later
 		// transition: the row must still be in the state, generation and
-		// lease the caller decided from.
-		quarantine: `UPDATE cells SET state = 'quarantined', updated_us = ?
+		// lease the caller decided from. Every terminal transition sets
+		// retired_us too (to its updated_us).
+		quarantine: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?
 			WHERE id = ? AND state = ? AND generation = ? AND state IN ('ready', 'leased')`,
-		toTerminal: `UPDATE cells SET state = ?, updated_us = ?
+		toTerminal: `UPDATE cells SET state = ?, updated_us = ?, retired_us = ?
 			WHERE id = ? AND state = 'leased' AND generation = 2 AND lease_id = ?`,
 		// A cell ID reserved by a pool member can never be prepared.
 		prepare: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
@@ -282,10 +283,12 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			SELECT ?, ?, ?, NULL, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?
 			WHERE NOT EXISTS (SELECT 1 FROM pool_members WHERE cell_id = ?)
 			ON CONFLICT DO NOTHING`,
-		expireReady: `UPDATE cells SET state = 'quarantined', updated_us = ?
-			WHERE pool_name IS NULL AND state = 'ready' AND ready_deadline_us <= ?`,
-		expireLeased: `UPDATE cells SET state = 'quarantined', updated_us = ?
+		// expireLeased runs first: a leased cell past its ready deadline is
+		// past its lease too, so expireReady then scans only ready cells.
+		expireLeased: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?
 			WHERE pool_name IS NULL AND state = 'leased' AND lease_expires_us <= ?`,
+		expireReady: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?
+			WHERE pool_name IS NULL AND retired_us IS NULL AND state = 'ready' AND ready_deadline_us <= ?`,
 		expireIdempotency: `DELETE FROM idempotency_records WHERE expires_us <= ?`,
 
 		// A cell ID already used by any cell can never become a member.

@@ -121,7 +121,8 @@ func (s *Store) Destroy(ctx context.Context, p store.DestroyParams) (lease.Cell,
 			return commitThen{errcode.New(errcode.Conflict,
 				"destroy does not match the cell's live lease; the cell is quarantined")}
 		}
-		n, err := affected(tx.exec(ctx, s.q.toTerminal, string(p.Disposition), us(p.Now), c.ID.String(), p.LeaseID.String()))
+		n, err := affected(tx.exec(ctx, s.q.toTerminal, string(p.Disposition), us(p.Now), us(p.Now), c.ID.String(),
+			p.LeaseID.String()))
 		if err != nil {
 			return err
 		}
@@ -139,8 +140,8 @@ func (s *Store) ExpireUnmanaged(ctx context.Context, now time.Time) (int, error)
 	var total int64
 	err := s.inTx(ctx, func(tx txn) error {
 		total = 0
-		for _, q := range []string{s.q.expireReady, s.q.expireLeased} {
-			n, err := affected(tx.exec(ctx, q, us(now), us(now)))
+		for _, q := range []string{s.q.expireLeased, s.q.expireReady} {
+			n, err := affected(tx.exec(ctx, q, us(now), us(now), us(now)))
 			if err != nil {
 				return err
 			}

@@ -9,6 +9,10 @@
 --     transaction);
 --   * cells.lease_id is unique through a partial index, which holds no
 --     entry for an unleased cell;
+--   * cells.retired_us records when a cell became terminal, so the
+--     index unmanaged ready cells expire by can hold every live unmanaged
+--     cell by its ready deadline: a lease no longer changes it (its
+--     predicate used to name state);
 --   * the state CHECK compares instead of building an IN table per
 --     statement;
 --   * the guard is two triggers: what a cell is (fires only for statements
@@ -53,6 +57,7 @@ CREATE TABLE cells_v2 (
     lease_expires_us   INTEGER,
     attestation_digest TEXT,
     claim_id           TEXT,
+    retired_us         INTEGER,
     UNIQUE (worker_id, provider_cell_id),
     CHECK (state <> 'ready' OR generation = 1),
     CHECK (state <> 'leased' OR generation = 2),
@@ -61,15 +66,18 @@ CREATE TABLE cells_v2 (
         AND runner_session_id IS NOT NULL AND lease_expires_us IS NOT NULL AND length(attestation_digest) = 64)),
     CHECK (lease_id IS NOT NULL OR (organization_id IS NULL AND workspace_id IS NULL AND thread_id IS NULL
         AND runner_session_id IS NULL AND lease_expires_us IS NULL AND attestation_digest IS NULL)),
-    CHECK (claim_id IS NULL OR lease_id IS NOT NULL)
+    CHECK (claim_id IS NULL OR lease_id IS NOT NULL),
+    CHECK ((state = 'destroyed' OR state = 'quarantined') = (retired_us IS NOT NULL))
 );
 INSERT INTO cells_v2 (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation, release_set_id,
         runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us, lease_id,
-        organization_id, workspace_id, thread_id, runner_session_id, lease_expires_us, attestation_digest, claim_id)
+        organization_id, workspace_id, thread_id, runner_session_id, lease_expires_us, attestation_digest, claim_id,
+        retired_us)
     SELECT c.id, c.tenant_id, c.worker_id, c.pool_name, c.provider_cell_id, c.state, c.generation, c.release_set_id,
         c.runtime_class, c.policy_digest, c.release_signature, c.ready_deadline_us, c.created_us, c.updated_us,
         c.lease_id, c.organization_id, c.workspace_id, c.thread_id, c.runner_session_id, c.lease_expires_us,
-        c.attestation_digest, f.claim_id
+        c.attestation_digest, f.claim_id,
+        CASE WHEN c.state IN ('destroyed', 'quarantined') THEN c.updated_us END
     FROM cells c LEFT JOIN claim_fences f ON f.lease_id = c.lease_id;
 DROP TABLE cells;
 ALTER TABLE cells_v2 RENAME TO cells;
@@ -77,7 +85,7 @@ ALTER TABLE cells_v2 RENAME TO cells;
 CREATE UNIQUE INDEX cells_lease ON cells (lease_id) WHERE lease_id IS NOT NULL;
 CREATE INDEX cells_claimable ON cells (tenant_id, runtime_class, release_set_id, policy_digest, release_signature, created_us, id)
     WHERE state = 'ready';
-CREATE INDEX cells_unmanaged_ready ON cells (ready_deadline_us) WHERE state = 'ready' AND pool_name IS NULL;
+CREATE INDEX cells_unmanaged_live ON cells (ready_deadline_us) WHERE pool_name IS NULL AND retired_us IS NULL;
 CREATE INDEX cells_unmanaged_leased ON cells (lease_expires_us) WHERE state = 'leased' AND pool_name IS NULL;
 
 -- +goose StatementBegin
@@ -102,11 +110,12 @@ END;
 
 -- +goose StatementBegin
 CREATE TRIGGER cells_transition BEFORE UPDATE OF state, generation, lease_id, organization_id, workspace_id,
-    thread_id, runner_session_id, lease_expires_us, attestation_digest, claim_id ON cells
+    thread_id, runner_session_id, lease_expires_us, attestation_digest, claim_id, retired_us ON cells
 WHEN (NEW.state <> OLD.state AND NOT (
         (OLD.state = 'ready' AND NEW.state IN ('leased', 'quarantined')) OR
         (OLD.state = 'leased' AND NEW.state IN ('destroyed', 'quarantined'))))
   OR (NEW.generation <> OLD.generation AND NOT (OLD.state = 'ready' AND NEW.state = 'leased'))
+  OR (OLD.retired_us IS NOT NULL AND NEW.retired_us IS NOT OLD.retired_us)
   OR (OLD.lease_id IS NOT NULL AND (NEW.lease_id IS NOT OLD.lease_id
         OR NEW.organization_id IS NOT OLD.organization_id OR NEW.workspace_id IS NOT OLD.workspace_id
         OR NEW.thread_id IS NOT OLD.thread_id OR NEW.runner_session_id IS NOT OLD.runner_session_id
