@@ -40,43 +40,42 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return newStore(t) })
 }
 
-// TestNoSecretStored claims a cell with a real lease attestation and checks
-// that neither the token, its MAC nor the signing key is in the schema.
-func TestNoSecretStored(t *testing.T) {
+// schemaAndDB returns the URL of a fresh schema and a plain connection to
+// it, closed when the test ends, for what a test checks beside the store.
+func schemaAndDB(t *testing.T) (string, *sql.DB) {
+	t.Helper()
 	url := testpg.Schema(t)
-	s := open(t, url, postgres.Options{})
-	defer s.Close()
 	db, err := sql.Open("postgres", url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() })
+	return url, db
+}
+
+// TestNoSecretStored claims a cell with a real lease attestation and checks
+// that neither the token, its MAC nor the signing key is in the schema.
+func TestNoSecretStored(t *testing.T) {
+	url, db := schemaAndDB(t)
+	s := open(t, url, postgres.Options{})
+	defer s.Close()
 	storetest.CheckNoSecretStored(t, s, db)
 }
 
 // TestSchemaGuards tries the writes the schema itself must refuse.
 func TestSchemaGuards(t *testing.T) {
-	url := testpg.Schema(t)
+	url, db := schemaAndDB(t)
 	s := open(t, url, postgres.Options{})
 	defer s.Close()
-	db, err := sql.Open("postgres", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	storetest.CheckSchemaGuards(t, s, db, func(q string) string { return sqlx.Rebind(sqlx.DOLLAR, q) })
 }
 
 // TestMigrateDown migrates a schema with leases and fences down to version
 // 1 and back up.
 func TestMigrateDown(t *testing.T) {
-	url := testpg.Schema(t)
-	db, err := sql.Open("postgres", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, url, postgres.Options{}) }, db, goose.DialectPostgres, postgres.Migrations)
+	url, db := schemaAndDB(t)
+	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, url, postgres.Options{}) },
+		db, goose.DialectPostgres, postgres.Migrations)
 }
 
 const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
@@ -176,17 +175,12 @@ func TestConcurrentMigrate(t *testing.T) {
 // TestSkipMigrate opens a fresh schema without migrating: Ping fails until
 // the migrations ran.
 func TestSkipMigrate(t *testing.T) {
-	url := testpg.Schema(t)
+	url, db := schemaAndDB(t)
 	s := open(t, url, postgres.Options{SkipMigrate: true})
 	defer s.Close()
 	if err := s.Ping(t.Context()); err == nil {
 		t.Fatal("Ping on an unmigrated schema succeeded")
 	}
-	db, err := sql.Open("postgres", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	if err := postgres.Migrate(t.Context(), db); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
@@ -270,16 +264,11 @@ func TestTwoStoresAlone(t *testing.T) {
 func TestClaimWaitsForLockedCell(t *testing.T) {
 	for _, path := range []string{"alone", "transaction"} {
 		t.Run(path, func(t *testing.T) {
-			url := testpg.Schema(t)
+			url, db := schemaAndDB(t)
 			s := open(t, url, postgres.Options{})
 			defer s.Close()
 			f := newFixture(t)
 			f.prepare(t, s, 1)
-			db, err := sql.Open("postgres", url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
 			tx, err := db.BeginTx(t.Context(), nil)
 			if err != nil {
 				t.Fatal(err)

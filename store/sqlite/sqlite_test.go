@@ -27,6 +27,20 @@ func newStore(tb testing.TB) *sqlite.Store {
 	return open(tb, filepath.Join(tb.TempDir(), "sandboxwich.db"), sqlite.Options{})
 }
 
+// fileAndDB returns the path of a fresh database file and a plain
+// connection to it, closed when the test ends, for what a test checks
+// beside the store.
+func fileAndDB(t *testing.T) (string, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sandboxwich.db")
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return path, db
+}
+
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return newStore(t) })
 }
@@ -34,14 +48,9 @@ func TestConformance(t *testing.T) {
 // TestNoSecretStored claims a cell with a real lease attestation and checks
 // that neither the token, its MAC nor the signing key is in the database.
 func TestNoSecretStored(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sandboxwich.db")
+	path, db := fileAndDB(t)
 	s := open(t, path, sqlite.Options{})
 	defer s.Close()
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	storetest.CheckNoSecretStored(t, s, db)
 }
 
@@ -57,17 +66,12 @@ func TestMigrateIdempotent(t *testing.T) {
 // TestSkipMigrate opens an empty file without migrating: Ping fails until
 // the migrations ran.
 func TestSkipMigrate(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sandboxwich.db")
+	path, db := fileAndDB(t)
 	s := open(t, path, sqlite.Options{SkipMigrate: true})
 	defer s.Close()
 	if err := s.Ping(t.Context()); err == nil {
 		t.Fatal("Ping on an unmigrated file succeeded")
 	}
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	if err := sqlite.Migrate(t.Context(), db); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
@@ -89,27 +93,18 @@ func TestTwoStores(t *testing.T) {
 
 // TestSchemaGuards tries the writes the schema itself must refuse.
 func TestSchemaGuards(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sandboxwich.db")
+	path, db := fileAndDB(t)
 	s := open(t, path, sqlite.Options{})
 	defer s.Close()
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	storetest.CheckSchemaGuards(t, s, db, func(q string) string { return q })
 }
 
 // TestMigrateDown migrates a database with leases and fences down to
 // version 1 and back up.
 func TestMigrateDown(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sandboxwich.db")
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, path, sqlite.Options{}) }, db, goose.DialectSQLite3, sqlite.Migrations)
+	path, db := fileAndDB(t)
+	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, path, sqlite.Options{}) },
+		db, goose.DialectSQLite3, sqlite.Migrations)
 }
 
 func TestOpenEmptyPath(t *testing.T) {
