@@ -58,8 +58,9 @@ type Store struct {
 	q    queries
 	// claiming counts the claims in flight; one alone may take claimAlone.
 	claiming atomic.Int32
-	// hints maps an inventory to its next candidate, as the last lease
-	// statement on it saw it: where claimAlone starts.
+	// hints maps an inventory to its next candidates, oldest first, as a
+	// committed lease statement (claimAlone) or pick (serialized writers)
+	// last saw them: where the next claim on it starts.
 	hintsMu sync.Mutex
 	hints   map[string][]candidate
 }
