@@ -176,7 +176,8 @@ type ClaimParams struct {
 	// Sign returns the attestation digest of a new lease. It runs between
 	// picking a cell and writing its lease (inside the transaction, when
 	// there is one), so it must be pure and fast; it may run more than
-	// once for one claim.
+	// once for one claim, and a claim that returns a new (not replayed)
+	// lease last signed that lease.
 	Sign func(lease.Lease) string
 }
 
