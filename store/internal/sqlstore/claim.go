@@ -39,25 +39,23 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 	}
 	alone := s.claiming.Add(1) == 1
 	defer s.claiming.Add(-1)
-	var res store.ClaimResult
-	taken := false
+	cl := &claim{ClaimParams: &p, key: inventory(&p)}
 	done, err := false, error(nil)
 	if alone && s.d.WritableCTE && len(p.ReadyFloors) == 0 {
-		done, err = s.claimAlone(ctx, &p, &res, &taken)
+		done, err = s.claimAlone(ctx, cl)
 	}
 	if !done && (err == nil || errors.Is(err, errRetry)) {
-		var next []candidate
 		err = s.inTx(ctx, func(tx txn) error {
-			res, next = store.ClaimResult{}, nil
-			return s.claimOnce(ctx, tx, &p, &res, &taken, &next)
+			cl.res, cl.next = store.ClaimResult{}, nil
+			return s.claimOnce(ctx, tx, cl)
 		})
 		if err == nil {
-			s.remember(inventory(&p), next) // committed
+			s.remember(cl.key, cl.next) // committed
 		}
 	}
 	switch {
 	case err == nil:
-		return res, nil
+		return cl.res, nil
 	case errors.Is(err, errRetry):
 		// Every attempt lost a compare-and-set or a serialization race. A
 		// fenced claim may be retried safely; an unfenced one just found
@@ -70,67 +68,80 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 	return store.ClaimResult{}, s.fail("claim", err)
 }
 
-// claimOnce is one attempt. taken records, across attempts, that the
-// claim_id's fence row exists; next receives the inventory's next
-// candidates, to remember once the transaction commits.
+// claim is one call of Claim: its parameters, its inventory's key, and
+// what its attempts learn.
+type claim struct {
+	*store.ClaimParams
+	key string
+	// taken records, across attempts, that the claim_id's fence row
+	// exists: the next attempt replays it.
+	taken bool
+	// res is the outcome of the last attempt; next holds the inventory's
+	// next candidates it saw, to remember once its transaction commits.
+	res  store.ClaimResult
+	next []candidate
+}
+
+// claimOnce is one attempt.
 //
 // On a dialect whose writers are serialized (no row locks: SQLite), the
 // transaction sees every committed lease, so a remembered candidate is as
 // good as a pick once its compare-and-set holds: the claim tries the next
 // remembered one first, and a pick reads hintDepth candidates for the
 // claims that follow.
-func (s *Store) claimOnce(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult, taken *bool, next *[]candidate) error {
+func (s *Store) claimOnce(ctx context.Context, tx txn, cl *claim) error {
+	p := cl.ClaimParams
 	fenced := p.ClaimID != uuid.Nil
-	if fenced && *taken {
-		if done, err := s.replay(ctx, tx, p, res); done || err != nil {
+	if fenced && cl.taken {
+		if done, err := s.replay(ctx, tx, p, &cl.res); done || err != nil {
 			return err
 		}
 	}
 	serial := s.d.RowLock == "" && len(p.ReadyFloors) == 0
 	if serial {
-		if c, ok := s.takeHint(inventory(p)); ok {
-			if err := s.leaseCandidate(ctx, tx, p, c, res, taken, next); !errors.Is(err, errCellTaken) {
+		if c, ok := s.takeHint(cl.key); ok {
+			if err := s.leaseCandidate(ctx, tx, cl, c); !errors.Is(err, errCellTaken) {
 				return err
 			}
 		}
 	}
 	if len(p.ReadyFloors) > 0 {
 		// Counting a ready floor needs the inventory's claims one at a time.
-		if err := s.lock(ctx, tx, inventory(p)); err != nil {
+		if err := s.lock(ctx, tx, cl.key); err != nil {
 			return err
 		}
 	}
 	var c candidate
 	var err error
 	if serial {
-		c, *next, err = s.pickQueue(ctx, tx, p)
+		c, cl.next, err = s.pickQueue(ctx, tx, p)
 	} else {
 		c, err = s.pickCell(ctx, tx, p)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		if fenced {
 			_, err = tx.exec(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, nil, us(p.Now))
-			return s.fenceTaken(err, taken)
+			return s.fenceTaken(err, cl)
 		}
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return s.leaseCandidate(ctx, tx, p, c, res, taken, next)
+	return s.leaseCandidate(ctx, tx, cl, c)
 }
 
 // leaseCandidate leases cell c to the claim, or reports errCellTaken,
 // having written nothing, when c is no longer claimable.
-func (s *Store) leaseCandidate(ctx context.Context, tx txn, p *store.ClaimParams, c candidate, res *store.ClaimResult, taken *bool, next *[]candidate) error {
-	l, err := newLease(p, c)
+func (s *Store) leaseCandidate(ctx context.Context, tx txn, cl *claim, c candidate) error {
+	l, err := newLease(cl.ClaimParams, c)
 	if err != nil {
 		return err
 	}
-	if err := s.fenceTaken(s.leaseCell(ctx, tx, p, &l, c.pool.Valid, next), taken); err != nil {
+	if err := s.fenceTaken(s.leaseCell(ctx, tx, cl, &l, c.pool.Valid), cl); err != nil {
 		return err
 	}
-	*res = store.ClaimResult{Lease: &l, PoolName: c.pool.String}
+	cl.res = store.ClaimResult{Lease: &l, PoolName: c.pool.String}
 	return nil
 }
 
@@ -169,9 +180,9 @@ func (s *Store) pickQueue(ctx context.Context, tx txn, p *store.ClaimParams) (ca
 // candidates), the cell was taken meanwhile or is too close to its
 // deadline (the statement's compare-and-set matched nothing), or the
 // claim_id is taken.
-func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store.ClaimResult, taken *bool) (bool, error) {
-	key := inventory(p)
-	next, ok := s.takeHint(key)
+func (s *Store) claimAlone(ctx context.Context, cl *claim) (bool, error) {
+	p := cl.ClaimParams
+	next, ok := s.takeHint(cl.key)
 	if !ok {
 		err := s.w.row(ctx, s.q.candidatePeek, s.candidateArgs(p)...).Scan(next.dest()...)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -188,7 +199,7 @@ func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store
 	q, args := s.leaseAll(p, &l)
 	var r leaseRow
 	if err := s.w.row(ctx, q, args...).Scan(r.dest()...); err != nil {
-		return false, s.fenceTaken(err, taken)
+		return false, s.fenceTaken(err, cl)
 	}
 	switch {
 	case r.cells == 0:
@@ -200,8 +211,8 @@ func (s *Store) claimAlone(ctx context.Context, p *store.ClaimParams, res *store
 		// written, so a retry replays the lease.
 		return false, fmt.Errorf("cell %s leased while its pool member changed", next.id)
 	}
-	s.remember(key, r.next())
-	*res = store.ClaimResult{Lease: &l, PoolName: next.pool.String}
+	s.remember(cl.key, r.next())
+	cl.res = store.ClaimResult{Lease: &l, PoolName: next.pool.String}
 	return true, nil
 }
 
@@ -327,12 +338,13 @@ func inventory(p *store.ClaimParams) string {
 	return strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature}, "\x1f")
 }
 
-// leaseCell writes a new lease: the cell's compare-and-set from ready, its
+// leaseCell writes lease l: the cell's compare-and-set from ready, its
 // membership's, and the claim's fence row. With writable CTEs that is one
-// statement (one round trip), whose next candidate lands in next; otherwise
-// three. It reports errCellTaken, having written nothing, when the cell's
-// compare-and-set matched no row.
-func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *lease.Lease, pooled bool, next *[]candidate) error {
+// statement (one round trip), whose next candidate lands in cl.next;
+// otherwise three. It reports errCellTaken, having written nothing, when the
+// cell's compare-and-set matched no row.
+func (s *Store) leaseCell(ctx context.Context, tx txn, cl *claim, l *lease.Lease, pooled bool) error {
+	p := cl.ClaimParams
 	if s.d.WritableCTE {
 		var r leaseRow
 		q, args := s.leaseAll(p, l)
@@ -345,7 +357,7 @@ func (s *Store) leaseCell(ctx context.Context, tx txn, p *store.ClaimParams, l *
 		case pooled && r.members != 1:
 			return errRetry
 		}
-		*next = r.next()
+		cl.next = r.next()
 		return nil
 	}
 	if n, err := affected(tx.exec(ctx, s.q.leaseCell, leaseArgs(p, l)...)); err != nil || n != 1 {
@@ -370,9 +382,9 @@ var errCellTaken = fmt.Errorf("%w: the cell is no longer claimable", errRetry)
 // fenceTaken turns a unique violation — the claim_id's fence row already
 // exists, committed by an earlier or concurrent claim — into another attempt,
 // which replays that row.
-func (s *Store) fenceTaken(err error, taken *bool) error {
+func (s *Store) fenceTaken(err error, cl *claim) error {
 	if err != nil && s.d.UniqueViolation(err) {
-		*taken = true
+		cl.taken = true
 		return errRetry
 	}
 	return err
