@@ -121,16 +121,7 @@ func (s *Store) Destroy(ctx context.Context, p store.DestroyParams) (lease.Cell,
 			return commitThen{errcode.New(errcode.Conflict,
 				"destroy does not match the cell's live lease; the cell is quarantined")}
 		}
-		n, err := affected(tx.exec(ctx, s.q.toTerminal, string(p.Disposition), us(p.Now), us(p.Now), c.ID.String(),
-			p.LeaseID.String()))
-		if err != nil {
-			return err
-		}
-		if n != 1 {
-			return errRetry
-		}
-		c.State = p.Disposition
-		return nil
+		return s.terminal(ctx, tx, &c, p.Disposition, p.Now) // sameLease: c.Lease.ID is p.LeaseID
 	})
 	return c, s.fail("destroy", err)
 }
