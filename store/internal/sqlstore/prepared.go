@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -26,7 +25,7 @@ type connPool struct {
 
 	mu    sync.Mutex
 	ready atomic.Bool
-	stmts map[string]*sqlx.Stmt // complete before ready is set; read-only after
+	stmts stmtSet // complete before ready is set; read-only after
 }
 
 func newConnPool(db *sqlx.DB, queries []string) *connPool { return &connPool{db: db, queries: queries} }
@@ -42,7 +41,7 @@ func (p *connPool) prepare(ctx context.Context) error {
 	if p.ready.Load() {
 		return nil
 	}
-	stmts := make(map[string]*sqlx.Stmt, len(p.queries))
+	stmts := make(stmtSet, len(p.queries))
 	for _, q := range p.queries {
 		if _, ok := stmts[q]; ok || q == "" {
 			continue
@@ -61,34 +60,34 @@ func (p *connPool) prepare(ctx context.Context) error {
 	return nil
 }
 
-// stmt returns q's prepared statement, or nil when q is not a fixed query.
+// stmt returns q's prepared statement.
 func (p *connPool) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
 	if err := p.prepare(ctx); err != nil {
 		return nil, err
 	}
-	return p.stmts[q], nil
+	return p.stmts.get(q)
 }
 
 func (p *connPool) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	st, err := p.stmt(ctx, q)
-	if err != nil || st == nil {
-		return nil, cmp.Or(err, errNotPrepared)
+	if err != nil {
+		return nil, err
 	}
 	return st.ExecContext(ctx, args...)
 }
 
 func (p *connPool) row(ctx context.Context, q string, args ...any) scanner {
 	st, err := p.stmt(ctx, q)
-	if err != nil || st == nil {
-		return errScanner{cmp.Or(err, errNotPrepared)}
+	if err != nil {
+		return errScanner{err}
 	}
 	return st.QueryRowxContext(ctx, args...)
 }
 
 func (p *connPool) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
 	st, err := p.stmt(ctx, q)
-	if err != nil || st == nil {
-		return nil, cmp.Or(err, errNotPrepared)
+	if err != nil {
+		return nil, err
 	}
 	return st.QueryxContext(ctx, args...)
 }
@@ -111,28 +110,48 @@ type txn struct {
 	p  *connPool
 }
 
-func (t txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	st := t.p.stmts[q]
-	if st == nil {
-		return nil, errNotPrepared
+// stmt returns q's prepared statement, bound to the transaction.
+func (t txn) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
+	st, err := t.p.stmts.get(q)
+	if err != nil {
+		return nil, err
 	}
-	return t.tx.StmtxContext(ctx, st).ExecContext(ctx, args...)
+	return t.tx.StmtxContext(ctx, st), nil
+}
+
+func (t txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	st, err := t.stmt(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
 }
 
 func (t txn) row(ctx context.Context, q string, args ...any) scanner {
-	st := t.p.stmts[q]
-	if st == nil {
-		return errScanner{errNotPrepared}
+	st, err := t.stmt(ctx, q)
+	if err != nil {
+		return errScanner{err}
 	}
-	return t.tx.StmtxContext(ctx, st).QueryRowxContext(ctx, args...)
+	return st.QueryRowxContext(ctx, args...)
 }
 
 func (t txn) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
-	st := t.p.stmts[q]
-	if st == nil {
-		return nil, errNotPrepared
+	st, err := t.stmt(ctx, q)
+	if err != nil {
+		return nil, err
 	}
-	return t.tx.StmtxContext(ctx, st).QueryxContext(ctx, args...)
+	return st.QueryxContext(ctx, args...)
+}
+
+// stmtSet is a pool's prepared statements, by query.
+type stmtSet map[string]*sqlx.Stmt
+
+// get returns q's statement, or errNotPrepared.
+func (m stmtSet) get(q string) (*sqlx.Stmt, error) {
+	if st := m[q]; st != nil {
+		return st, nil
+	}
+	return nil, errNotPrepared
 }
 
 // errNotPrepared is a programming error: a fixed query missing from the
