@@ -18,7 +18,7 @@ const (
 	MaxExecArgs        = 256
 	MaxExecStdin       = 1 << 20
 	MaxExecEnv         = 64
-	DefaultExecTimeout = 60 * time.Second
+	DefaultExecTimeout = driver.DefaultExecTimeout
 	// MaxExecOutput caps each of stdout and stderr; longer output is cut
 	// and reported as truncated.
 	MaxExecOutput = 1 << 20

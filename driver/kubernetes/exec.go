@@ -15,8 +15,8 @@ import (
 
 // Exec defaults, used when an ExecRequest leaves Timeout or MaxOutput zero.
 const (
-	DefaultExecTimeout = podexec.DefaultExecTimeout
-	DefaultMaxOutput   = podexec.DefaultMaxOutput
+	DefaultExecTimeout = driver.DefaultExecTimeout
+	DefaultMaxOutput   = driver.DefaultMaxOutput
 )
 
 // Exec implements driver.Execer through the API server's pods/exec

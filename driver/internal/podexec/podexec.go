@@ -30,12 +30,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver"
 )
 
-// Exec defaults, used when an ExecRequest leaves Timeout or MaxOutput zero.
-const (
-	DefaultExecTimeout = driver.DefaultExecTimeout
-	DefaultMaxOutput   = driver.DefaultMaxOutput
-)
-
 // killTimeout bounds the extra exec that kills a timed-out or cancelled
 // command.
 const killTimeout = 15 * time.Second
@@ -113,8 +107,8 @@ type Runner struct {
 // and reports TimedOut; when ctx ends first it does the same and returns
 // ctx's error. Stdout and stderr are each kept up to req.MaxOutput bytes and
 // drained beyond it (Truncated). Zero Timeout and MaxOutput mean
-// DefaultExecTimeout and DefaultMaxOutput. Argv and Env travel in the exec
-// request's URL and so reach the API server's audit log.
+// driver.DefaultExecTimeout and driver.DefaultMaxOutput. Argv and Env
+// travel in the exec request's URL and so reach the API server's audit log.
 func (r *Runner) Run(ctx context.Context, pod, container string, req driver.ExecRequest) (driver.ExecResult, error) {
 	if err := Check(req); err != nil {
 		return driver.ExecResult{}, err
