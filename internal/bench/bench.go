@@ -93,7 +93,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	for _, be := range open {
 		o.Logger.Info("bench: database", "backend", be.name)
-		br, err := benchBackend(ctx, be.fn, samples, o.Quick)
+		br, err := benchBackend(ctx, be.fn, samples)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", be.name, err)
 		}
@@ -125,7 +125,7 @@ func nz(v float64) float64 {
 	return v
 }
 
-func benchBackend(ctx context.Context, open func(context.Context) (*backend, error), samples int, quick bool) (*BackendReport, error) {
+func benchBackend(ctx context.Context, open func(context.Context) (*backend, error), samples int) (*BackendReport, error) {
 	b, err := open(ctx)
 	if err != nil {
 		return nil, err
