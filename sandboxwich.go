@@ -277,7 +277,9 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if !attest.EqualDigest(attest.Digest(out.Attestation), res.Lease.AttestationDigest) {
 		return ClaimResult{}, errcode.New(errcode.Conflict, "the lease attestation cannot be regenerated (the signing key changed)")
 	}
-	p.log.LogAttrs(ctx, slog.LevelDebug, "claim", slog.String("tenant", tenantID), slog.Any("result", out))
+	if p.log.Enabled(ctx, slog.LevelDebug) { // the attributes cost an allocation on every claim
+		p.log.LogAttrs(ctx, slog.LevelDebug, "claim", slog.String("tenant", tenantID), slog.Any("result", out))
+	}
 	if !out.Replayed {
 		if p.pools != nil && out.PoolName != "" {
 			p.pools.Trigger()
