@@ -70,6 +70,16 @@ func TestSchemaGuards(t *testing.T) {
 	storetest.CheckSchemaGuards(t, s, db, func(q string) string { return sqlx.Rebind(sqlx.DOLLAR, q) })
 }
 
+// TestLockWait has another connection hold an exclusive lock on the cells
+// table: a write whose context ends while it waits gives up then, and the
+// store works once the lock is gone.
+func TestLockWait(t *testing.T) {
+	url, db := schemaAndDB(t)
+	s := open(t, url, postgres.Options{})
+	defer s.Close()
+	storetest.CheckLockWait(t, s, db, "BEGIN", "LOCK TABLE cells IN EXCLUSIVE MODE")
+}
+
 // TestMigrateDown migrates a schema with leases and fences down to version
 // 1 and back up.
 func TestMigrateDown(t *testing.T) {

@@ -1,10 +1,10 @@
 // Package sqlite is the embedded Store: modernc.org/sqlite (pure Go, no cgo)
 // through sqlx, for one process on one host.
 //
-// Discipline: every write transaction runs on a single connection with
-// BEGIN IMMEDIATE, so writers queue in Go rather than spinning on
-// SQLITE_BUSY, and a claim's read-decide-write happens under SQLite's write
-// lock. Reads that need no transaction use a separate read-only pool, which
+// Discipline: the store holds one connection and runs every write on it,
+// one at a time, each transaction begun with BEGIN IMMEDIATE, so writers
+// queue in Go rather than spinning on SQLITE_BUSY, and a claim's
+// read-decide-write happens under SQLite's write lock. Reads that need no transaction use a separate read-only pool, which
 // WAL mode lets run beside the writer. synchronous=FULL makes a committed
 // claim survive power loss, so a lease handed out is never forgotten.
 //
@@ -65,8 +65,9 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
-	w.SetMaxOpenConns(1)
-	w.SetMaxIdleConns(1)
+	// One connection the store holds for its writes, one for DB's users.
+	w.SetMaxOpenConns(2)
+	w.SetMaxIdleConns(2)
 	w.SetConnMaxLifetime(0)
 	fail := func(err error) (*Store, error) {
 		_ = w.Close()
@@ -100,6 +101,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		Retryable:       retryable,
 		UniqueViolation: uniqueViolation,
 		SchemaVersion:   version,
+		HeldBegin:       "BEGIN IMMEDIATE",
 	})}, nil
 }
 

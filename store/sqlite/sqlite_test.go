@@ -91,6 +91,16 @@ func TestTwoStores(t *testing.T) {
 	storetest.CheckTwoStores(t, a, b)
 }
 
+// TestLockWait has another connection hold the write lock: a write whose
+// context ends while it waits gives up then, not after busy_timeout, and
+// the store works once the lock is gone.
+func TestLockWait(t *testing.T) {
+	path, db := fileAndDB(t)
+	s := open(t, path, sqlite.Options{})
+	defer s.Close()
+	storetest.CheckLockWait(t, s, db, "BEGIN IMMEDIATE")
+}
+
 // TestSchemaGuards tries the writes the schema itself must refuse.
 func TestSchemaGuards(t *testing.T) {
 	path, db := fileAndDB(t)

@@ -1,6 +1,8 @@
 package storetest
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -22,6 +24,8 @@ var claimScenarios = []scenario{
 	{"Claim/UnfencedTwice", testClaimUnfencedTwice},
 	{"Claim/Empty", testClaimEmpty},
 	{"Claim/OnlyReadyCells", testClaimOnlyReady},
+	{"Claim/ContextEndsInside", testClaimContextEnds},
+	{"Claim/SignPanics", testClaimSignPanics},
 }
 
 func testClaimLeaseFields(e *env) {
@@ -257,5 +261,54 @@ func testClaimOnlyReady(e *env) {
 	e.unchanged(before, "Claim without ready inventory")
 	if l.CellID != leased.ID {
 		e.t.Errorf("leased cell %s, want %s", l.CellID, leased.ID)
+	}
+}
+
+// testClaimContextEnds ends a fenced claim's context from inside the claim,
+// in its Sign callback: the claim returns the context's error and writes
+// nothing, so the same claim_id leases afresh afterwards.
+func testClaimContextEnds(e *env) {
+	c := e.prepare()
+	claimID := newID()
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	p := e.claimParams(fenced(claimID))
+	sign := p.Sign
+	p.Sign = func(l lease.Lease) string {
+		cancel()
+		return sign(l)
+	}
+	if res, err := e.s.Claim(ctx, p); !errors.Is(err, context.Canceled) {
+		e.t.Fatalf("Claim whose context ended inside it = %+v, %v; want context.Canceled", res, err)
+	}
+	e.wantCellCounts(map[lease.State]int{lease.Ready: 1})
+	res, err := e.s.Claim(e.ctx, e.claimParams(fenced(claimID)))
+	e.wantOK(err, "Claim after the cancelled one")
+	if res.Replayed || res.Lease == nil || res.Lease.CellID != c.ID {
+		e.t.Errorf("Claim after the cancelled one = %+v, want a new lease of %s", res, c.ID)
+	}
+}
+
+// testClaimSignPanics has Sign panic inside the claim: the panic reaches
+// the caller, and the store is not left holding the claim's transaction
+// (or, on SQLite, its one writer): the next claim leases the cell.
+func testClaimSignPanics(e *env) {
+	c := e.prepare()
+	p := e.claimParams()
+	p.Sign = func(lease.Lease) string { panic("sign failed") }
+	func() {
+		defer func() {
+			if recover() == nil {
+				e.t.Error("Claim did not pass Sign's panic on")
+			}
+		}()
+		_, _ = e.s.Claim(e.ctx, p)
+	}()
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	res, err := e.s.Claim(ctx, e.claimParams())
+	e.wantOK(err, "Claim after a panic")
+	if res.Lease == nil || res.Lease.CellID != c.ID {
+		e.t.Errorf("Claim after a panic = %+v, want a lease of %s", res, c.ID)
 	}
 }

@@ -62,14 +62,24 @@ func CheckNoSecretStored(t *testing.T, s store.Store, db *sql.DB) {
 
 // CheckReopen opens one database three times through open: the second open
 // migrates nothing and keeps the data; the third, without migrating, finds
-// the schema current. open must return a store over the same database on
-// every call, migrating it when migrate is true.
+// the schema current. Closing a store twice succeeds, and a closed store
+// fails its calls rather than waiting. open must return a store over the
+// same database on every call, migrating it when migrate is true.
 func CheckReopen(t *testing.T, open func(t *testing.T, migrate bool) store.Store) {
 	t.Helper()
 	s := open(t, true)
 	ClaimWithToken(t, s)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
+	for i := range 2 {
+		if err := s.Close(); err != nil {
+			t.Fatalf("Close %d: %v", i+1, err)
+		}
+	}
+	e := envOver(t, s)
+	if _, err := s.Prepare(t.Context(), e.prepareParams()); err == nil {
+		t.Error("Prepare on a closed store succeeded")
+	}
+	if _, err := s.Claim(t.Context(), e.claimParams()); err == nil {
+		t.Error("Claim on a closed store succeeded")
 	}
 	s = open(t, true)
 	defer s.Close()

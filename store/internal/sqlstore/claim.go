@@ -65,7 +65,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.ClaimResu
 		}
 		return store.ClaimResult{}, nil
 	}
-	return store.ClaimResult{}, s.fail("claim", err)
+	return store.ClaimResult{}, s.fail(ctx, "claim", err)
 }
 
 // claim is one call of Claim: its parameters, its inventory's key, and
@@ -473,7 +473,7 @@ func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, firs
 		held = append(held, c.pool.String)
 		query := s.q.rebind(s.q.candidateRaw + ` AND (c.pool_name IS NULL OR c.pool_name NOT IN (?` +
 			strings.Repeat(", ?", len(held)-1) + `))` + s.q.candidateOrder + lockClause)
-		row = tx.tx.QueryRowxContext(ctx, query, append(args, held...)...)
+		row = tx.query(ctx, query, append(args, held...)...)
 	}
 }
 
@@ -499,7 +499,7 @@ func (s *Store) Lease(ctx context.Context, tenantID string, leaseID uuid.UUID) (
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.LeaseRecord{}, errLeaseNotFound
 	}
-	return rec, s.fail("lease", err)
+	return rec, s.fail(ctx, "lease", err)
 }
 
 var errLeaseNotFound = errcode.New(errcode.NotFound, "lease not found")
@@ -522,7 +522,7 @@ func (s *Store) CheckLease(ctx context.Context, p store.LeaseCheck) (store.Lease
 		}
 		return s.applyFence(ctx, tx, &rec, p)
 	})
-	return rec, s.fail("check lease", err)
+	return rec, s.fail(ctx, "check lease", err)
 }
 
 // lockedRecord reads a lease record inside a write transaction.
@@ -591,5 +591,5 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) (store.Lease
 		}
 		return errcode.New(errcode.Conflict, "lease membership is "+string(m.State))
 	})
-	return rec, s.fail("release", err)
+	return rec, s.fail(ctx, "release", err)
 }

@@ -26,7 +26,7 @@ func (s *Store) CreateMember(ctx context.Context, p store.CreateMemberParams) (s
 	if (err != nil && s.d.UniqueViolation(err)) || (err == nil && n != 1) {
 		return m, errcode.New(errcode.Conflict, "cell_id was already used")
 	}
-	return m, s.fail("create member", err)
+	return m, s.fail(ctx, "create member", err)
 }
 
 // Replenish implements store.Store.
@@ -56,7 +56,7 @@ func (s *Store) Replenish(ctx context.Context, p store.ReplenishParams) ([]store
 		}
 		return nil
 	})
-	return out, s.fail("replenish", err)
+	return out, s.fail(ctx, "replenish", err)
 }
 
 // AdmitMember implements store.Store.
@@ -99,7 +99,7 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 		}
 		return nil
 	})
-	return c, s.fail("admit member", err)
+	return c, s.fail(ctx, "admit member", err)
 }
 
 // BeginStop implements store.Store.
@@ -124,7 +124,7 @@ func (s *Store) BeginStop(ctx context.Context, p store.StopIntent) (store.Member
 		}
 		return s.recordStop(ctx, tx, &m, m.Cell, p.Disposition, p.Reason, p.Now)
 	})
-	return m, s.fail("begin stop", err)
+	return m, s.fail(ctx, "begin stop", err)
 }
 
 // recordStop moves a member to stopping under the fence of its cell as it
@@ -227,7 +227,7 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 		m.Attempts++
 		return nil
 	})
-	return m, s.fail("complete stop", err)
+	return m, s.fail(ctx, "complete stop", err)
 }
 
 // terminal compare-and-sets a leased cell to a terminal state.
@@ -257,7 +257,7 @@ func (s *Store) Member(ctx context.Context, cellID uuid.UUID) (store.Member, err
 	if errors.Is(err, sql.ErrNoRows) {
 		return m, errMemberNotFound
 	}
-	return m, s.fail("member", err)
+	return m, s.fail(ctx, "member", err)
 }
 
 // Members implements store.Store.
@@ -272,25 +272,25 @@ func (s *Store) Members(ctx context.Context, pool string, states ...lease.Member
 	}
 	rows, err := s.r.db.QueryxContext(ctx, s.r.db.Rebind(q+` ORDER BY m.created_us, m.cell_id`), args...)
 	if err != nil {
-		return nil, s.fail("members", err)
+		return nil, s.fail(ctx, "members", err)
 	}
 	defer rows.Close()
 	var out []store.Member
 	for rows.Next() {
 		m, err := scanMember(rows)
 		if err != nil {
-			return nil, s.fail("members", err)
+			return nil, s.fail(ctx, "members", err)
 		}
 		out = append(out, m)
 	}
-	return out, s.fail("members", rows.Err())
+	return out, s.fail(ctx, "members", rows.Err())
 }
 
 // MemberCounts implements store.Store.
 func (s *Store) MemberCounts(ctx context.Context) (map[string]map[lease.MemberState]int, error) {
 	rows, err := s.r.rows(ctx, s.q.memberCounts)
 	if err != nil {
-		return nil, s.fail("member counts", err)
+		return nil, s.fail(ctx, "member counts", err)
 	}
 	defer rows.Close()
 	out := map[string]map[lease.MemberState]int{}
@@ -298,21 +298,21 @@ func (s *Store) MemberCounts(ctx context.Context) (map[string]map[lease.MemberSt
 		var pool, state string
 		var n int
 		if err := rows.Scan(&pool, &state, &n); err != nil {
-			return nil, s.fail("member counts", err)
+			return nil, s.fail(ctx, "member counts", err)
 		}
 		if out[pool] == nil {
 			out[pool] = map[lease.MemberState]int{}
 		}
 		out[pool][lease.MemberState(state)] = n
 	}
-	return out, s.fail("member counts", rows.Err())
+	return out, s.fail(ctx, "member counts", rows.Err())
 }
 
 // CellCounts implements store.Store.
 func (s *Store) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 	rows, err := s.r.rows(ctx, s.q.cellCounts)
 	if err != nil {
-		return nil, s.fail("cell counts", err)
+		return nil, s.fail(ctx, "cell counts", err)
 	}
 	defer rows.Close()
 	out := map[lease.State]int{}
@@ -320,23 +320,23 @@ func (s *Store) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 		var state string
 		var n int
 		if err := rows.Scan(&state, &n); err != nil {
-			return nil, s.fail("cell counts", err)
+			return nil, s.fail(ctx, "cell counts", err)
 		}
 		out[lease.State(state)] = n
 	}
-	return out, s.fail("cell counts", rows.Err())
+	return out, s.fail(ctx, "cell counts", rows.Err())
 }
 
 // LockMember implements store.Store.
 func (s *Store) LockMember(ctx context.Context, cellID uuid.UUID, owner string, until, now time.Time) (bool, error) {
 	n, err := affected(s.w.exec(ctx, s.q.memberLock, owner, us(until), cellID.String(), owner, us(now)))
-	return n == 1, s.fail("lock member", err)
+	return n == 1, s.fail(ctx, "lock member", err)
 }
 
 // UnlockMember implements store.Store.
 func (s *Store) UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error {
 	_, err := s.w.exec(ctx, s.q.memberUnlock, cellID.String(), owner)
-	return s.fail("unlock member", err)
+	return s.fail(ctx, "unlock member", err)
 }
 
 // BeginIdempotent implements store.Store.
@@ -360,17 +360,17 @@ func (s *Store) BeginIdempotent(ctx context.Context, p store.IdempotencyParams) 
 		rec.Body = []byte(body)
 		return nil
 	})
-	return rec, s.fail("begin idempotent", err)
+	return rec, s.fail(ctx, "begin idempotent", err)
 }
 
 // FinishIdempotent implements store.Store.
 func (s *Store) FinishIdempotent(ctx context.Context, p store.IdempotencyResult) error {
 	_, err := s.w.exec(ctx, s.q.idemFinish, p.Status, string(p.Body), us(p.ExpiresAt), p.TenantID, p.Key)
-	return s.fail("finish idempotent", err)
+	return s.fail(ctx, "finish idempotent", err)
 }
 
 // DropIdempotent implements store.Store.
 func (s *Store) DropIdempotent(ctx context.Context, tenantID, key string) error {
 	_, err := s.w.exec(ctx, s.q.idemDrop, tenantID, key)
-	return s.fail("drop idempotent", err)
+	return s.fail(ctx, "drop idempotent", err)
 }

@@ -41,19 +41,9 @@ func (p *connPool) prepare(ctx context.Context) error {
 	if p.ready.Load() {
 		return nil
 	}
-	stmts := make(stmtSet, len(p.queries))
-	for _, q := range p.queries {
-		if _, ok := stmts[q]; ok || q == "" {
-			continue
-		}
-		st, err := p.db.PreparexContext(ctx, q)
-		if err != nil {
-			for _, st := range stmts {
-				_ = st.Close()
-			}
-			return err
-		}
-		stmts[q] = st
+	stmts, err := prepareAll(ctx, p.db, p.queries)
+	if err != nil {
+		return err
 	}
 	p.stmts = stmts
 	p.ready.Store(true)
@@ -96,22 +86,31 @@ func (p *connPool) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows,
 func (p *connPool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var errs []error
-	for _, st := range p.stmts {
-		errs = append(errs, st.Close())
-	}
-	return errors.Join(append(errs, p.db.Close())...)
+	return errors.Join(p.stmts.close(), p.db.Close())
 }
 
-// txn is a write transaction that runs its pool's prepared statements on
-// its own connection. Its pool was prepared before the transaction began.
-type txn struct {
+// beginTx implements writer: a database/sql transaction, which runs the
+// pool's prepared statements on its connection.
+func (p *connPool) beginTx(ctx context.Context) (txn, error) {
+	if err := p.prepare(ctx); err != nil {
+		return nil, err
+	}
+	tx, err := p.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	return poolTx{tx, p}, nil
+}
+
+// poolTx is a transaction of a connPool. Its pool was prepared before the
+// transaction began.
+type poolTx struct {
 	tx *sqlx.Tx
 	p  *connPool
 }
 
 // stmt returns q's prepared statement, bound to the transaction.
-func (t txn) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
+func (t poolTx) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
 	st, err := t.p.stmts.get(q)
 	if err != nil {
 		return nil, err
@@ -119,7 +118,7 @@ func (t txn) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
 	return t.tx.StmtxContext(ctx, st), nil
 }
 
-func (t txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+func (t poolTx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	st, err := t.stmt(ctx, q)
 	if err != nil {
 		return nil, err
@@ -127,7 +126,7 @@ func (t txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error
 	return st.ExecContext(ctx, args...)
 }
 
-func (t txn) row(ctx context.Context, q string, args ...any) scanner {
+func (t poolTx) row(ctx context.Context, q string, args ...any) scanner {
 	st, err := t.stmt(ctx, q)
 	if err != nil {
 		return errScanner{err}
@@ -135,7 +134,7 @@ func (t txn) row(ctx context.Context, q string, args ...any) scanner {
 	return st.QueryRowxContext(ctx, args...)
 }
 
-func (t txn) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
+func (t poolTx) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
 	st, err := t.stmt(ctx, q)
 	if err != nil {
 		return nil, err
@@ -143,8 +142,44 @@ func (t txn) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error
 	return st.QueryxContext(ctx, args...)
 }
 
+func (t poolTx) query(ctx context.Context, q string, args ...any) scanner {
+	return t.tx.QueryRowxContext(ctx, q, args...)
+}
+
+func (t poolTx) commit(context.Context) error { return t.tx.Commit() }
+
+func (t poolTx) rollback() { _ = t.tx.Rollback() }
+
 // stmtSet is a pool's prepared statements, by query.
 type stmtSet map[string]*sqlx.Stmt
+
+// prepareAll prepares every query on db, a pool or a connection, or none.
+func prepareAll(ctx context.Context, db interface {
+	PreparexContext(context.Context, string) (*sqlx.Stmt, error)
+}, queries []string) (stmtSet, error) {
+	m := make(stmtSet, len(queries))
+	for _, q := range queries {
+		if _, ok := m[q]; ok || q == "" {
+			continue
+		}
+		st, err := db.PreparexContext(ctx, q)
+		if err != nil {
+			_ = m.close()
+			return nil, err
+		}
+		m[q] = st
+	}
+	return m, nil
+}
+
+// close closes every statement.
+func (m stmtSet) close() error {
+	var errs []error
+	for _, st := range m {
+		errs = append(errs, st.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // get returns q's statement, or errNotPrepared.
 func (m stmtSet) get(q string) (*sqlx.Stmt, error) {

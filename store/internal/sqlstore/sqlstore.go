@@ -48,14 +48,44 @@ type Dialect struct {
 	UniqueViolation func(error) bool
 	// SchemaVersion is the migration version Ping requires.
 	SchemaVersion int64
+	// HeldBegin, when set, makes the Store hold one connection of the
+	// writer pool and run every write on it, one at a time (heldConn), for
+	// a database that serializes its writers anyway; it is the statement
+	// that begins a transaction there ("BEGIN IMMEDIATE"). The pool then
+	// needs a second connection only for DB's users.
+	HeldBegin string
+}
+
+// writer is where a Store's writes run: a connPool, whose transactions
+// each take a connection, or a heldConn.
+type writer interface {
+	beginTx(ctx context.Context) (txn, error)
+	// exec and row run one autocommitted statement.
+	exec(ctx context.Context, q string, args ...any) (sql.Result, error)
+	row(ctx context.Context, q string, args ...any) scanner
+	close() error
+}
+
+// txn is a write transaction. Its exec, row and rows run one of the
+// store's fixed queries, prepared; query runs one built at run time.
+type txn interface {
+	exec(ctx context.Context, q string, args ...any) (sql.Result, error)
+	row(ctx context.Context, q string, args ...any) scanner
+	rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error)
+	query(ctx context.Context, q string, args ...any) scanner
+	// commit commits; after a failure the transaction is rolled back.
+	commit(ctx context.Context) error
+	rollback()
 }
 
 // Store implements store.Store over a writer pool and a reader pool, which
 // may be the same *sqlx.DB.
 type Store struct {
-	w, r *connPool
-	d    Dialect
-	q    queries
+	w   writer    // every write
+	r   *connPool // reads that need no transaction
+	wdb *sql.DB   // the writer pool, for DB
+	d   Dialect
+	q   queries
 	// claiming counts the claims in flight; one alone may take claimAlone.
 	claiming atomic.Int32
 	// hints maps an inventory to its next candidates, oldest first, as a
@@ -70,9 +100,14 @@ type Store struct {
 func New(w, r *sqlx.DB, d Dialect) *Store {
 	q := bindQueries(w, d)
 	fixed := append(q.fixed(), d.Lock)
-	s := &Store{w: newConnPool(w, fixed), r: newConnPool(r, fixed), d: d, q: q, hints: map[string][]candidate{}}
-	if r == w {
-		s.r = s.w
+	s := &Store{r: newConnPool(r, fixed), wdb: w.DB, d: d, q: q, hints: map[string][]candidate{}}
+	switch {
+	case d.HeldBegin != "":
+		s.w = newHeldConn(w, d.HeldBegin, fixed)
+	case r == w:
+		s.w = s.r
+	default:
+		s.w = newConnPool(w, fixed)
 	}
 	return s
 }
@@ -81,7 +116,7 @@ func New(w, r *sqlx.DB, d Dialect) *Store {
 // connection settings. It is for tooling and benchmarks (a baseline
 // transaction on the same settings); never write the store's tables
 // through it.
-func (s *Store) DB() *sql.DB { return s.w.db.DB }
+func (s *Store) DB() *sql.DB { return s.wdb }
 
 // Close closes both pools.
 func (s *Store) Close() error {
@@ -153,25 +188,30 @@ func (s *Store) lock(ctx context.Context, tx txn, key string) error {
 }
 
 func (s *Store) once(ctx context.Context, fn func(tx txn) error) error {
-	if err := s.w.prepare(ctx); err != nil {
-		return err
-	}
-	tx, err := s.w.db.BeginTxx(ctx, nil)
+	tx, err := s.w.beginTx(ctx)
 	if err != nil {
 		return err
 	}
-	err = fn(txn{tx, s.w})
+	defer func() {
+		// A panic must not leave the transaction, and with it the held
+		// writer, open for the rest of the process.
+		if p := recover(); p != nil {
+			tx.rollback()
+			panic(p)
+		}
+	}()
+	err = fn(tx)
 	if ct, ok := err.(commitThen); ok {
-		if cerr := tx.Commit(); cerr != nil {
+		if cerr := tx.commit(ctx); cerr != nil {
 			return cerr
 		}
 		return ct.err
 	}
 	if err != nil {
-		_ = tx.Rollback()
+		tx.rollback()
 		return err
 	}
-	return tx.Commit()
+	return tx.commit(ctx)
 }
 
 func backoff(ctx context.Context, attempt int) error {
@@ -187,8 +227,10 @@ func backoff(ctx context.Context, attempt int) error {
 }
 
 // fail maps an unexpected database error to an internal error that keeps
-// its cause for logs; wire errors pass through unchanged.
-func (s *Store) fail(op string, err error) error {
+// its cause for logs; wire errors pass through unchanged. An operation
+// whose context ended fails with the context's error, however the driver
+// reported it (Postgres: "canceling statement due to user request").
+func (s *Store) fail(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -197,6 +239,9 @@ func (s *Store) fail(op string, err error) error {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%s %s: %w (%v)", s.d.Name, op, cerr, err)
 	}
 	return errcode.Wrap(errcode.Internal, "storage failure", fmt.Errorf("%s %s: %w", s.d.Name, op, err))
 }

@@ -33,7 +33,7 @@ func (s *Store) Prepare(ctx context.Context, p store.PrepareParams) (lease.Cell,
 		r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature, us(c.ExpiresAt), us(p.Now), us(p.Now),
 		c.ID.String()))
 	if err != nil {
-		return lease.Cell{}, s.fail("prepare", err)
+		return lease.Cell{}, s.fail(ctx, "prepare", err)
 	}
 	if n != 1 {
 		return lease.Cell{}, errcode.New(errcode.Conflict, "cell_id or provider_cell_id was already used")
@@ -48,17 +48,17 @@ func (s *Store) WorkerCell(ctx context.Context, workerID string, cellID uuid.UUI
 		return c, nil, errCellNotFound
 	}
 	if err != nil || c.Lease == nil {
-		return c, nil, s.fail("worker cell", err)
+		return c, nil, s.fail(ctx, "worker cell", err)
 	}
 	info := &store.ClaimInfo{LeaseID: c.Lease.ID, Generation: c.Generation, ExpiresAt: c.Lease.ExpiresAt}
 	var claimID string
 	switch err := s.r.row(ctx, s.q.claimOfCell, c.ID.String()).Scan(&claimID); {
 	case errors.Is(err, sql.ErrNoRows): // an unfenced claim
 	case err != nil:
-		return c, nil, s.fail("worker cell claim", err)
+		return c, nil, s.fail(ctx, "worker cell claim", err)
 	default:
 		if info.ClaimID, err = uuid.Parse(claimID); err != nil {
-			return c, nil, s.fail("worker cell claim", err)
+			return c, nil, s.fail(ctx, "worker cell claim", err)
 		}
 	}
 	return c, info, nil
@@ -90,7 +90,7 @@ func (s *Store) Retire(ctx context.Context, p store.RetireParams) (lease.Cell, e
 		}
 		return errcode.New(errcode.Conflict, "only a ready generation-1 cell can be retired")
 	})
-	return c, s.fail("retire", err)
+	return c, s.fail(ctx, "retire", err)
 }
 
 // Destroy implements store.Store.
@@ -123,7 +123,7 @@ func (s *Store) Destroy(ctx context.Context, p store.DestroyParams) (lease.Cell,
 		}
 		return s.terminal(ctx, tx, &c, p.Disposition, p.Now) // sameLease: c.Lease.ID is p.LeaseID
 	})
-	return c, s.fail("destroy", err)
+	return c, s.fail(ctx, "destroy", err)
 }
 
 // ExpireUnmanaged implements store.Store.
@@ -141,5 +141,5 @@ func (s *Store) ExpireUnmanaged(ctx context.Context, now time.Time) (int, error)
 		_, err := tx.exec(ctx, s.q.expireIdempotency, us(now))
 		return err
 	})
-	return int(total), s.fail("expire", err)
+	return int(total), s.fail(ctx, "expire", err)
 }
