@@ -26,11 +26,14 @@ import (
 
 // backend is one database under test with a plane over it.
 type backend struct {
-	name    string
-	bind    int
-	st      store.Store
-	db      *sql.DB // the store's writer pool: the baseline runs on it
-	update  *sql.Stmt
+	name   string
+	bind   int
+	st     store.Store
+	db     *sql.DB // the store's writer pool: the baseline runs on it
+	update *sql.Stmt
+	// floor, on SQLite, is the baseline's transaction on a held
+	// connection (holdFloor); nil elsewhere.
+	floor   func(ctx context.Context, i int) error
 	plane   *sandboxwich.Plane
 	keys    *attest.Keyring
 	rel     lease.Release
@@ -55,7 +58,52 @@ func openSQLite(ctx context.Context, dir string) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBackend("sqlite", sqlx.QUESTION, st, func() {})
+	b, err := newBackend("sqlite", sqlx.QUESTION, st, func() {})
+	if err != nil {
+		return nil, err
+	}
+	if err := b.holdFloor(ctx); err != nil {
+		b.cleanup()
+		return nil, err
+	}
+	return b, nil
+}
+
+// holdFloor sets b.floor: the baseline's transaction on a connection of
+// the store's writer pool held for it, with BEGIN IMMEDIATE, the update
+// and COMMIT prepared there and only BEGIN watching its context — the way
+// the SQLite store runs its own transactions. The pool grows by the one
+// connection (the store holds one, the plain baseline uses another).
+func (b *backend) holdFloor(ctx context.Context) error {
+	b.db.SetMaxOpenConns(3)
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	var stmts [3]*sql.Stmt
+	for i, q := range []string{"BEGIN IMMEDIATE", "UPDATE bench_baseline SET n = n + 1 WHERE id = ? RETURNING n", "COMMIT"} {
+		if stmts[i], err = conn.PrepareContext(ctx, q); err != nil {
+			conn.Close()
+			return fmt.Errorf("sqlite: held baseline: %w", err)
+		}
+	}
+	begin, update, commit := stmts[0], stmts[1], stmts[2]
+	b.floor = func(ctx context.Context, _ int) error {
+		if _, err := begin.ExecContext(ctx); err != nil {
+			return err
+		}
+		quiet := context.WithoutCancel(ctx)
+		var n int64
+		if err := update.QueryRowContext(quiet, 1).Scan(&n); err != nil {
+			_, _ = conn.ExecContext(quiet, "ROLLBACK")
+			return err
+		}
+		_, err := commit.ExecContext(quiet)
+		return err
+	}
+	cleanup := b.cleanup
+	b.cleanup = func() { conn.Close(); cleanup() }
+	return nil
 }
 
 func openPostgres(ctx context.Context, base string) (*backend, error) {

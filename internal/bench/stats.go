@@ -64,18 +64,19 @@ func measure(ctx context.Context, conc, total int, fn func(ctx context.Context, 
 	return summarize(slices.Concat(lats...), time.Since(start), int(errs.Load()))
 }
 
-// measurePair runs a and b total times each from one goroutine, taking
-// turns (a b, then b a, …), so that both series see the same machine from
-// moment to moment: on a shared machine that is what makes their ratio
-// mean something. Throughput is per series, over its own time.
-func measurePair(ctx context.Context, total int, a, b func(ctx context.Context, i int) error) (Stats, Stats) {
-	var lat [2][]time.Duration
-	var busy [2]time.Duration
-	var errs [2]int
-	fns := [2]func(context.Context, int) error{a, b}
+// measureTurns runs each of fns total times from one goroutine, taking
+// turns in a rotating order (a b c, then b c a, …), so that every series
+// sees the same machine from moment to moment: on a shared machine that is
+// what makes their ratios mean something. Throughput is per series, over
+// its own time.
+func measureTurns(ctx context.Context, total int, fns ...func(ctx context.Context, i int) error) []Stats {
+	n := len(fns)
+	lat := make([][]time.Duration, n)
+	busy := make([]time.Duration, n)
+	errs := make([]int, n)
 	for i := 0; i < total && ctx.Err() == nil; i++ {
-		for k := range 2 {
-			j := (i + k) % 2
+		for k := range n {
+			j := (i + k) % n
 			t0 := time.Now()
 			err := fns[j](ctx, i)
 			d := time.Since(t0)
@@ -87,7 +88,11 @@ func measurePair(ctx context.Context, total int, a, b func(ctx context.Context, 
 			lat[j] = append(lat[j], d)
 		}
 	}
-	return summarize(lat[0], busy[0], errs[0]), summarize(lat[1], busy[1], errs[1])
+	out := make([]Stats, n)
+	for j := range n {
+		out[j] = summarize(lat[j], busy[j], errs[j])
+	}
+	return out
 }
 
 func ratio(a, b float64) float64 {
