@@ -99,13 +99,13 @@ func (h *heldConn) drop() {
 // connection's write lock.
 func (h *heldConn) beginTx(ctx context.Context) (txn, error) {
 	if err := h.take(ctx); err != nil {
-		return nil, err
+		return txn{}, err
 	}
 	if _, err := h.stmts[h.begin].ExecContext(ctx); err != nil {
 		h.settle()
-		return nil, err
+		return txn{}, err
 	}
-	return heldTx{h}, nil
+	return txn{heldTx{h}}, nil
 }
 
 // settle ends a turn whose transaction may be open: it rolls back, and
@@ -187,6 +187,8 @@ func quiet(ctx context.Context) (context.Context, error) {
 	return context.WithoutCancel(ctx), nil
 }
 
+// stmt returns q's statement, prepared on the connection, and ctx without
+// its cancellation (quiet).
 func (t heldTx) stmt(ctx context.Context, q string) (*sqlx.Stmt, context.Context, error) {
 	st, err := t.h.stmts.get(q)
 	if err != nil {
@@ -194,30 +196,6 @@ func (t heldTx) stmt(ctx context.Context, q string) (*sqlx.Stmt, context.Context
 	}
 	ctx, err = quiet(ctx)
 	return st, ctx, err
-}
-
-func (t heldTx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	st, ctx, err := t.stmt(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, args...)
-}
-
-func (t heldTx) row(ctx context.Context, q string, args ...any) scanner {
-	st, ctx, err := t.stmt(ctx, q)
-	if err != nil {
-		return errScanner{err}
-	}
-	return st.QueryRowxContext(ctx, args...)
-}
-
-func (t heldTx) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
-	st, ctx, err := t.stmt(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	return st.QueryxContext(ctx, args...)
 }
 
 func (t heldTx) query(ctx context.Context, q string, args ...any) scanner {

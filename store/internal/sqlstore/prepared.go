@@ -93,13 +93,13 @@ func (p *connPool) close() error {
 // pool's prepared statements on its connection.
 func (p *connPool) beginTx(ctx context.Context) (txn, error) {
 	if err := p.prepare(ctx); err != nil {
-		return nil, err
+		return txn{}, err
 	}
 	tx, err := p.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return nil, err
+		return txn{}, err
 	}
-	return poolTx{tx, p}, nil
+	return txn{poolTx{tx, p}}, nil
 }
 
 // poolTx is a transaction of a connPool. Its pool was prepared before the
@@ -109,37 +109,14 @@ type poolTx struct {
 	p  *connPool
 }
 
-// stmt returns q's prepared statement, bound to the transaction.
-func (t poolTx) stmt(ctx context.Context, q string) (*sqlx.Stmt, error) {
+// stmt returns q's prepared statement, bound to the transaction, which
+// watches ctx itself.
+func (t poolTx) stmt(ctx context.Context, q string) (*sqlx.Stmt, context.Context, error) {
 	st, err := t.p.stmts.get(q)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return t.tx.StmtxContext(ctx, st), nil
-}
-
-func (t poolTx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	st, err := t.stmt(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, args...)
-}
-
-func (t poolTx) row(ctx context.Context, q string, args ...any) scanner {
-	st, err := t.stmt(ctx, q)
-	if err != nil {
-		return errScanner{err}
-	}
-	return st.QueryRowxContext(ctx, args...)
-}
-
-func (t poolTx) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
-	st, err := t.stmt(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	return st.QueryxContext(ctx, args...)
+	return t.tx.StmtxContext(ctx, st), ctx, nil
 }
 
 func (t poolTx) query(ctx context.Context, q string, args ...any) scanner {

@@ -66,16 +66,45 @@ type writer interface {
 	close() error
 }
 
-// txn is a write transaction. Its exec, row and rows run one of the
-// store's fixed queries, prepared; query runs one built at run time.
-type txn interface {
-	exec(ctx context.Context, q string, args ...any) (sql.Result, error)
-	row(ctx context.Context, q string, args ...any) scanner
-	rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error)
+// txConn is what a write transaction runs on: a pool's transaction
+// (poolTx) or the held connection (heldTx).
+type txConn interface {
+	// stmt returns q's prepared statement for the transaction, and the
+	// context to run it under.
+	stmt(ctx context.Context, q string) (*sqlx.Stmt, context.Context, error)
+	// query runs a query built at run time.
 	query(ctx context.Context, q string, args ...any) scanner
 	// commit commits; after a failure the transaction is rolled back.
 	commit(ctx context.Context) error
 	rollback()
+}
+
+// txn is a write transaction. Its exec, row and rows run one of the
+// store's fixed queries, prepared.
+type txn struct{ txConn }
+
+func (t txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	st, ctx, err := t.stmt(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+func (t txn) row(ctx context.Context, q string, args ...any) scanner {
+	st, ctx, err := t.stmt(ctx, q)
+	if err != nil {
+		return errScanner{err}
+	}
+	return st.QueryRowxContext(ctx, args...)
+}
+
+func (t txn) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
+	st, ctx, err := t.stmt(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryxContext(ctx, args...)
 }
 
 // Store implements store.Store over a writer pool and a reader pool, which
