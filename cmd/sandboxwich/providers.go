@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -95,8 +94,9 @@ func gvisorPoolName(pool string) string {
 // requireRunsc fails at once, with the install command, when gVisor's
 // runsc is not installed.
 func requireRunsc() error {
-	if _, err := exec.LookPath("runsc"); err != nil {
-		return errors.New("runsc (gVisor) is not installed: run `apt-get install -y runsc` " +
+	if gvisor.FindRunsc() == "" {
+		return errors.New("runsc (gVisor) is not installed. Build the pinned version (about a minute) with:\n\n  " +
+			gvisor.InstallCommand + "\n\nor run `bash scripts/install-runsc.sh` in a checkout " +
 			"(or `sandboxwich dev --provider dry-run` for SIMULATED cells without isolation)")
 	}
 	return nil

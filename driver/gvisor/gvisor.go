@@ -31,14 +31,12 @@ const (
 	DefaultCPUs             = 1.0
 )
 
-// InstallCommand is the command that installs runsc on Debian and Ubuntu.
-const InstallCommand = "apt-get install -y runsc"
-
 // Config configures a Provider. The zero value works: runsc from PATH,
 // private directories under os.TempDir(), the default root filesystem, no
 // network.
 type Config struct {
-	// RunscPath is the runsc binary; default "runsc" looked up in PATH.
+	// RunscPath is the runsc binary; default FindRunsc(): the pinned build
+	// (RunscVersion) when cached, else "runsc" from PATH.
 	RunscPath string
 	// StateDir is runsc's private --root, created 0700. Default
 	// os.TempDir()/sandboxwich-runsc-<uid>. Providers that share a StateDir
@@ -185,11 +183,13 @@ func New(cfg Config) (*Provider, error) {
 // lookRunsc finds runsc and checks that it runs.
 func lookRunsc(path string) (string, error) {
 	if path == "" {
-		path = "runsc"
+		if path = FindRunsc(); path == "" {
+			return "", fmt.Errorf("gvisor: runsc not found; build the pinned gVisor with `%s`", InstallCommand)
+		}
 	}
 	found, err := exec.LookPath(path)
 	if err != nil {
-		return "", fmt.Errorf("gvisor: runsc not found (%v); install gVisor with `%s`", err, InstallCommand)
+		return "", fmt.Errorf("gvisor: runsc not found (%v); build the pinned gVisor with `%s`", err, InstallCommand)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -197,7 +197,7 @@ func lookRunsc(path string) (string, error) {
 	cmd.Env = runscEnv
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "runsc version") {
-		return "", fmt.Errorf("gvisor: %s --version does not work (%v: %s); install gVisor with `%s`",
+		return "", fmt.Errorf("gvisor: %s --version does not work (%v: %s); build the pinned gVisor with `%s`",
 			found, err, truncate(out, 200), InstallCommand)
 	}
 	return found, nil

@@ -37,7 +37,8 @@ func TestMain(m *testing.M) {
 // running the real thing.
 func requireRunsc(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("runsc"); err != nil {
+	if FindRunsc() == "" {
+		err := errors.New("no runsc: neither the pinned build nor one in PATH")
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("runsc is required under CI=true (run scripts/install-runsc.sh): %v", err)
 		}
@@ -509,7 +510,7 @@ func TestNewErrors(t *testing.T) {
 
 	cfg := base
 	cfg.RunscPath = filepath.Join(dir, "no-such-runsc")
-	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "apt-get install -y runsc") {
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "go install gvisor.dev/gvisor/runsc@"+RunscVersion) {
 		t.Errorf("New with a missing runsc: %v, want the install command", err)
 	}
 	path, _ := fakeRunsc(t, "exit 0\n")
