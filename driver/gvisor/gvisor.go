@@ -478,8 +478,8 @@ func (p *Provider) forget(id string) {
 }
 
 // sandboxedKernel compares the kernel release the host runs with the one a
-// cell sees. A cell under gVisor sees gVisor's own (4.4.0), never the
-// host's.
+// cell sees. A cell under gVisor sees gVisor's own (4.19.0-gvisor in the
+// pinned runsc, 4.4.0 in Debian's), never the host's.
 func sandboxedKernel(host, guest string) (bool, string) {
 	host, guest = strings.TrimSpace(host), strings.TrimSpace(guest)
 	switch {

@@ -316,8 +316,12 @@ func TestInspectRefusesHostKernel(t *testing.T) {
 	}
 	// A restarted provider has verified nothing yet: it checks from
 	// inside again, and refuses when the kernels match.
+	res, err := p.Exec(context.Background(), obj, driver.ExecRequest{Argv: []string{"uname", "-r"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("uname -r: %+v, %v", res, err)
+	}
 	p = newProvider(t, cfg)
-	p.hostKernel = "4.4.0" // what gVisor reports
+	p.hostKernel = strings.TrimSpace(string(res.Stdout)) // what gVisor reports
 	o, err = p.Inspect(context.Background(), obj)
 	if err != nil {
 		t.Fatal(err)
