@@ -63,10 +63,10 @@ func Example() {
 
 	// A retry after a lost response returns the same lease and attestation.
 	again, _ := plane.Claim(ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: rel, Binding: binding})
-	fmt.Println("replayed:", again.Replayed, again.Lease.ID == res.Lease.ID, again.Attestation == res.Attestation)
+	fmt.Println("replayed:", again.Replayed, again.Lease.ID == res.Lease.ID, again.Attestation() == res.Attestation())
 
 	// Anyone holding the attestation can prove the lease is live.
-	proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	proof := res.Proof()
 	if _, err := plane.Validate(ctx, "acme", res.Lease.ID, proof); err != nil {
 		log.Fatal(err)
 	}

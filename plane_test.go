@@ -133,8 +133,8 @@ func TestAttestationIsVerifiableAndKeyChangeConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(res.Attestation, "swla1_") || len(res.Attestation) != 49 {
-		t.Fatalf("attestation shape: %d chars", len(res.Attestation))
+	if !strings.HasPrefix(res.Attestation(), "swla1_") || len(res.Attestation()) != 49 {
+		t.Fatalf("attestation shape: %d chars", len(res.Attestation()))
 	}
 	// A plane with another key regenerates a different token for the
 	// stored lease: the replay is refused rather than minting new authority.
@@ -156,7 +156,7 @@ func TestTenantsAreIsolated(t *testing.T) {
 		t.Fatalf("foreign tenant claimed acme's cell: %+v %v", res, err)
 	}
 	res, _ = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
-	proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	proof := sandboxwich.NewProof(res.Attestation(), 2, binding)
 	_, errForeign := e.plane.Validate(e.ctx, "globex", res.Lease.ID, proof)
 	_, errUnknown := e.plane.Validate(e.ctx, "globex", uuid.New(), proof)
 	if !errors.Is(errForeign, errcode.ErrNotFound) || errForeign.Error() != errUnknown.Error() {
@@ -212,7 +212,7 @@ func TestExecVerifiesRuntimeBeforeEveryCommand(t *testing.T) {
 	if err != nil || res.Lease == nil {
 		t.Fatalf("claim: %+v %v", res, err)
 	}
-	proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	proof := sandboxwich.NewProof(res.Attestation(), 2, binding)
 	out, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: []string{"echo", "hi"}})
 	if err != nil || string(out.Stdout) != "echo hi" {
 		t.Fatalf("exec: %+v %v", out, err)
@@ -245,14 +245,14 @@ func TestExecOnWorkerCellAndDryRun(t *testing.T) {
 	e := newEnv(t)
 	e.prepare(t)
 	res, _ := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
-	proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	proof := sandboxwich.NewProof(res.Attestation(), 2, binding)
 	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: []string{"id"}}); !errors.Is(err, errcode.ErrNotFound) {
 		t.Fatalf("exec on a worker's cell: %v", err)
 	}
 	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "dry", TenantID: "acme", Release: e.rel, Target: 1, Provider: fake.New(fake.Config{})}))
 	e.plane.Pools().Pass(e.ctx)
 	res, _ = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{Release: e.rel, Binding: binding})
-	proof = sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	proof = sandboxwich.NewProof(res.Attestation(), 2, binding)
 	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: []string{"id"}}); !errors.Is(err, errcode.ErrExecUnsupported) {
 		t.Fatalf("exec on dry-run: %v", err)
 	}

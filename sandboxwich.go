@@ -52,13 +52,12 @@ const (
 
 // Plane runs sterile-cell operations. It is safe for concurrent use.
 type Plane struct {
-	store   store.Store
-	keys    *attest.Keyring
-	now     func() time.Time
-	newID   func() uuid.UUID
-	log     *slog.Logger
-	floors  map[string]int
-	onClaim func(ClaimResult)
+	store  store.Store
+	keys   *attest.Keyring
+	now    func() time.Time
+	newID  func() uuid.UUID
+	log    *slog.Logger
+	floors map[string]int
 
 	pools    *pool.Reconciler // nil without pools
 	poolCfgs []pool.Config
@@ -80,12 +79,6 @@ func WithIDs(newID func() uuid.UUID) Option { return func(p *Plane) { p.newID = 
 // never logged.
 func WithLogger(l *slog.Logger) Option { return func(p *Plane) { p.log = l } }
 
-// WithReadyFloor holds back a pool's own ready cells while the pool has no
-// more than floor ready members.
-func WithReadyFloor(pool string, floor int) Option {
-	return func(p *Plane) { p.floors[pool] = floor }
-}
-
 // WithPools configures pools the plane keeps warm (CONTRACT §8). Each
 // pool's release must be signed by the plane's key.
 func WithPools(pools ...pool.Config) Option {
@@ -99,11 +92,6 @@ func WithPoolOptions(o pool.Options) Option { return func(p *Plane) { p.poolOpt 
 // WithSweepInterval sets how often Run quarantines expired cells of
 // external workers (default 1 s); 0 disables the expiry sweeper.
 func WithSweepInterval(d time.Duration) Option { return func(p *Plane) { p.sweep = d } }
-
-// WithClaimHook registers a function called after every successful claim
-// that leased a cell (for example to trigger pool replenishment). It must
-// not block; it never sees the attestation.
-func WithClaimHook(fn func(ClaimResult)) Option { return func(p *Plane) { p.onClaim = fn } }
 
 // New returns a Plane over st, signing and verifying with keys.
 func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
@@ -203,16 +191,48 @@ type ClaimRequest struct {
 }
 
 // ClaimResult is a claim's outcome. Lease is nil when no cell was available.
+//
+// The lease attestation is a secret for the claimer alone, kept in an
+// unexported field: read it with [ClaimResult.Attestation], or present it
+// with [ClaimResult.Proof]. Printing the result with fmt (any verb, %#v
+// included) or log/slog never shows it; it is never stored, only its
+// digest.
 type ClaimResult struct {
 	Lease *lease.Lease
-	// Attestation is the raw lease attestation (swla1_…): a secret for the
-	// claimer alone. It is never stored, only its digest.
-	Attestation string
 	// Replayed reports a fenced retry that returned an earlier outcome.
 	Replayed bool
 	// PoolName is the pool the leased cell came from, if any.
 	PoolName string
+
+	attestation string
 }
+
+// Attestation returns the raw lease attestation ("swla1_…"), or "" for an
+// empty claim. It is the only accessor of the secret: hand it to the
+// claimer and nowhere else.
+func (r ClaimResult) Attestation() string { return r.attestation }
+
+// Proof returns the lease fence that acts on the lease: its attestation,
+// generation and binding. It is the zero Proof for an empty claim.
+func (r ClaimResult) Proof() Proof {
+	if r.Lease == nil {
+		return Proof{}
+	}
+	return Proof{Generation: r.Lease.Generation, Binding: r.Lease.Binding, attestation: r.attestation}
+}
+
+// String describes the result without its attestation.
+func (r ClaimResult) String() string {
+	if r.Lease == nil {
+		return fmt.Sprintf("sandboxwich.ClaimResult{empty, replayed=%t}", r.Replayed)
+	}
+	return fmt.Sprintf("sandboxwich.ClaimResult{lease_id=%s, cell_id=%s, generation=%d, pool=%q, replayed=%t, attestation=REDACTED}",
+		r.Lease.ID, r.Lease.CellID, r.Lease.Generation, r.PoolName, r.Replayed)
+}
+
+// Format prints String for every verb, so no verb (%v, %+v, %#v, %s, %q,
+// …) shows the attestation.
+func (r ClaimResult) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(r.String())) }
 
 // LogValue keeps the attestation out of logs.
 func (r ClaimResult) LogValue() slog.Value {
@@ -268,25 +288,20 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if res.Lease == nil {
 		return out, nil
 	}
-	out.Attestation = signed
+	out.attestation = signed
 	if res.Replayed {
 		// The token is a pure function of the stored lease and the key: an
 		// exact retry regenerates it byte for byte, unless the key changed.
-		out.Attestation = p.token(*res.Lease)
+		out.attestation = p.token(*res.Lease)
 	}
-	if !attest.EqualDigest(attest.Digest(out.Attestation), res.Lease.AttestationDigest) {
+	if !attest.EqualDigest(attest.Digest(out.attestation), res.Lease.AttestationDigest) {
 		return ClaimResult{}, errcode.New(errcode.Conflict, "the lease attestation cannot be regenerated (the signing key changed)")
 	}
 	if p.log.Enabled(ctx, slog.LevelDebug) { // the attributes cost an allocation on every claim
 		p.log.LogAttrs(ctx, slog.LevelDebug, "claim", slog.String("tenant", tenantID), slog.Any("result", out))
 	}
-	if !out.Replayed {
-		if p.pools != nil && out.PoolName != "" {
-			p.pools.Trigger()
-		}
-		if p.onClaim != nil {
-			p.onClaim(out)
-		}
+	if !out.Replayed && p.pools != nil && out.PoolName != "" {
+		p.pools.Trigger()
 	}
 	return out, nil
 }
@@ -341,13 +356,31 @@ func checkBinding(b lease.Binding) error {
 	return nil
 }
 
-// Proof is what a tenant presents to act on a lease (the lease fence).
+// Proof is what a tenant presents to act on a lease (the lease fence): the
+// lease's attestation, generation and binding. A claimer gets it from
+// [ClaimResult.Proof]; a server that received the fence fields builds it
+// with [NewProof]. The attestation inside is unexported and never printed
+// (fmt, any verb, or log/slog), and no method returns it.
 type Proof struct {
-	// Attestation is the raw swla1_ token returned by the claim.
-	Attestation string
-	Generation  uint64
-	Binding     lease.Binding
+	Generation uint64
+	Binding    lease.Binding
+
+	attestation string
 }
+
+// NewProof returns the lease fence made of a raw attestation ("swla1_…"),
+// a generation and a binding.
+func NewProof(attestation string, generation uint64, binding lease.Binding) Proof {
+	return Proof{Generation: generation, Binding: binding, attestation: attestation}
+}
+
+// String describes the proof without its attestation.
+func (pr Proof) String() string {
+	return fmt.Sprintf("sandboxwich.Proof{generation=%d, binding=%+v, attestation=REDACTED}", pr.Generation, pr.Binding)
+}
+
+// Format prints String for every verb, so no verb shows the attestation.
+func (pr Proof) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(pr.String())) }
 
 // LogValue keeps the attestation out of logs.
 func (pr Proof) LogValue() slog.Value {
@@ -361,7 +394,7 @@ func (p *Plane) check(tenantID string, leaseID uuid.UUID, pr Proof) store.LeaseC
 		Proof: lease.Proof{
 			Generation:        pr.Generation,
 			Binding:           pr.Binding,
-			AttestationDigest: attest.Digest(pr.Attestation),
+			AttestationDigest: attest.Digest(pr.attestation),
 		},
 		Now: p.Now(),
 	}

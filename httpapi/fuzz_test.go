@@ -114,7 +114,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	if err != nil || res.Lease == nil {
 		f.Fatalf("claim: %+v %v", res, err)
 	}
-	e.lease, e.att = *wire.LeaseOf(res.Lease), res.Attestation
+	e.lease, e.att = *wire.LeaseOf(res.Lease), res.Attestation()
 	return e
 }
 

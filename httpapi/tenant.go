@@ -38,7 +38,8 @@ func (h *handler) claim(c *call) (int, any, error) {
 	}
 	resp := wire.ClaimResponse{OK: true, Lease: wire.LeaseOf(res.Lease)}
 	if res.Lease != nil {
-		resp.LeaseAttestation = &res.Attestation
+		att := res.Attestation()
+		resp.LeaseAttestation = &att
 	}
 	return http.StatusOK, resp, nil
 }
@@ -62,7 +63,7 @@ func claimOutcome(res sandboxwich.ClaimResult, err error) string {
 
 // proofOf converts the wire lease fence.
 func proofOf(p wire.LeaseProof) sandboxwich.Proof {
-	return sandboxwich.Proof{Attestation: p.LeaseAttestation, Generation: p.Generation, Binding: p.Binding}
+	return sandboxwich.NewProof(p.LeaseAttestation, p.Generation, p.Binding)
 }
 
 // validate serves POST /v1/sterile-cell-leases/{lease_id}/validate.

@@ -355,14 +355,14 @@ func (r *faultRig) replay(h *heldLease) {
 		return // no longer live
 	case err != nil:
 		t.Fatalf("replay: %v", err)
-	case !res.Replayed || res.Lease == nil || res.Attestation != h.res.Attestation:
+	case !res.Replayed || res.Lease == nil || res.Attestation() != h.res.Attestation():
 		t.Fatalf("replay of a live claim: %+v (replayed %v)", res.Lease, res.Replayed)
 	}
 	r.recordClaim(h.claimID, res)
 }
 
 func proofOf(h *heldLease) sandboxwich.Proof {
-	return sandboxwich.Proof{Attestation: h.res.Attestation, Generation: lease.GenerationLeased, Binding: h.req.Binding}
+	return sandboxwich.NewProof(h.res.Attestation(), lease.GenerationLeased, h.req.Binding)
 }
 
 // release releases a held lease with a random disposition, sometimes twice,

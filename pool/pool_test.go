@@ -133,7 +133,7 @@ func (f *fixture) claim() sandboxwich.ClaimResult {
 }
 
 func proof(res sandboxwich.ClaimResult) sandboxwich.Proof {
-	return sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: binding}
+	return sandboxwich.NewProof(res.Attestation(), 2, binding)
 }
 
 func TestFillClaimReleaseRefill(t *testing.T) {

@@ -128,7 +128,7 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		}
 	}
 	res.LeaseID, res.CellID = claim.Lease.ID.String(), claim.Lease.CellID.String()
-	proof := sandboxwich.Proof{Attestation: claim.Attestation, Generation: claim.Lease.Generation, Binding: binding}
+	proof := claim.Proof()
 
 	// 2. Run the command; the plane re-verifies the gVisor boundary first.
 	out, err := plane.Exec(ctx, "harness", claim.Lease.ID, proof, sandboxwich.ExecRequest{Argv: argv})

@@ -186,7 +186,7 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		if err != nil || res.Lease == nil {
 			return nil, fmt.Errorf("gvisor claim: %v", err)
 		}
-		proof := sandboxwich.Proof{Attestation: res.Attestation, Generation: 2, Binding: benchBinding}
+		proof := res.Proof()
 		got, err := plane.Exec(ctx, benchTenant, res.Lease.ID, proof, sandboxwich.ExecRequest{Argv: argv})
 		if err != nil || !strings.Contains(string(got.Stdout), "first-output") {
 			return nil, fmt.Errorf("gvisor exec: %v %q", err, got.Stdout)
