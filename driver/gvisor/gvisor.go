@@ -58,7 +58,7 @@ type Config struct {
 	// driver runs in; runsc refuses it in the host's root namespace).
 	Network string
 	// Platform is runsc's --platform ("ptrace", "kvm", "systrap"); ""
-	// leaves runsc's default (ptrace in Debian bookworm's runsc).
+	// leaves runsc's default (systrap in the pinned runsc).
 	Platform string
 	// MemoryLimitBytes is each cell's memory limit; default 512 MiB.
 	MemoryLimitBytes int64
