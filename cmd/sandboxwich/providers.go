@@ -34,7 +34,7 @@ var providers = map[string]providerFactory{
 	// gvisor runs each cell as a runsc container on this host.
 	"gvisor": func(pool string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "state_dir", "bundle_dir", "rootfs", "network", "platform",
-			"memory_limit_bytes", "cpus"); err != nil {
+			"memory_limit_bytes", "cpus", "pids_limit"); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
@@ -55,6 +55,13 @@ var providers = map[string]providerFactory{
 				return nil, fmt.Errorf("setting cpus: %q is not a positive number", v)
 			}
 			cfg.CPUs = n
+		}
+		if v := s["pids_limit"]; v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < gvisor.MinPidsLimit {
+				return nil, fmt.Errorf("setting pids_limit: %q is not an integer of at least %d", v, gvisor.MinPidsLimit)
+			}
+			cfg.PidsLimit = n
 		}
 		return gvisor.New(cfg)
 	},

@@ -3,8 +3,21 @@
 // gvisor_lower_risk (a shared host kernel behind gVisor's user-space
 // kernel).
 //
-// Install runsc with `apt-get install -y runsc` (Debian bookworm ships
-// gVisor release 20221219), or run scripts/install-runsc.sh.
+// Install runsc with scripts/install-runsc.sh, or run InstallCommand: both
+// build gVisor's runsc from its Go module at the pinned RunscVersion (about
+// a minute on 2 cores) into the cache FindRunsc looks in first. Such a
+// build prints VERSION_MISSING for `runsc --version`; `go version -m`
+// identifies it. Debian's `runsc` package (gVisor 20221219) is only a
+// fallback: its statx rejects the AT_NO_AUTOMOUNT flag of GNU coreutils 9,
+// so `ls` and `stat` fail with "Invalid argument" in cells on a Debian
+// bookworm /usr (TestLsAndStat catches such a runsc).
+//
+// # Settings
+//
+// A pool of provider "gvisor" takes the settings runsc, state_dir,
+// bundle_dir, rootfs, network, platform, memory_limit_bytes, cpus and
+// pids_limit (SANDBOXWICH_GVISOR_<KEY> for the environment's pool), the
+// Config fields of the same names.
 //
 // # runsc invocation
 //
@@ -15,10 +28,12 @@
 //	                    driver's containers and nothing else's
 //	--network=none      the default; runsc needs the same value on create,
 //	                    start and exec, or start fails
-//	--platform=<P>      only when Config.Platform is set; the default
-//	                    (ptrace in this runsc) needs no /dev/kvm and works
-//	                    in containers and VMs alike (kvm hung at create on
-//	                    the nested-virtualisation machine this was built on)
+//	--platform=<P>      only when Config.Platform is set; runsc's default
+//	                    (systrap in the pinned runsc, ptrace in Debian's)
+//	                    needs no /dev/kvm and works in containers and VMs
+//	                    alike (kvm hung at create on the nested-
+//	                    virtualisation machine this was built on), so the
+//	                    driver leaves it to runsc
 //	--ignore-cgroups    only after runsc failed to create a container
 //	                    because of cgroups (detected once per Provider)
 //
@@ -34,8 +49,44 @@
 // the sandbox into cgroups /<container-id> of each controller and sizes the
 // guest's memory to the limit (the cell's /proc/meminfo shows it). Where
 // runsc cannot use cgroups, the driver falls back to --ignore-cgroups and
-// logs a warning: no memory or CPU limit is then enforced on the host, and
-// the guest sees the host's memory size.
+// logs a warning: no memory, CPU or process limit is then enforced on the
+// host, and the guest sees the host's memory size. A host without a pids
+// controller makes runsc refuse the spec's process limit with a cgroup
+// error, which takes that same fallback.
+//
+// Processes: the spec's linux.resources.pids.limit is Config.PidsLimit
+// (default 1024, at least MinPidsLimit), which runsc writes to pids.max of
+// the sandbox's host cgroup. That cgroup counts the sandbox's host tasks,
+// not guest processes: an idle cell holds about 25 (sentry threads,
+// gofer), and each guest process costs about two more under systrap (300
+// sleeping guest processes: 633 host tasks), so the default admits roughly
+// 500 guest processes. This is what stops a fork bomb: under
+// TestForkBombIsBounded the cell's cgroup peaked at exactly 1024 tasks
+// (without the limit it passed 1282 in under two seconds and, in the
+// original incident, reached about 5,200 host tasks). Reaching the limit
+// ends the sandbox, not just the fork: the sentry cannot create the host
+// threads it needs and dies. The exec then fails with ErrSandboxLost (the
+// cell is lost: quarantine it and destroy it; Destroy proves it gone), and
+// the host is unharmed. gVisor's own sentry-side pids controller would
+// fail guest forks with EAGAIN instead, but runsc does not seed it from
+// the spec (it seeds only the CPU and memory controllers), it charges tasks
+// only when cgroupfs is mounted in the cell, and a trial that set its
+// pids.max to 300 from inside still lost the sandbox to a fork bomb; the
+// driver does not use it. Guest RLIMIT_NPROC is not enforced by gVisor.
+//
+// Exec timeouts: the command runsc exec starts leads its own session and
+// process group inside the sandbox. At a timeout (or a cancelled context)
+// the driver sends KILL to that group (runsc kill --pgid, delivered by the
+// sentry in one step, so it reaches processes orphaned and reparented to
+// the cell's init) and to every descendant of the command or of a group
+// member that moved to another group, and looks again up to five times.
+// Only a process that both left the group (setpgid, setsid) and lost its
+// parent in the tree escapes; the process limit still bounds it and it
+// ends with the cell. When the command's direct child exits on its own, the
+// exec ends there (CONTRACT §14) and what it left in the background keeps
+// running, so `b(){ b|b& }; b` returns as soon as its shell exits (0.6 s
+// in the incident) and its bomb runs on until the process limit ends the
+// sandbox.
 //
 // # What a cell can see
 //
@@ -76,11 +127,10 @@
 // HOME=/home/cell and TERM=dumb, plus what an exec request adds. The
 // hostname is "cell". With Network "none" the only interface is loopback.
 //
-// Known limitation of runsc 20221219: its statx rejects the
-// AT_NO_AUTOMOUNT flag that GNU coreutils 9 (`ls`, `stat`) pass, so those
-// two commands fail with "Invalid argument" inside a cell built on a
-// Debian bookworm /usr. Shells, cat, find, python3 and most programs are
-// unaffected.
+// With the pinned runsc, `ls` and `stat` work in a cell; `ls -l /` prints
+// "ls: /root: Permission denied" (exit 0), as gVisor refuses the cell user
+// the extended-attribute look-up on the 0700 /root. Debian's runsc 20221219
+// breaks `ls` and `stat` altogether (see above).
 //
 // # Life cycle
 //
@@ -93,7 +143,7 @@
 // The cell's init is a shell loop that sleeps and reaps orphans. Provision
 // writes the bundle, runs `runsc create` and `runsc start` and waits for
 // state running. Inspect reads `runsc state` and then checks from inside:
-// the kernel release the cell sees (`uname -r`, 4.4.0 under gVisor) must
+// the kernel release the cell sees (`uname -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under Debian's) must
 // differ from the host's, and the container's PID must be a runsc-sandbox
 // process; only then does it report gvisor_lower_risk. Destroy runs `runsc
 // kill KILL` and `runsc delete --force`, then proves absence: `runsc

@@ -142,6 +142,13 @@ func (p *Provider) exec(ctx context.Context, id string, req driver.ExecRequest) 
 	if timedOut && res.ExitCode == 0 {
 		res.ExitCode = -1 // killed, whatever runsc made of it
 	}
+	if res.ExitCode == runscFailed {
+		// runsc exec's own failure, or the command's 128: only a sandbox
+		// that is no longer running tells them apart.
+		if lost := p.sandboxLost(id); lost != nil {
+			return driver.ExecResult{}, fmt.Errorf("gvisor: exec in %s: %w", id, lost)
+		}
+	}
 	return res, nil
 }
 
@@ -197,19 +204,33 @@ func readPid(path string) int {
 	return pid
 }
 
-// killGuestTree kills process root of container id and its descendants, by
-// their PIDs in the sandbox. It repeats while new descendants appear.
+// killRounds bounds how often killGuestTree looks again for processes of
+// a tree it is killing (a fork bomb adds some between two looks).
+const killRounds = 5
+
+// killGuestTree kills process root of container id and its whole tree, by
+// their PIDs in the sandbox: root's process group (runsc kill --pgid, which
+// the sentry delivers in one step, and which reaches the processes orphaned
+// and reparented to the cell's init) and every descendant of root or of a
+// group member (those that moved to another group). It looks again while
+// processes of the tree remain. Only a process that both left the group
+// (setpgid, setsid) and lost its parent in the tree escapes; the cell's
+// process limit still bounds it, and it ends with the cell.
 func (p *Provider) killGuestTree(ctx context.Context, id string, root int) error {
-	for round := 0; round < 3; round++ {
+	for round := 0; round < killRounds; round++ {
 		ps, err := p.r.ps(ctx, id)
 		if err != nil {
 			return err
 		}
-		tree := descendants(ps, root)
-		if len(tree) == 0 {
+		group, tree := treeOf(ps, root)
+		if group == 0 && len(tree) == 0 {
 			return nil
 		}
-		// The root first, so it starts no more children.
+		if group != 0 {
+			if _, err := p.r.run(ctx, "kill", "--pgid="+strconv.Itoa(group), id, "KILL"); err != nil {
+				p.log.Debug("runsc kill --pgid", "container", id, "pgid", group, "error", err)
+			}
+		}
 		for _, pid := range tree {
 			if _, err := p.r.run(ctx, "kill", "--pid="+strconv.Itoa(pid), id, "KILL"); err != nil {
 				p.log.Debug("runsc kill --pid", "container", id, "pid", pid, "error", err)
@@ -219,23 +240,49 @@ func (p *Provider) killGuestTree(ctx context.Context, id string, root int) error
 	return nil
 }
 
-// descendants returns root (when present) and its descendants in ps,
-// parents before children.
-func descendants(ps []guestProcess, root int) []int {
+// treeOf returns what killGuestTree kills of root's tree in ps: root's
+// process group when root leads it (group 0 otherwise: the group of the
+// cell's init is never signalled), and the processes outside that group
+// that descend from root or from a member of the group, parents first.
+// It never returns the cell's init (PID 1).
+func treeOf(ps []guestProcess, root int) (group int, tree []int) {
 	children := make(map[int][]int)
-	present := false
+	inGroup := make(map[int]bool)
 	for _, pr := range ps {
 		children[pr.ppid] = append(children[pr.ppid], pr.pid)
-		present = present || pr.pid == root
+		if pr.pid == root && pr.pgid == root && root != 1 {
+			group = root
+		}
 	}
-	if !present {
-		return nil
+	if group != 0 {
+		for _, pr := range ps {
+			inGroup[pr.pid] = pr.pgid == group
+		}
 	}
-	out := []int{root}
-	for i := 0; i < len(out); i++ {
-		out = append(out, children[out[i]]...)
+	// Breadth first from root and from every group member.
+	seen := map[int]bool{1: true}
+	var queue []int
+	for _, pr := range ps {
+		if pr.pid == root || inGroup[pr.pid] {
+			if !seen[pr.pid] {
+				seen[pr.pid] = true
+				queue = append(queue, pr.pid)
+			}
+		}
 	}
-	return out
+	for i := 0; i < len(queue); i++ {
+		pid := queue[i]
+		if !inGroup[pid] {
+			tree = append(tree, pid)
+		}
+		for _, c := range children[pid] {
+			if !seen[c] {
+				seen[c] = true
+				queue = append(queue, c)
+			}
+		}
+	}
+	return group, tree
 }
 
 // cappedBuffer keeps the first max bytes written to it and records whether

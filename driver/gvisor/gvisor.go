@@ -29,6 +29,7 @@ const (
 	DefaultNetwork          = "none"
 	DefaultMemoryLimitBytes = 512 << 20
 	DefaultCPUs             = 1.0
+	DefaultPidsLimit        = 1024
 )
 
 // Config configures a Provider. The zero value works: runsc from PATH,
@@ -57,12 +58,16 @@ type Config struct {
 	// driver runs in; runsc refuses it in the host's root namespace).
 	Network string
 	// Platform is runsc's --platform ("ptrace", "kvm", "systrap"); ""
-	// leaves runsc's default (ptrace in Debian bookworm's runsc).
+	// leaves runsc's default (systrap in the pinned runsc).
 	Platform string
 	// MemoryLimitBytes is each cell's memory limit; default 512 MiB.
 	MemoryLimitBytes int64
 	// CPUs is each cell's CPU limit in cores; default 1.
 	CPUs float64
+	// PidsLimit caps the host tasks (processes and threads) of each cell's
+	// sandbox, the sentry's own included; default DefaultPidsLimit, at
+	// least MinPidsLimit. See "Limits" in the package documentation.
+	PidsLimit int64
 	// Pool names the pool. It is part of every container ID, so List
 	// returns only this pool's containers. [A-Za-z0-9_.-], at most 64
 	// characters; default "default".
@@ -124,6 +129,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.CPUs == 0 {
 		cfg.CPUs = DefaultCPUs
+	}
+	if err := cfg.defaultPidsLimit(); err != nil {
+		return nil, err
 	}
 	if cfg.CPUs < 0.01 {
 		return nil, fmt.Errorf("gvisor: CPU limit %v is below 0.01", cfg.CPUs)

@@ -523,6 +523,8 @@ func TestNewErrors(t *testing.T) {
 		"network":  func(c *Config) { c.Network = "host" },
 		"platform": func(c *Config) { c.Platform = "magic" },
 		"memory":   func(c *Config) { c.MemoryLimitBytes = -1 },
+		"pids":     func(c *Config) { c.PidsLimit = MinPidsLimit - 1 },
+		"pids < 0": func(c *Config) { c.PidsLimit = -1 },
 		"rootfs /": func(c *Config) { c.RootFS = "/" },
 		"rootfs symlink to /": func(c *Config) {
 			link := filepath.Join(dir, "root-link")
@@ -601,13 +603,25 @@ func TestBelongs(t *testing.T) {
 	}
 }
 
-func TestDescendants(t *testing.T) {
-	ps := []guestProcess{{1, 0}, {2, 1}, {5, 0}, {6, 5}, {7, 6}, {8, 5}, {9, 1}}
-	if got := descendants(ps, 5); !slices.Equal(got, []int{5, 6, 8, 7}) {
-		t.Errorf("descendants(5) = %v", got)
+func TestTreeOf(t *testing.T) {
+	// 1 init; 5 the exec'd command leading group 5; 6, 7 its children;
+	// 8 an orphan of group 5 reparented to init; 9 moved to group 9 under
+	// 6, with child 10; 11 another exec's group; 2 init's sleep.
+	ps := []guestProcess{{1, 0, 1}, {2, 1, 1}, {5, 0, 5}, {6, 5, 5}, {7, 6, 5}, {8, 1, 5}, {9, 6, 9}, {10, 9, 9}, {11, 0, 11}}
+	group, tree := treeOf(ps, 5)
+	if group != 5 || !slices.Equal(tree, []int{9, 10}) {
+		t.Errorf("treeOf(5) = %d, %v; want 5, [9 10]", group, tree)
 	}
-	if got := descendants(ps, 42); got != nil {
-		t.Errorf("descendants of an absent pid = %v", got)
+	// Root not leading its group: no group kill, descendants only.
+	ps = []guestProcess{{1, 0, 1}, {5, 1, 1}, {6, 5, 1}, {7, 1, 1}}
+	if group, tree := treeOf(ps, 5); group != 0 || !slices.Equal(tree, []int{5, 6}) {
+		t.Errorf("treeOf(5) in init's group = %d, %v; want 0, [5 6]", group, tree)
+	}
+	if group, tree := treeOf(ps, 42); group != 0 || tree != nil {
+		t.Errorf("treeOf of an absent pid = %d, %v", group, tree)
+	}
+	if group, tree := treeOf(ps, 1); group != 0 || tree != nil {
+		t.Errorf("treeOf(1) = %d, %v; init is never killed", group, tree)
 	}
 }
 
@@ -676,5 +690,23 @@ func TestDefaultRootFSSkeleton(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "etc", "hostname")); err != nil || string(b) != "cell\n" {
 		t.Errorf("etc/hostname = %q, %v", b, err)
+	}
+}
+
+func TestParsePS(t *testing.T) {
+	out := "UID       PID       PPID      PGID      C         TTY       STIME     TIME       CMD\n" +
+		"1000      1         0         1         0         ?         17:09     10ms       sh\n" +
+		"1000      7         1         5         0         ?         17:09     0s         sleep\n"
+	ps, err := parsePS("c", []byte(out))
+	if err != nil || !slices.Equal(ps, []guestProcess{{1, 0, 1}, {7, 1, 5}}) {
+		t.Errorf("parsePS = %v, %v", ps, err)
+	}
+	// An older runsc without the PGID column.
+	ps, err = parsePS("c", []byte("UID PID PPID C TTY STIME TIME CMD\n0 1 0 0 ? 17:09 0s sh\n"))
+	if err != nil || !slices.Equal(ps, []guestProcess{{1, 0, 0}}) {
+		t.Errorf("parsePS without PGID = %v, %v", ps, err)
+	}
+	if _, err := parsePS("c", []byte("UID PID PPID PGID\n0 x 0 1\n")); err == nil {
+		t.Error("parsePS accepted a bad PID")
 	}
 }

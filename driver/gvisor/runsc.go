@@ -249,29 +249,57 @@ func (r *runsc) list(ctx context.Context) ([]containerState, error) {
 	return cs, nil
 }
 
-// guestProcess is one row of `runsc ps`.
-type guestProcess struct{ pid, ppid int }
+// guestProcess is one process of `runsc ps`.
+type guestProcess struct{ pid, ppid, pgid int }
 
-// ps lists the container's processes with their parents. PIDs are in the
-// sandbox's root PID namespace, as `runsc kill --pid` expects.
+// ps lists the container's processes with their parents and process
+// groups. PIDs are in the sandbox's root PID namespace, as `runsc kill
+// --pid` and `--pgid` expect. (`runsc ps --format=json` lists PIDs alone,
+// so the table is parsed by its header; a runsc without the PGID column
+// yields pgid 0.)
 func (r *runsc) ps(ctx context.Context, id string) ([]guestProcess, error) {
 	out, err := r.run(ctx, "ps", id)
 	if err != nil {
 		return nil, err
 	}
-	// UID PID PPID C TTY STIME TIME CMD
+	return parsePS(id, out)
+}
+
+// parsePS parses `runsc ps` table output: "UID PID PPID PGID C TTY STIME
+// TIME CMD".
+func parsePS(id string, out []byte) ([]guestProcess, error) {
+	lines := strings.Split(string(out), "\n")
+	col := map[string]int{}
+	for i, h := range strings.Fields(lines[0]) {
+		col[h] = i
+	}
+	iPID, ok1 := col["PID"]
+	iPPID, ok2 := col["PPID"]
+	iPGID, hasPGID := col["PGID"]
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("runsc ps %s: unexpected header %q", id, lines[0])
+	}
 	var ps []guestProcess
-	for i, line := range strings.Split(string(out), "\n") {
+	for _, line := range lines[1:] {
 		f := strings.Fields(line)
-		if i == 0 || len(f) < 3 {
+		if len(f) == 0 {
 			continue
 		}
-		pid, err1 := strconv.Atoi(f[1])
-		ppid, err2 := strconv.Atoi(f[2])
-		if err1 != nil || err2 != nil {
+		var pr guestProcess
+		var err1, err2, err3 error
+		if len(f) > max(iPID, iPPID, iPGID) {
+			pr.pid, err1 = strconv.Atoi(f[iPID])
+			pr.ppid, err2 = strconv.Atoi(f[iPPID])
+			if hasPGID {
+				pr.pgid, err3 = strconv.Atoi(f[iPGID])
+			}
+		} else {
+			err1 = errors.New("short line")
+		}
+		if err1 != nil || err2 != nil || err3 != nil {
 			return nil, fmt.Errorf("runsc ps %s: unexpected line %q", id, line)
 		}
-		ps = append(ps, guestProcess{pid: pid, ppid: ppid})
+		ps = append(ps, pr)
 	}
 	return ps, nil
 }

@@ -65,6 +65,11 @@ type ociLinux struct {
 type ociResources struct {
 	Memory *ociMemory `json:"memory,omitempty"`
 	CPU    *ociCPU    `json:"cpu,omitempty"`
+	Pids   *ociPids   `json:"pids,omitempty"`
+}
+
+type ociPids struct {
+	Limit int64 `json:"limit"`
 }
 
 type ociMemory struct {
@@ -151,6 +156,7 @@ func (p *Provider) spec(cellID, nonce string) ociSpec {
 			Resources: ociResources{
 				Memory: &ociMemory{Limit: p.cfg.MemoryLimitBytes},
 				CPU:    &ociCPU{Quota: int64(p.cfg.CPUs * cpuPeriod), Period: cpuPeriod},
+				Pids:   &ociPids{Limit: p.cfg.PidsLimit},
 			},
 			Namespaces: []ociNamespace{{"pid"}, {"ipc"}, {"uts"}, {"mount"}, {"network"}},
 		},

@@ -44,6 +44,12 @@
 // before the first is created; a CNI plugin that enforces NetworkPolicy is
 // what makes it bite. deploy/kubernetes holds the minimal RBAC.
 //
+// Process limits: a Pod spec cannot cap its processes; the kubelet does,
+// with podPidsLimit in its configuration (--pod-max-pids), for every Pod of
+// the node. The driver sets none and has no pids_limit setting: a cluster
+// that runs cells sets podPidsLimit (1024 matches the gVisor driver's
+// default), or a fork bomb in a cell is bounded only by its memory limit.
+//
 // # What the tests exercise, and what they do not
 //
 // Against a real kube-apiserver v1.37.2 with etcd v3.6.16 (built from Go
