@@ -9,10 +9,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/internal/bench"
 )
 
-func init() {
-	register(command{name: "bench", summary: "measure the claim path against the database's own limit (ratios)", run: runBench})
-}
-
 // runBench prints the table, the JSON report and, as its last line, the
 // ratios. With --fail-factor F it fails when a ratio is worse than F times
 // its target (a gross regression, never noise).

@@ -12,6 +12,7 @@ package main
 // prints an attestation or a token, with or without --json.
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -37,19 +38,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
-func init() {
-	register(command{name: "claim", summary: "claim a sterile cell (attestation goes to a new 0600 file)", run: cliClaim})
-	register(command{name: "validate", summary: "check a lease attestation against the live lease", run: cliValidate})
-	register(command{name: "release", summary: "release a leased pool cell (optionally --wait for proven deletion)", run: cliRelease})
-	register(command{name: "lease", summary: "show the status of a lease", run: cliLease})
-	register(command{name: "exec", summary: "run a command in a leased cell: exec [flags] -- argv…", run: cliExec})
-	register(command{name: "pools", summary: "list pools and their members (operator)", run: cliPools})
-	register(command{name: "prepare", summary: "worker: register a prepared ready cell", run: cliPrepare})
-	register(command{name: "cell", summary: "worker: show one of the worker's cells", run: cliCell})
-	register(command{name: "retire", summary: "worker: quarantine a ready cell", run: cliRetire})
-	register(command{name: "destroy", summary: "worker: end a leased cell after tearing it down", run: cliDestroy})
-}
-
 // exitCode is the exit status of a command run by `sandboxwich exec`, or 3
 // for a claim that found no cell. The message has already been printed (or
 // there is none): run() exits with the status and prints nothing.
@@ -67,7 +55,8 @@ const (
 	cliMaxSecretFile = 4096
 )
 
-// cliFlags are the flags every client command has.
+// cliFlags are the flags every client command has. A flag whose usage says
+// "(required" must be given a value: parse reports every missing one.
 type cliFlags struct {
 	fs                *flag.FlagSet
 	e                 env
@@ -81,31 +70,42 @@ type cliFlags struct {
 
 func newCLIFlags(e env, name string) *cliFlags {
 	f := &cliFlags{fs: newFlags(e, name), e: e}
-	server := e.getenv("SANDBOXWICH_URL")
-	if server == "" {
-		server = cliDefaultServer
-	}
-	f.fs.StringVar(&f.server, "server", server, "server base URL (env SANDBOXWICH_URL)")
+	f.fs.StringVar(&f.server, "server", cmp.Or(e.getenv("SANDBOXWICH_URL"), cliDefaultServer), "server base URL (env SANDBOXWICH_URL)")
 	f.fs.StringVar(&f.tokenFile, "token-file", "", "read the tenant or worker bearer token from this file (default: env SANDBOXWICH_TOKEN)")
 	f.fs.StringVar(&f.operatorTokenFile, "operator-token-file", "", "read the operator token from this file (default: env SANDBOXWICH_OPERATOR_TOKEN)")
 	f.fs.StringVar(&f.caFile, "ca-file", e.getenv("SANDBOXWICH_CA_FILE"), "PEM CA bundle to trust for an https server (env SANDBOXWICH_CA_FILE)")
-	f.fs.BoolVar(&f.json, "json", false, "print the wire JSON object instead of a summary")
+	f.fs.BoolVar(&f.json, "json", false, "print the wire JSON object instead of a summary (failures too)")
 	f.fs.DurationVar(&f.timeout, "timeout", cliDefaultTimeout, "deadline of the whole command, retries and --wait included")
 	return f
 }
 
-// parse parses args; positional arguments are refused unless allowed.
+// parse parses args and checks the required flags; positional arguments
+// are refused unless allowed.
 func (f *cliFlags) parse(args []string, positional bool) error {
 	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return err
 	}
 	if !positional && f.fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, f.fs.Arg(0))
 	}
-	return nil
+	return f.required()
+}
+
+// required reports, in one error, every required flag without a value.
+func (f *cliFlags) required() error {
+	var missing []string
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if strings.Contains(fl.Usage, "(required") && fl.Value.String() == "" {
+			missing = append(missing, "--"+fl.Name)
+		}
+	})
+	switch len(missing) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%w: missing required flag %s", errUsage, missing[0])
+	}
+	return fmt.Errorf("%w: missing required flags %s", errUsage, strings.Join(missing, ", "))
 }
 
 // set reports whether a flag was given on the command line.
@@ -115,25 +115,44 @@ func (f *cliFlags) set(name string) bool {
 	return found
 }
 
-// context bounds ctx by --timeout (0 means no bound).
-func (f *cliFlags) context(ctx context.Context) (context.Context, context.CancelFunc) {
-	if f.timeout <= 0 {
-		return context.WithCancel(ctx)
+// call makes the command's API call with the client of its flags, under
+// --timeout, and adds the hints a user can act on to its error.
+func call[T any](ctx context.Context, f *cliFlags, do func(context.Context, *client.Client) (T, error)) (T, error) {
+	c, err := f.client()
+	if err != nil {
+		var zero T
+		return zero, err
 	}
-	return context.WithTimeout(ctx, f.timeout)
+	if f.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.timeout)
+		defer cancel()
+	}
+	v, err := do(ctx, c)
+	if errors.Is(err, errcode.ErrUnauthorized) && !f.hasToken() {
+		err = fmt.Errorf("%w\nhint: set SANDBOXWICH_TOKEN or pass --token-file", err)
+	}
+	return v, err
+}
+
+// output prints obj with --json, else the aligned key/value lines kv.
+func (f *cliFlags) output(obj any, kv []string) error {
+	if f.json {
+		return cliJSON(f.e.stdout, obj)
+	}
+	return cliKV(f.e.stdout, kv)
+}
+
+// cliKV prints aligned key/value lines.
+func cliKV(w io.Writer, kv []string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for i := 0; i+1 < len(kv); i += 2 {
+		fmt.Fprintf(tw, "%s\t%s\n", kv[i], kv[i+1])
+	}
+	return tw.Flush()
 }
 
 // client builds the API client from the flags and the environment.
-// connect returns the client and a context bounded by --timeout.
-func (f *cliFlags) connect(ctx context.Context) (*client.Client, context.Context, context.CancelFunc, error) {
-	c, err := f.client()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	ctx, cancel := f.context(ctx)
-	return c, ctx, cancel, nil
-}
-
 func (f *cliFlags) client() (*client.Client, error) {
 	token, err := cliSecret(f.e, f.tokenFile, "SANDBOXWICH_TOKEN", "--token-file")
 	if err != nil {
@@ -205,54 +224,59 @@ func cliBinding(fs *flag.FlagSet) *wire.Binding {
 	return b
 }
 
-func cliCheckBinding(b *wire.Binding) error {
-	for _, f := range []struct{ flag, v string }{{"--org", b.OrganizationID}, {"--workspace", b.WorkspaceID},
-		{"--thread", b.ThreadID}, {"--session", b.RunnerSessionID}} {
-		if f.v == "" {
-			return fmt.Errorf("%w: %s is required", errUsage, f.flag)
-		}
-	}
-	return nil
-}
-
 // cliReleaseFlags registers the release flags.
 func cliReleaseFlags(fs *flag.FlagSet) *wire.Release {
 	r := &wire.Release{}
 	fs.StringVar(&r.ReleaseSetID, "release-set-id", "", "release_set_id of the signed release (required)")
-	fs.Func("runtime-class", "kata_microvm or gvisor_lower_risk (required)", func(v string) error {
-		r.RuntimeClass = lease.RuntimeClass(v)
-		if !r.RuntimeClass.Valid() {
-			return errors.New("must be kata_microvm or gvisor_lower_risk")
+	cliVar(fs, &r.RuntimeClass, "runtime-class", "kata_microvm or gvisor_lower_risk (required)", func(v string) (lease.RuntimeClass, error) {
+		if !lease.RuntimeClass(v).Valid() {
+			return "", errors.New("must be kata_microvm or gvisor_lower_risk")
 		}
-		return nil
+		return lease.RuntimeClass(v), nil
 	})
 	fs.StringVar(&r.PolicyDigest, "policy-digest", "", "policy_digest: 64 lowercase hex digits (required)")
 	fs.StringVar(&r.Signature, "release-signature", "", "release signature swrs1_… (required)")
 	return r
 }
 
-func cliCheckRelease(r *wire.Release) error {
-	for _, f := range []struct{ flag, v string }{{"--release-set-id", r.ReleaseSetID},
-		{"--runtime-class", string(r.RuntimeClass)}, {"--policy-digest", r.PolicyDigest}, {"--release-signature", r.Signature}} {
-		if f.v == "" {
-			return fmt.Errorf("%w: %s is required", errUsage, f.flag)
-		}
+// cliValue is a flag parsed into *p. Its String is "" while *p is zero, so
+// the required check sees it unset.
+type cliValue[T comparable] struct {
+	p     *T
+	parse func(string) (T, error)
+}
+
+func (v *cliValue[T]) String() string {
+	var zero T
+	if v.p == nil || *v.p == zero {
+		return ""
 	}
-	return nil
+	return fmt.Sprint(*v.p)
+}
+
+func (v *cliValue[T]) Set(s string) error {
+	x, err := v.parse(s)
+	if err == nil {
+		*v.p = x
+	}
+	return err
+}
+
+// cliVar registers a flag parsed by parse into *p, and returns p.
+func cliVar[T comparable](fs *flag.FlagSet, p *T, name, usage string, parse func(string) (T, error)) *T {
+	fs.Var(&cliValue[T]{p, parse}, name, usage)
+	return p
 }
 
 // cliUUID registers a UUID flag.
 func cliUUID(fs *flag.FlagSet, name, usage string) *uuid.UUID {
-	id := new(uuid.UUID)
-	fs.Func(name, usage, func(v string) error {
+	return cliVar(fs, new(uuid.UUID), name, usage, func(v string) (uuid.UUID, error) {
 		u, err := uuid.Parse(v)
 		if err != nil {
-			return errors.New("not a UUID")
+			return uuid.Nil, errors.New("not a UUID")
 		}
-		*id = u
-		return nil
+		return u, nil
 	})
-	return id
 }
 
 // cliUint registers an optional unsigned flag; the pointer stays nil when
@@ -272,23 +296,13 @@ func cliUint(fs *flag.FlagSet, name, usage string) **uint64 {
 
 // cliDisposition registers a disposition flag.
 func cliDisposition(fs *flag.FlagSet) *lease.Disposition {
-	d := new(lease.Disposition)
-	*d = lease.Destroyed
-	fs.Func("disposition", "destroyed or quarantined (default destroyed)", func(v string) error {
+	d := lease.Destroyed
+	return cliVar(fs, &d, "disposition", "destroyed or quarantined", func(v string) (lease.Disposition, error) {
 		if !lease.ValidDisposition(lease.Disposition(v)) {
-			return errors.New("must be destroyed or quarantined")
+			return "", errors.New("must be destroyed or quarantined")
 		}
-		*d = lease.Disposition(v)
-		return nil
+		return lease.Disposition(v), nil
 	})
-	return d
-}
-
-func cliRequireUUID(id *uuid.UUID, flagName string) error {
-	if *id == uuid.Nil {
-		return fmt.Errorf("%w: %s is required", errUsage, flagName)
-	}
-	return nil
 }
 
 // cliJSON prints v as indented JSON.
@@ -296,15 +310,6 @@ func cliJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-// cliKV prints aligned key/value lines.
-func cliKV(w io.Writer, kv ...string) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for i := 0; i+1 < len(kv); i += 2 {
-		fmt.Fprintf(tw, "%s\t%s\n", kv[i], kv[i+1])
-	}
-	return tw.Flush()
 }
 
 func cliTime(t wire.Time) string { return attest.WireTime(t.Time) }
@@ -356,14 +361,6 @@ func cliCellKV(c wire.Cell) []string {
 	}
 }
 
-// cliAPIError adds a hint to errors a user can fix locally.
-func cliAPIError(err error, hadToken bool) error {
-	if errors.Is(err, errcode.ErrUnauthorized) && !hadToken {
-		return fmt.Errorf("%w\nhint: set SANDBOXWICH_TOKEN or pass --token-file", err)
-	}
-	return err
-}
-
 // hasToken reports whether a bearer token is configured.
 func (f *cliFlags) hasToken() bool {
 	return f.tokenFile != "" || strings.TrimSpace(f.e.getenv("SANDBOXWICH_TOKEN")) != ""
@@ -388,19 +385,6 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	if err := cliCheckRelease(rel); err != nil {
-		return err
-	}
-	if err := cliCheckBinding(b); err != nil {
-		return err
-	}
-	if *attFile == "" {
-		return fmt.Errorf("%w: --attestation-file is required (the attestation is never printed)", errUsage)
-	}
-	c, err := f.client()
-	if err != nil {
-		return err
-	}
 	req := wire.ClaimRequest{Release: *rel, Binding: *b, LeaseSeconds: *leaseSeconds}
 	if *claimID != uuid.Nil {
 		req.ClaimID = claimID
@@ -420,16 +404,17 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 		_ = os.Remove(*attFile)
 	}
 
-	ctx, cancel := f.context(ctx)
-	defer cancel()
-	cl, err := c.Claim(ctx, req)
-	if err != nil {
-		discard()
-		if final, ok := errors.AsType[*client.Error](err); !ok || final.Status >= 500 || final.Code == errcode.ClaimContended {
+	cl, err := call(ctx, f, func(ctx context.Context, c *client.Client) (client.Claim, error) {
+		cl, err := c.Claim(ctx, req)
+		if final, ok := errors.AsType[*client.Error](err); err != nil && (!ok || final.Status >= 500 || final.Code == errcode.ClaimContended) {
 			err = fmt.Errorf("%w\nclaim_id %s: the claim may have been carried out; repeat with --claim-id %s to get its outcome (never a second cell)",
 				err, cl.ClaimID, cl.ClaimID)
 		}
-		return cliAPIError(err, f.hasToken())
+		return cl, err
+	})
+	if err != nil {
+		discard()
+		return err
 	}
 	if cl.Empty() {
 		discard()
@@ -453,11 +438,8 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("lease %s was claimed but its attestation could not be saved: %w\n"+
 			"repeat with --claim-id %s and a new --attestation-file to get the same lease", cl.Lease.LeaseID, werr, cl.ClaimID)
 	}
-	if f.json {
-		return cliJSON(e.stdout, claimJSON{OK: true, ClaimID: cl.ClaimID, Lease: cl.Lease, AttestationFile: attFile})
-	}
-	kv := append(cliLeaseKV(*cl.Lease), "claim_id", cl.ClaimID.String(), "attestation", "written to "+*attFile+" (mode 0600)")
-	return cliKV(e.stdout, kv...)
+	return f.output(claimJSON{OK: true, ClaimID: cl.ClaimID, Lease: cl.Lease, AttestationFile: attFile},
+		append(cliLeaseKV(*cl.Lease), "claim_id", cl.ClaimID.String(), "attestation", "written to "+*attFile+" (mode 0600)"))
 }
 
 // proofFlags are the flags of commands that present a lease fence.
@@ -477,17 +459,8 @@ func cliProofFlags(fs *flag.FlagSet) *proofFlags {
 	}
 }
 
-// proof checks the flags and reads the attestation file.
+// proof reads the attestation file.
 func (p *proofFlags) proof() (wire.LeaseProof, error) {
-	if err := cliRequireUUID(p.leaseID, "--lease-id"); err != nil {
-		return wire.LeaseProof{}, err
-	}
-	if *p.attFile == "" {
-		return wire.LeaseProof{}, fmt.Errorf("%w: --attestation-file is required", errUsage)
-	}
-	if err := cliCheckBinding(p.binding); err != nil {
-		return wire.LeaseProof{}, err
-	}
 	att, err := cliReadSecretFile(*p.attFile)
 	if err != nil {
 		return wire.LeaseProof{}, fmt.Errorf("--attestation-file: %w", err)
@@ -508,19 +481,13 @@ func cliValidate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, ctx, cancel, err := f.connect(ctx)
+	l, err := call(ctx, f, func(ctx context.Context, c *client.Client) (wire.Lease, error) {
+		return c.Validate(ctx, *pf.leaseID, proof)
+	})
 	if err != nil {
 		return err
 	}
-	defer cancel()
-	l, err := c.Validate(ctx, *pf.leaseID, proof)
-	if err != nil {
-		return cliAPIError(err, f.hasToken())
-	}
-	if f.json {
-		return cliJSON(e.stdout, wire.ValidateResponse{OK: true, Lease: l})
-	}
-	return cliKV(e.stdout, append([]string{"valid", "true"}, cliLeaseKV(l)...)...)
+	return f.output(wire.ValidateResponse{OK: true, Lease: l}, append([]string{"valid", "true"}, cliLeaseKV(l)...))
 }
 
 func cliRelease(ctx context.Context, e env, args []string) error {
@@ -536,31 +503,26 @@ func cliRelease(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, ctx, cancel, err := f.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	st, err := c.Release(ctx, *pf.leaseID, proof, *d)
-	if err != nil {
-		return cliAPIError(err, f.hasToken())
-	}
-	if *wait {
+	st, err := call(ctx, f, func(ctx context.Context, c *client.Client) (wire.LeaseStatus, error) {
+		st, err := c.Release(ctx, *pf.leaseID, proof, *d)
+		if err != nil || !*wait {
+			return st, err
+		}
 		st2, err := c.WaitProviderAbsent(ctx, *pf.leaseID, *poll)
 		if err != nil {
 			// The release itself was recorded; say where the wait stopped.
 			if st2.LeaseID != uuid.Nil {
 				st = st2
 			}
-			_ = cliKV(e.stderr, cliStatusKV(st)...)
-			return fmt.Errorf("release recorded, but waiting for provider_absent failed: %w", err)
+			_ = cliKV(e.stderr, cliStatusKV(st))
+			return st, fmt.Errorf("release recorded, but waiting for provider_absent failed: %w", err)
 		}
-		st = st2
+		return st2, nil
+	})
+	if err != nil {
+		return err
 	}
-	if f.json {
-		return cliJSON(e.stdout, wire.StatusResponse{OK: true, Status: st})
-	}
-	return cliKV(e.stdout, cliStatusKV(st)...)
+	return f.output(wire.StatusResponse{OK: true, Status: st}, cliStatusKV(st))
 }
 
 func cliLease(ctx context.Context, e env, args []string) error {
@@ -569,22 +531,11 @@ func cliLease(ctx context.Context, e env, args []string) error {
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	if err := cliRequireUUID(leaseID, "--lease-id"); err != nil {
-		return err
-	}
-	c, ctx, cancel, err := f.connect(ctx)
+	st, err := call(ctx, f, func(ctx context.Context, c *client.Client) (wire.LeaseStatus, error) { return c.Lease(ctx, *leaseID) })
 	if err != nil {
 		return err
 	}
-	defer cancel()
-	st, err := c.Lease(ctx, *leaseID)
-	if err != nil {
-		return cliAPIError(err, f.hasToken())
-	}
-	if f.json {
-		return cliJSON(e.stdout, wire.StatusResponse{OK: true, Status: st})
-	}
-	return cliKV(e.stdout, cliStatusKV(st)...)
+	return f.output(wire.StatusResponse{OK: true, Status: st}, cliStatusKV(st))
 }
 
 // cliMaxStdin is the largest stdin exec sends (CONTRACT §6).
@@ -643,19 +594,15 @@ func cliExec(ctx context.Context, e env, args []string) error {
 			req.StdinBase64 = base64.StdEncoding.EncodeToString(data)
 		}
 	}
-	c, err := f.client()
-	if err != nil {
-		return err
-	}
 	// Give a long command its time unless --timeout was set explicitly.
 	if *timeoutSeconds != nil && !f.set("timeout") {
 		f.timeout = max(f.timeout, time.Duration(**timeoutSeconds)*time.Second+30*time.Second)
 	}
-	ctx, cancel := f.context(ctx)
-	defer cancel()
-	resp, err := c.Exec(ctx, *pf.leaseID, req)
+	resp, err := call(ctx, f, func(ctx context.Context, c *client.Client) (wire.ExecResponse, error) {
+		return c.Exec(ctx, *pf.leaseID, req)
+	})
 	if err != nil {
-		return cliAPIError(err, f.hasToken())
+		return err
 	}
 	if f.json {
 		if err := cliJSON(e.stdout, resp); err != nil {
@@ -691,17 +638,14 @@ func cliPools(ctx context.Context, e env, args []string) error {
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	c, ctx, cancel, err := f.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	pools, err := c.Pools(ctx)
-	if err != nil {
+	pools, err := call(ctx, f, func(ctx context.Context, c *client.Client) ([]wire.Pool, error) {
+		pools, err := c.Pools(ctx)
 		if errors.Is(err, errcode.ErrUnauthorized) {
-			err = fmt.Errorf("%w\nhint: pools needs a tenant token (SANDBOXWICH_TOKEN or --token-file) and the operator token "+
-				"(SANDBOXWICH_OPERATOR_TOKEN or --operator-token-file)", err)
+			err = fmt.Errorf("%w\nhint: pools needs the operator token as well (SANDBOXWICH_OPERATOR_TOKEN or --operator-token-file)", err)
 		}
+		return pools, err
+	})
+	if err != nil {
 		return err
 	}
 	if f.json {
@@ -724,34 +668,25 @@ func cliPools(ctx context.Context, e env, args []string) error {
 	return tw.Flush()
 }
 
-// cliWorkerID registers --worker-id, defaulting to SANDBOXWICH_WORKER_ID.
-func cliWorkerID(e env, fs *flag.FlagSet) *uuid.UUID {
-	id := cliUUID(fs, "worker-id", "the worker's ID (required; default env SANDBOXWICH_WORKER_ID)")
+// cliWorkerCellFlags registers --worker-id, defaulting to
+// SANDBOXWICH_WORKER_ID, and --cell-id.
+func cliWorkerCellFlags(e env, f *cliFlags, cellUsage string) (workerID, cellID *uuid.UUID) {
+	workerID = cliUUID(f.fs, "worker-id", "the worker's ID (required; default env SANDBOXWICH_WORKER_ID)")
 	if v, err := uuid.Parse(strings.TrimSpace(e.getenv("SANDBOXWICH_WORKER_ID"))); err == nil {
-		*id = v
+		*workerID = v
 	}
-	return id
+	return workerID, cliUUID(f.fs, "cell-id", cellUsage)
 }
 
 func cliPrepare(ctx context.Context, e env, args []string) error {
 	f := newCLIFlags(e, "prepare")
-	workerID := cliWorkerID(e, f.fs)
-	cellID := cliUUID(f.fs, "cell-id", "ID of the new cell (default: a new UUIDv7)")
+	workerID, cellID := cliWorkerCellFlags(e, f, "ID of the new cell (default: a new UUIDv7)")
 	rel := cliReleaseFlags(f.fs)
 	providerCellID := f.fs.String("provider-cell-id", "", "the provider's name of the cell (required)")
 	expiresIn := f.fs.Duration("expires-in", 10*time.Minute, "ready deadline, from now")
 	expiresAt := f.fs.String("expires-at", "", "ready deadline as an RFC 3339 timestamp (overrides --expires-in)")
 	if err := f.parse(args, false); err != nil {
 		return err
-	}
-	if err := cliRequireUUID(workerID, "--worker-id"); err != nil {
-		return err
-	}
-	if err := cliCheckRelease(rel); err != nil {
-		return err
-	}
-	if *providerCellID == "" {
-		return fmt.Errorf("%w: --provider-cell-id is required", errUsage)
 	}
 	deadline := time.Now().Add(*expiresIn)
 	if *expiresAt != "" {
@@ -768,60 +703,38 @@ func cliPrepare(ctx context.Context, e env, args []string) error {
 		}
 		*cellID = id
 	}
-	c, ctx, cancel, err := f.connect(ctx)
+	return cliCellCall(ctx, f, func(ctx context.Context, c *client.Client) (wire.Cell, error) {
+		cell, err := c.Prepare(ctx, *workerID, wire.PrepareRequest{CellID: *cellID, Release: *rel, ProviderCellID: *providerCellID,
+			ExpiresAt: wire.Time{Time: deadline.UTC().Truncate(time.Microsecond)}})
+		if err != nil {
+			return cell, fmt.Errorf("prepare cell %s: %w", *cellID, err)
+		}
+		return cell, nil
+	})
+}
+
+// cliCellCall makes a worker call that answers a cell, and prints it.
+func cliCellCall(ctx context.Context, f *cliFlags, do func(context.Context, *client.Client) (wire.Cell, error)) error {
+	cell, err := call(ctx, f, do)
 	if err != nil {
 		return err
 	}
-	defer cancel()
-	cell, err := c.Prepare(ctx, *workerID, wire.PrepareRequest{CellID: *cellID, Release: *rel, ProviderCellID: *providerCellID,
-		ExpiresAt: wire.Time{Time: deadline.UTC().Truncate(time.Microsecond)}})
-	if err != nil {
-		return cliAPIError(fmt.Errorf("prepare cell %s: %w", *cellID, err), f.hasToken())
-	}
-	return cliPrintCell(e, f.json, cell)
-}
-
-func cliPrintCell(e env, asJSON bool, cell wire.Cell) error {
-	if asJSON {
-		return cliJSON(e.stdout, wire.CellResponse{OK: true, Cell: cell})
-	}
-	return cliKV(e.stdout, cliCellKV(cell)...)
-}
-
-// cliWorkerCellFlags registers --worker-id and --cell-id.
-func cliWorkerCellFlags(e env, f *cliFlags) (workerID, cellID *uuid.UUID) {
-	return cliWorkerID(e, f.fs), cliUUID(f.fs, "cell-id", "cell ID (required)")
-}
-
-func cliRequireWorkerCell(workerID, cellID *uuid.UUID) error {
-	if err := cliRequireUUID(workerID, "--worker-id"); err != nil {
-		return err
-	}
-	return cliRequireUUID(cellID, "--cell-id")
+	return f.output(wire.CellResponse{OK: true, Cell: cell}, cliCellKV(cell))
 }
 
 func cliCell(ctx context.Context, e env, args []string) error {
 	f := newCLIFlags(e, "cell")
-	workerID, cellID := cliWorkerCellFlags(e, f)
+	workerID, cellID := cliWorkerCellFlags(e, f, "cell ID (required)")
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
-		return err
-	}
-	c, ctx, cancel, err := f.connect(ctx)
+	resp, err := call(ctx, f, func(ctx context.Context, c *client.Client) (wire.WorkerCellResponse, error) {
+		return c.WorkerCell(ctx, *workerID, *cellID)
+	})
 	if err != nil {
 		return err
 	}
-	defer cancel()
-	resp, err := c.WorkerCell(ctx, *workerID, *cellID)
-	if err != nil {
-		return cliAPIError(err, f.hasToken())
-	}
-	if f.json {
-		resp.OK = true
-		return cliJSON(e.stdout, resp)
-	}
+	resp.OK = true
 	kv := cliCellKV(resp.Cell)
 	if cl := resp.Claim; cl != nil {
 		claimID := "null (unfenced)"
@@ -831,54 +744,31 @@ func cliCell(ctx context.Context, e env, args []string) error {
 		kv = append(kv, "claim_id", claimID, "lease_id", cl.LeaseID.String(),
 			"lease_generation", strconv.FormatUint(cl.Generation, 10), "lease_expires_at", cliTime(cl.ExpiresAt))
 	}
-	return cliKV(e.stdout, kv...)
+	return f.output(resp, kv)
 }
 
 func cliRetire(ctx context.Context, e env, args []string) error {
 	f := newCLIFlags(e, "retire")
-	workerID, cellID := cliWorkerCellFlags(e, f)
+	workerID, cellID := cliWorkerCellFlags(e, f, "cell ID (required)")
 	generation := f.fs.Uint64("generation", lease.GenerationReady, "generation of the ready cell")
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
-		return err
-	}
-	c, ctx, cancel, err := f.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	cell, err := c.Retire(ctx, *workerID, *cellID, *generation)
-	if err != nil {
-		return cliAPIError(err, f.hasToken())
-	}
-	return cliPrintCell(e, f.json, cell)
+	return cliCellCall(ctx, f, func(ctx context.Context, c *client.Client) (wire.Cell, error) {
+		return c.Retire(ctx, *workerID, *cellID, *generation)
+	})
 }
 
 func cliDestroy(ctx context.Context, e env, args []string) error {
 	f := newCLIFlags(e, "destroy")
-	workerID, cellID := cliWorkerCellFlags(e, f)
+	workerID, cellID := cliWorkerCellFlags(e, f, "cell ID (required)")
 	leaseID := cliUUID(f.fs, "lease-id", "the cell's lease ID (required)")
 	generation := f.fs.Uint64("generation", lease.GenerationLeased, "the lease's generation")
 	d := cliDisposition(f.fs)
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	if err := cliRequireWorkerCell(workerID, cellID); err != nil {
-		return err
-	}
-	if err := cliRequireUUID(leaseID, "--lease-id"); err != nil {
-		return err
-	}
-	c, ctx, cancel, err := f.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	cell, err := c.Destroy(ctx, *workerID, *cellID, wire.DestroyRequest{LeaseID: *leaseID, Generation: *generation, Disposition: *d})
-	if err != nil {
-		return cliAPIError(err, f.hasToken())
-	}
-	return cliPrintCell(e, f.json, cell)
+	return cliCellCall(ctx, f, func(ctx context.Context, c *client.Client) (wire.Cell, error) {
+		return c.Destroy(ctx, *workerID, *cellID, wire.DestroyRequest{LeaseID: *leaseID, Generation: *generation, Disposition: *d})
+	})
 }

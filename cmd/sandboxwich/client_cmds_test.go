@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -215,8 +216,8 @@ func TestCLIClaimValidateRelease(t *testing.T) {
 		t.Fatalf("lease --json = %s (%v)", te.stdout, err)
 	}
 
-	// exec: the plane's provider has none.
-	if code := te.run(proofArgs("exec", leaseID, attFile, "--", "echo", "hi")...); code != 1 ||
+	// exec: the plane's provider has none, exec's own failure (125).
+	if code := te.run(proofArgs("exec", leaseID, attFile, "--", "echo", "hi")...); code != 125 ||
 		!strings.Contains(te.stderr.String(), "exec_unsupported: ") {
 		t.Errorf("exec: exit %d\n%s", code, te.stderr)
 	}
@@ -374,7 +375,6 @@ func TestCLIUsage(t *testing.T) {
 		{"release", "--disposition", "gone"},
 		{"lease"},
 		{"lease", "--lease-id", uuid.NewString(), "extra"},
-		{"exec", "--lease-id", uuid.NewString()},
 		{"cell", "--cell-id", uuid.NewString()},
 		{"lease", "--server", "ftp://x", "--lease-id", uuid.NewString()},
 	} {
@@ -503,5 +503,160 @@ func TestCLIWorker(t *testing.T) {
 	}
 	if code := w.run("retire", "--cell-id", cellID.String()); code != 1 || !strings.Contains(w.stderr.String(), "conflict: ") {
 		t.Errorf("retire of a destroyed cell: exit %d\n%s", code, w.stderr)
+	}
+}
+
+// cliEnvelope decodes stdout as the JSON error envelope, and nothing else.
+func cliEnvelope(t *testing.T, te *cliTestEnv) wire.ErrorResponse {
+	t.Helper()
+	var got map[string]any
+	if err := json.Unmarshal(te.stdout.Bytes(), &got); err != nil {
+		t.Fatalf("stdout is not a JSON object: %v\n%s\nstderr: %s", err, te.stdout, te.stderr)
+	}
+	var env wire.ErrorResponse
+	_ = json.Unmarshal(te.stdout.Bytes(), &env)
+	if len(got) != 3 || got["ok"] != false || env.Code == "" || env.Message == "" {
+		t.Errorf("stdout is not {ok:false, code, message}: %s", te.stdout)
+	}
+	return env
+}
+
+func TestCLIJSONErrors(t *testing.T) {
+	s := startCLITestServer(t)
+	te := newCLITestEnv(s.url)
+	// An error answer of the server: its code, exit 1.
+	if code := te.run("lease", "--json", "--lease-id", uuid.NewString()); code != 1 {
+		t.Errorf("lease of an unknown lease: exit %d, want 1", code)
+	}
+	if env := cliEnvelope(t, te); env.Code != "not_found" {
+		t.Errorf("code %q, want not_found", env.Code)
+	}
+	// Usage errors: missing flags, and a bad flag before --json.
+	for _, args := range [][]string{{"validate", "--json"}, {"lease", "--bogus", "--json"}} {
+		if code := te.run(args...); code != 2 {
+			t.Errorf("%q: exit %d, want 2", args, code)
+		}
+		if env := cliEnvelope(t, te); env.Code != "usage" {
+			t.Errorf("%q: code %q, want usage", args, env.Code)
+		}
+	}
+	// exec's own failure: exit 125.
+	if code := te.run("exec", "--json", "--lease-id", uuid.NewString(), "--", "true"); code != 125 {
+		t.Errorf("exec without a proof: exit %d, want 125", code)
+	}
+	if env := cliEnvelope(t, te); env.Code != "usage" {
+		t.Errorf("exec: code %q, want usage", env.Code)
+	}
+}
+
+func TestCLIMissingFlagsAllAtOnce(t *testing.T) {
+	te := newCLITestEnv("http://127.0.0.1:1")
+	code := te.run("claim", "--org", "o", "--thread", "t")
+	if code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+	msg := te.stderr.String()
+	if n := strings.Count(strings.TrimSpace(msg), "\n"); n > 1 {
+		t.Errorf("more than one message:\n%s", msg)
+	}
+	for _, f := range []string{"--release-set-id", "--runtime-class", "--policy-digest", "--release-signature",
+		"--workspace", "--session", "--attestation-file"} {
+		if !strings.Contains(msg, f) {
+			t.Errorf("message lacks %s:\n%s", f, msg)
+		}
+	}
+	for _, f := range []string{"--org", "--thread"} {
+		if strings.Contains(msg, f) {
+			t.Errorf("message names %s, which was given:\n%s", f, msg)
+		}
+	}
+}
+
+// TestCLIExitStatuses checks usage errors exit 2 and runtime errors 1 in
+// every subcommand alike, and exec's own failures 125.
+func TestCLIExitStatuses(t *testing.T) {
+	dir := t.TempDir()
+	te := newCLITestEnv("http://127.0.0.1:1") // nothing listens there
+	id := uuid.NewString()
+	digest := strings.Repeat("a", 64)
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 2},
+		{[]string{"help"}, 0},
+		{[]string{"nope"}, 2},
+		{[]string{"serve", "--bogus"}, 2},
+		{[]string{"migrate", "--bogus"}, 2},
+		{[]string{"dev", "--bogus"}, 2},
+		{[]string{"bench", "--bogus"}, 2},
+		{[]string{"sign-release", "--bogus"}, 2},
+		{[]string{"sign-release", "--key-file", filepath.Join(dir, "missing"), "--release-set-id", "r",
+			"--runtime-class", "kata_microvm", "--policy-digest", digest}, 1},
+		{[]string{"lease", "--bogus"}, 2},
+		{[]string{"lease", "--lease-id", id, "--timeout", "300ms"}, 1},
+		{[]string{"pools", "--timeout", "300ms"}, 1},
+		{[]string{"cell", "--worker-id", id, "--cell-id", id, "--timeout", "300ms"}, 1},
+		{[]string{"exec", "--bogus"}, 125},
+		{[]string{"exec", "--lease-id", id}, 125},
+		{[]string{"exec", "-h"}, 0},
+		{proofArgs("exec", uuid.New(), filepath.Join(dir, "missing"), "--", "true"), 125},
+	} {
+		if code := te.run(c.args...); code != c.want {
+			t.Errorf("%q: exit %d, want %d\n%s", c.args, code, c.want, te.stderr)
+		}
+	}
+}
+
+func TestCLIExecExitStatus(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(wire.ExecResponse{OK: true, ExitCode: 42})
+	}))
+	defer srv.Close()
+	te := newCLITestEnv(srv.URL)
+	attFile := filepath.Join(t.TempDir(), "att")
+	if err := os.WriteFile(attFile, []byte("swla1_x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := te.run(proofArgs("exec", uuid.New(), attFile, "--", "sh", "-c", "exit 42")...); code != 42 || te.stderr.Len() != 0 {
+		t.Errorf("exec: exit %d, want 42\n%s", code, te.stderr)
+	}
+}
+
+func TestCLIHelpOrder(t *testing.T) {
+	te := newCLITestEnv("")
+	if code := te.run("help"); code != 0 {
+		t.Fatalf("help: exit %d", code)
+	}
+	var names []string
+	for line := range strings.Lines(te.stdout.String()) {
+		if f := strings.Fields(line); strings.HasPrefix(line, "  ") && len(f) > 1 {
+			names = append(names, f[0])
+		}
+	}
+	want := "serve migrate dev sign-release bench claim validate exec lease release pools prepare cell retire destroy"
+	if strings.Join(names, " ") != want {
+		t.Errorf("help lists %q, want %q", strings.Join(names, " "), want)
+	}
+	// help <command> shows its flags.
+	if code := te.run("help", "lease"); code != 0 || !strings.Contains(te.stderr.String(), "-lease-id") {
+		t.Errorf("help lease: exit %d\n%s", code, te.stderr)
+	}
+}
+
+func TestCLIVersion(t *testing.T) {
+	te := newCLITestEnv("")
+	if code := te.run("--version"); code != 0 || !strings.HasPrefix(te.stdout.String(), "sandboxwich ") {
+		t.Errorf("--version: exit %d\n%s%s", code, te.stdout, te.stderr)
+	}
+	bi := &debug.BuildInfo{Main: debug.Module{Path: "github.com/sandboxwich/sandboxwich", Version: "(devel)"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "25df8e5c0ffee"}, {Key: "vcs.modified", Value: "true"}}}
+	if got, want := versionLine(bi), "sandboxwich (devel) revision 25df8e5c0ffee (modified)"; got != want {
+		t.Errorf("versionLine = %q, want %q", got, want)
+	}
+	bi.Main.Version, bi.Settings = "v1.2.3", nil
+	if got, want := versionLine(bi), "sandboxwich v1.2.3"; got != want {
+		t.Errorf("versionLine = %q, want %q", got, want)
 	}
 }

@@ -21,10 +21,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
-func init() {
-	register(command{name: "dev", summary: "run a local server with zero configuration (SQLite, generated key and tokens, a gVisor pool)", run: dev})
-}
-
 // devRelease is the release the dev server signs for its pool.
 const devReleaseSetID = "dev-release"
 

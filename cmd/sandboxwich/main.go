@@ -5,7 +5,10 @@
 //	sandboxwich migrate    apply database migrations and exit
 //	sandboxwich claim …    client commands against a running server
 //
-// Run `sandboxwich help` for every command.
+// Run `sandboxwich help` for every command. Exit status: 0 success, 1 a
+// failure, 2 a usage error, 3 a claim that leased nothing; exec exits with
+// its command's status and uses 125 for its own failures, as docker run
+// does. With --json a failure is {"ok":false,"code","message"} on stdout.
 package main
 
 import (
@@ -16,8 +19,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
+	"strings"
 	"syscall"
+
+	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // env is what a command may touch: its streams and the environment. Commands
@@ -28,17 +36,47 @@ type env struct {
 	getenv         func(string) string
 	// environ lists the environment as KEY=value; nil means empty.
 	environ func() []string
+	// inv, when set, is told of the command's flags by newFlags.
+	inv *invocation
+}
+
+// invocation is what run learns of a command's flags while it runs: their
+// usage, --json, and whether parsing them failed.
+type invocation struct {
+	fs       *flag.FlagSet
+	badFlags bool
 }
 
 type command struct {
 	name, summary string
 	run           func(ctx context.Context, e env, args []string) error
+	// workload marks a command that runs one: it exits with the workload's
+	// status and with exitOwnFailure for its own failures.
+	workload bool
 }
 
-// commands lists every subcommand in help order.
-var commands []command
+// exitOwnFailure is the status of a workload command that failed itself.
+const exitOwnFailure = 125
 
-func register(c command) { commands = append(commands, c) }
+// commands lists every subcommand in help order: the server's, then the
+// client's in the order a lease goes through them.
+var commands = []command{
+	{name: "serve", summary: "run the server", run: serve},
+	{name: "migrate", summary: "apply database migrations and exit", run: migrate},
+	{name: "dev", summary: "run a local server with zero configuration (SQLite, generated key and tokens, a gVisor pool)", run: dev},
+	{name: "sign-release", summary: "operator: print the signature of a release under the signing key", run: signRelease},
+	{name: "bench", summary: "measure the claim path against the database's own limit (ratios)", run: runBench},
+	{name: "claim", summary: "claim a sterile cell (attestation goes to a new 0600 file)", run: cliClaim},
+	{name: "validate", summary: "check a lease attestation against the live lease", run: cliValidate},
+	{name: "exec", summary: "run a command in a leased cell: exec [flags] -- argv…", run: cliExec, workload: true},
+	{name: "lease", summary: "show the status of a lease", run: cliLease},
+	{name: "release", summary: "release a leased pool cell (optionally --wait for proven deletion)", run: cliRelease},
+	{name: "pools", summary: "list pools and their members (operator)", run: cliPools},
+	{name: "prepare", summary: "worker: register a prepared ready cell", run: cliPrepare},
+	{name: "cell", summary: "worker: show one of the worker's cells", run: cliCell},
+	{name: "retire", summary: "worker: quarantine a ready cell", run: cliRetire},
+	{name: "destroy", summary: "worker: end a leased cell after tearing it down", run: cliDestroy},
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -51,11 +89,20 @@ func main() {
 var errUsage = errors.New("usage")
 
 func run(ctx context.Context, e env, args []string) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		usage(e.stdout)
-		if len(args) == 0 {
-			return 2
+	if len(args) == 0 {
+		usage(e.stderr)
+		return 2
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			return run(ctx, e, []string{args[1], "-h"})
 		}
+		usage(e.stdout)
+		return 0
+	case "version", "-version", "--version":
+		bi, _ := debug.ReadBuildInfo()
+		fmt.Fprintln(e.stdout, versionLine(bi))
 		return 0
 	}
 	i := slices.IndexFunc(commands, func(c command) bool { return c.name == args[0] })
@@ -63,36 +110,102 @@ func run(ctx context.Context, e env, args []string) int {
 		fmt.Fprintf(e.stderr, "sandboxwich: unknown command %q (run `sandboxwich help`)\n", args[0])
 		return 2
 	}
-	err := commands[i].run(ctx, e, args[1:])
-	switch {
-	case err == nil:
+	e.inv = &invocation{}
+	return commands[i].exit(e, commands[i].run(ctx, e, args[1:]))
+}
+
+// exit reports err, the outcome of c, and returns the exit status.
+func (c command) exit(e env, err error) int {
+	inv := e.inv
+	if errors.Is(err, flag.ErrHelp) && inv.fs != nil {
+		inv.fs.SetOutput(e.stderr)
+		fmt.Fprintf(e.stderr, "Usage of sandboxwich %s:\n", c.name)
+		inv.fs.PrintDefaults()
 		return 0
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.As(err, new(exitCode)):
-		var ec exitCode
-		errors.As(err, &ec)
-		return int(ec) // the command already reported itself
-	case errors.Is(err, errUsage):
-		fmt.Fprintf(e.stderr, "sandboxwich %s: %v\n", args[0], err)
-		return 2
 	}
-	fmt.Fprintf(e.stderr, "sandboxwich %s: %v\n", args[0], err)
-	return 1
+	if ec, ok := errors.AsType[exitCode](err); ok {
+		return int(ec) // the command already reported itself
+	}
+	if err == nil {
+		return 0
+	}
+	code, status, msg := "cli_failure", 1, err.Error()
+	if apiErr, ok := errors.AsType[*client.Error](err); ok {
+		code = string(apiErr.Code)
+	}
+	if inv.badFlags || errors.Is(err, errUsage) {
+		code, status = "usage", 2
+		msg += fmt.Sprintf(" (run `sandboxwich %s -h`)", c.name)
+	}
+	if c.workload {
+		status = exitOwnFailure
+	}
+	if inv.json() {
+		_ = cliJSON(e.stdout, wire.ErrorResponse{OK: false, Code: code, Message: msg})
+	} else {
+		fmt.Fprintf(e.stderr, "sandboxwich %s: %s\n", c.name, msg)
+	}
+	return status
+}
+
+// json reports whether the command was given --json, even after a flag
+// that failed to parse.
+func (inv *invocation) json() bool {
+	if inv.fs == nil || inv.fs.Lookup("json") == nil {
+		return false
+	}
+	if v, ok := inv.fs.Lookup("json").Value.(flag.Getter).Get().(bool); ok && v {
+		return true
+	}
+	if !inv.badFlags {
+		return false
+	}
+	for _, a := range inv.fs.Args() {
+		switch a {
+		case "--":
+			return false
+		case "-json", "--json", "-json=true", "--json=true":
+			return true
+		}
+	}
+	return false
 }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "sandboxwich: control plane for sterile cells (single-use sandboxes for agent evaluation)")
 	fmt.Fprintln(w, "\nUsage: sandboxwich <command> [flags]\n\nCommands:")
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nRun `sandboxwich <command> -h` for a command's flags.")
+	fmt.Fprintln(w, "\nRun `sandboxwich help <command>` for a command's flags, `sandboxwich --version` for the build.")
 }
 
-// newFlags returns a flag set that reports errors instead of exiting.
+// versionLine names the build: the module version and, when the binary was
+// built from a checkout, its VCS revision.
+func versionLine(bi *debug.BuildInfo) string {
+	if bi == nil {
+		return "sandboxwich (unknown version)"
+	}
+	s := "sandboxwich " + bi.Main.Version
+	for _, set := range bi.Settings {
+		switch {
+		case set.Key == "vcs.revision":
+			s += " revision " + set.Value
+		case set.Key == "vcs.modified" && set.Value == "true":
+			s += " (modified)"
+		}
+	}
+	return strings.TrimSpace(s)
+}
+
+// newFlags returns a flag set that reports errors instead of exiting:
+// run prints them, and the flags for -h.
 func newFlags(e env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("sandboxwich "+name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs.SetOutput(io.Discard)
+	if inv := e.inv; inv != nil {
+		inv.fs = fs
+		fs.Usage = func() { inv.badFlags = true }
+	}
 	return fs
 }

@@ -21,11 +21,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
-func init() {
-	register(command{name: "serve", summary: "run the server", run: serve})
-	register(command{name: "migrate", summary: "apply database migrations and exit", run: migrate})
-}
-
 // openStore opens the store named by a database URL.
 func openStore(ctx context.Context, url string, migrate bool) (store.Store, error) {
 	switch {

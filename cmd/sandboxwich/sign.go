@@ -8,10 +8,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
-func init() {
-	register(command{name: "sign-release", summary: "operator: print the signature of a release under the signing key", run: signRelease})
-}
-
 // signRelease prints swrs1_… for a release, reading the key from its file.
 func signRelease(_ context.Context, e env, args []string) error {
 	fs := newFlags(e, "sign-release")
