@@ -73,7 +73,11 @@ func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 		err = driver.Verify(obj, obs, l.Release.RuntimeClass)
 	}
 	if err != nil {
-		return ExecResult{}, p.unverified(ctx, m, err)
+		p.log.Warn("runtime class boundary unverified", "pool", m.Pool, "cell_id", m.CellID, "error", err)
+		if qerr := p.quarantine(ctx, m, "runtime unverified before exec: "+err.Error()); qerr != nil {
+			return ExecResult{}, qerr
+		}
+		return ExecResult{}, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified, "the cell's runtime class could not be verified; the cell is quarantined", err)
 	}
 	timeout := req.Timeout
 	if timeout == 0 {
@@ -84,28 +88,34 @@ func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 		Argv: req.Argv, Stdin: req.Stdin, Env: req.Env, Timeout: timeout, MaxOutput: MaxExecOutput,
 	})
 	if err != nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		switch {
+		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 			return ExecResult{}, err
+		case errors.Is(err, driver.ErrCellLost):
+			p.log.Warn("cell lost during exec", "pool", m.Pool, "cell_id", m.CellID, "error", err)
+			if qerr := p.quarantine(ctx, m, "cell lost during exec: "+err.Error()); qerr != nil {
+				return ExecResult{}, qerr
+			}
+			return ExecResult{}, errcode.Wrap(errcode.Conflict, "the cell died during the command; it is quarantined and the lease is over", err)
 		}
 		return ExecResult{}, errcode.Wrap(errcode.Internal, "exec failed", err)
 	}
 	return res, nil
 }
 
-// unverified ends a cell whose runtime could not be verified: the cell is
-// quarantined and its stop recorded in one transaction, and the pool
-// destroys it.
-func (p *Plane) unverified(ctx context.Context, m *store.Member, cause error) error {
-	p.log.Warn("runtime class boundary unverified", "pool", m.Pool, "cell_id", m.CellID, "error", cause)
+// quarantine ends a leased cell that cannot be trusted or used any more:
+// the cell is quarantined and its stop recorded in one transaction, and the
+// pool destroys it.
+func (p *Plane) quarantine(ctx context.Context, m *store.Member, reason string) error {
 	_, err := p.store.BeginStop(ctx, store.StopIntent{
 		CellID: m.CellID, From: []lease.MemberState{lease.MemberLeased}, Disposition: lease.Quarantined,
-		Quarantine: true, Reason: "runtime unverified before exec: " + cause.Error(), Now: p.Now(),
+		Quarantine: true, Reason: reason, Now: p.Now(),
 	})
 	if err != nil && !errors.Is(err, errcode.ErrConflict) {
 		return err
 	}
 	p.pools.Trigger()
-	return errcode.Wrap(errcode.RuntimeClassBoundaryUnverified, "the cell's runtime class could not be verified; the cell is quarantined", cause)
+	return nil
 }
 
 func checkExec(req ExecRequest) error {

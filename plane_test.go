@@ -3,6 +3,7 @@ package sandboxwich_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -190,7 +191,9 @@ func TestPrepareChecks(t *testing.T) {
 	}
 }
 
-// execProvider adds exec to the fake provider, recording commands.
+// execProvider adds exec to the fake provider, recording commands. A
+// command "crash" reports the cell lost, as a sandbox killed by a fork
+// bomb does.
 type execProvider struct {
 	*fake.Provider
 	ran [][]string
@@ -198,7 +201,42 @@ type execProvider struct {
 
 func (p *execProvider) Exec(_ context.Context, _ driver.Object, req driver.ExecRequest) (driver.ExecResult, error) {
 	p.ran = append(p.ran, req.Argv)
+	if req.Argv[0] == "crash" {
+		return driver.ExecResult{}, fmt.Errorf("sandbox gone: %w", driver.ErrCellLost)
+	}
 	return driver.ExecResult{ExitCode: 0, Stdout: []byte(strings.Join(req.Argv, " "))}, nil
+}
+
+// TestExecCellLostQuarantines: a cell that dies during a command ends at
+// once — quarantined, its stop recorded, the lease over (409) — instead of
+// answering 500 and waiting for the next verification pass.
+func TestExecCellLostQuarantines(t *testing.T) {
+	prov := &execProvider{Provider: fake.New(fake.Config{Mode: driver.Apply})}
+	e := newEnv(t)
+	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "p1", TenantID: "acme", Release: e.rel, Target: 1, Provider: prov}))
+	e.plane.Pools().Pass(e.ctx)
+	res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("claim: %v %v", res, err)
+	}
+	_, err = e.plane.Exec(e.ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.ExecRequest{Argv: []string{"crash"}})
+	if !errors.Is(err, errcode.ErrConflict) || !errors.Is(err, driver.ErrCellLost) {
+		t.Fatalf("exec in a cell that died: %v, want a conflict wrapping driver.ErrCellLost", err)
+	}
+	st, _ := e.plane.LeaseStatus(e.ctx, "acme", res.Lease.ID)
+	if st.State != lease.Quarantined {
+		t.Fatalf("cell after it died: %+v", st)
+	}
+	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.ExecRequest{Argv: []string{"id"}}); !errors.Is(err, errcode.ErrConflict) {
+		t.Fatalf("exec after the cell died: %v, want a conflict", err)
+	}
+	e.plane.Pools().Pass(e.ctx)
+	if st, _ = e.plane.LeaseStatus(e.ctx, "acme", res.Lease.ID); !st.ProviderAbsent {
+		t.Fatalf("cell after the pool's pass: %+v, want proven deleted", st)
+	}
+	if len(prov.ran) != 1 {
+		t.Fatalf("commands run: %v", prov.ran)
+	}
 }
 
 func TestExecVerifiesRuntimeBeforeEveryCommand(t *testing.T) {

@@ -167,6 +167,11 @@ type ExecResult struct {
 // wrap it with the detail of what was observed.
 var ErrUncertain = errors.New("deletion not proven")
 
+// ErrCellLost is returned (wrapped) by Exec when the object died during the
+// command (its sandbox crashed, or was killed for exceeding a limit). The
+// cell is unusable: the plane quarantines it and the pool destroys it.
+var ErrCellLost = errors.New("the cell died during the command")
+
 // ErrNotFound is returned by Exec when the object does not exist.
 var ErrNotFound = errors.New("provider object not found")
 

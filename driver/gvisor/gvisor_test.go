@@ -68,6 +68,9 @@ func testConfig(t *testing.T) Config {
 	}
 	t.Cleanup(func() {
 		checkNoLeak(t, cfg.StateDir)
+		if err := RemoveStateDir(cfg.StateDir); err != nil {
+			t.Errorf("removing the state root: %v", err)
+		}
 		_ = os.RemoveAll(dir)
 	})
 	return cfg

@@ -2,8 +2,8 @@ package gvisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/sandboxwich/sandboxwich/driver"
 )
 
 // MinPidsLimit is the smallest Config.PidsLimit: an idle sandbox already
@@ -22,11 +22,10 @@ func (c *Config) defaultPidsLimit() error {
 	return nil
 }
 
-// ErrSandboxLost is returned (wrapped) by Exec when the cell's sandbox died
-// during the command, e.g. because a fork bomb reached the cell's process
-// limit on the host. The cell is unusable: the caller quarantines it and
-// destroys it.
-var ErrSandboxLost = errors.New("the cell's sandbox died")
+// ErrSandboxLost is driver.ErrCellLost: Exec returns it (wrapped) when the
+// cell's sandbox died during the command, e.g. because a fork bomb reached
+// the cell's process limit on the host.
+var ErrSandboxLost = driver.ErrCellLost
 
 // runscFailed is the exit code of runsc exec when runsc itself fails (for
 // instance when the sandbox dies under it).

@@ -310,3 +310,20 @@ func truncate(b []byte, n int) string {
 	}
 	return string(b)
 }
+
+// nullNetNS is the file under a state root where runsc bind-mounts the
+// empty network namespace it shares between the gofers of cells with
+// --network=none (runsc/specutils.NullNetNSFilename).
+const nullNetNS = "null-netns"
+
+// RemoveStateDir removes a runsc state root that no longer holds
+// containers, such as a test's or a benchmark's. runsc pins an empty
+// network namespace there with bind mounts (stacked when created
+// concurrently) that must be unmounted first, or the removal fails with
+// EBUSY and leaves a mount behind on the host.
+func RemoveStateDir(dir string) error {
+	path := filepath.Join(dir, nullNetNS)
+	for syscall.Unmount(path, syscall.MNT_DETACH) == nil {
+	}
+	return os.RemoveAll(dir)
+}
