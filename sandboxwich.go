@@ -43,11 +43,14 @@ import (
 )
 
 // Lease durations (CONTRACT §5): a requested lease_seconds is clamped into
-// [MinLeaseSeconds, MaxLeaseSeconds], never rejected.
+// [MinLeaseSeconds, the plane's maximum], never rejected. The maximum is
+// MaxLeaseSeconds unless WithMaxLeaseSeconds raises it, up to
+// MaxLeaseSecondsLimit (CONTRACT §14 "Lease length").
 const (
-	DefaultLeaseSeconds = 120
-	MinLeaseSeconds     = 1
-	MaxLeaseSeconds     = 300
+	DefaultLeaseSeconds  = 120
+	MinLeaseSeconds      = 1
+	MaxLeaseSeconds      = 300
+	MaxLeaseSecondsLimit = 86400
 )
 
 // Plane runs sterile-cell operations. It is safe for concurrent use.
@@ -58,6 +61,8 @@ type Plane struct {
 	newID  func() uuid.UUID
 	log    *slog.Logger
 	floors map[string]int
+	// maxLease is the clamp's upper bound, in seconds.
+	maxLease uint64
 
 	pools    *pool.Reconciler // nil without pools
 	poolCfgs []pool.Config
@@ -93,22 +98,32 @@ func WithPoolOptions(o pool.Options) Option { return func(p *Plane) { p.poolOpt 
 // external workers (default 1 s); 0 disables the expiry sweeper.
 func WithSweepInterval(d time.Duration) Option { return func(p *Plane) { p.sweep = d } }
 
+// WithMaxLeaseSeconds sets the longest lease a claim gets (default
+// MaxLeaseSeconds); it must be in [MinLeaseSeconds, MaxLeaseSecondsLimit].
+// A pool's default ready TTL follows it (pool.Config.ReadyTTL).
+func WithMaxLeaseSeconds(n uint64) Option { return func(p *Plane) { p.maxLease = n } }
+
 // New returns a Plane over st, signing and verifying with keys.
 func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	if st == nil || keys == nil {
 		return nil, errors.New("sandboxwich: New needs a store and a keyring")
 	}
 	p := &Plane{
-		store:  st,
-		keys:   keys,
-		now:    time.Now,
-		newID:  func() uuid.UUID { return uuid.Must(uuid.NewV7()) },
-		log:    slog.Default(),
-		floors: map[string]int{},
-		sweep:  time.Second,
+		store:    st,
+		keys:     keys,
+		now:      time.Now,
+		newID:    func() uuid.UUID { return uuid.Must(uuid.NewV7()) },
+		log:      slog.Default(),
+		floors:   map[string]int{},
+		sweep:    time.Second,
+		maxLease: MaxLeaseSeconds,
 	}
 	for _, o := range opts {
 		o(p)
+	}
+	if p.maxLease < MinLeaseSeconds || p.maxLease > MaxLeaseSecondsLimit {
+		return nil, fmt.Errorf("sandboxwich: the maximum lease must be %d to %d seconds, not %d",
+			MinLeaseSeconds, MaxLeaseSecondsLimit, p.maxLease)
 	}
 	if len(p.poolCfgs) == 0 {
 		return p, nil
@@ -130,6 +145,9 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = p.log
+	}
+	if o.MaxLease == 0 {
+		o.MaxLease = time.Duration(p.maxLease) * time.Second
 	}
 	r, err := pool.New(p.store, p.poolCfgs, o)
 	if err != nil {
@@ -168,6 +186,9 @@ func (p *Plane) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
+// MaxLeaseSeconds returns the longest lease a claim gets.
+func (p *Plane) MaxLeaseSeconds() uint64 { return p.maxLease }
+
 // Pools returns the pool reconciler, or nil when the plane has no pools.
 func (p *Plane) Pools() *pool.Reconciler { return p.pools }
 
@@ -186,7 +207,7 @@ type ClaimRequest struct {
 	Release lease.Release
 	Binding lease.Binding
 	// LeaseSeconds is the requested lease duration; nil means the default.
-	// It is clamped into [MinLeaseSeconds, MaxLeaseSeconds].
+	// It is clamped into [MinLeaseSeconds, Plane.MaxLeaseSeconds()].
 	LeaseSeconds *uint64
 }
 
@@ -203,6 +224,9 @@ type ClaimResult struct {
 	Replayed bool
 	// PoolName is the pool the leased cell came from, if any.
 	PoolName string
+	// EmptyReason says why a claim that was not replayed found no cell;
+	// "" otherwise.
+	EmptyReason EmptyReason
 
 	attestation string
 }
@@ -243,6 +267,22 @@ func (r ClaimResult) LogValue() slog.Value {
 		slog.String("cell_id", r.Lease.CellID.String()), slog.Bool("replayed", r.Replayed))
 }
 
+// EmptyReason says why a claim found no cell.
+type EmptyReason string
+
+// Reasons of an empty claim.
+const (
+	// EmptyNoInventory: the tenant has no ready cell of the release.
+	EmptyNoInventory EmptyReason = "no_inventory"
+	// EmptyExpiresTooSoon: ready cells of the release exist, but none
+	// outlives the requested lease (a pool's ready TTL shorter than the
+	// lease, or cells near the end of their TTL).
+	EmptyExpiresTooSoon EmptyReason = "expires_too_soon"
+	// EmptyHeldBack: ready cells that outlive the lease exist, but a ready
+	// floor held them back, or concurrent claims took them.
+	EmptyHeldBack EmptyReason = "held_back"
+)
+
 // Claim leases one ready cell of the tenant's inventory that matches the
 // request's release exactly (CONTRACT §5).
 func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (ClaimResult, error) {
@@ -264,7 +304,7 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		ClaimID:      req.ClaimID,
 		Release:      r,
 		Binding:      b,
-		LeaseSeconds: clampLeaseSeconds(req.LeaseSeconds),
+		LeaseSeconds: p.clampLeaseSeconds(req.LeaseSeconds),
 		LeaseID:      p.newID(),
 		Now:          p.Now(),
 		ReadyFloors:  p.floors,
@@ -286,6 +326,9 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	}
 	out := ClaimResult{Lease: res.Lease, Replayed: res.Replayed, PoolName: res.PoolName}
 	if res.Lease == nil {
+		if !res.Replayed {
+			out.EmptyReason = p.emptyReason(ctx, tenantID, &params)
+		}
 		return out, nil
 	}
 	out.attestation = signed
@@ -307,11 +350,34 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 }
 
 // clampLeaseSeconds returns the lease duration a request gets.
-func clampLeaseSeconds(requested *uint64) uint64 {
+func (p *Plane) clampLeaseSeconds(requested *uint64) uint64 {
 	if requested == nil {
-		return DefaultLeaseSeconds
+		return min(DefaultLeaseSeconds, p.maxLease)
 	}
-	return min(max(*requested, MinLeaseSeconds), MaxLeaseSeconds)
+	return min(max(*requested, MinLeaseSeconds), p.maxLease)
+}
+
+// emptyReason finds out, and logs, why a claim found no cell. It reads the
+// store once more, so it runs only after an empty claim; when that read
+// fails, the claim's answer stands and the reason is "".
+func (p *Plane) emptyReason(ctx context.Context, tenantID string, params *store.ClaimParams) EmptyReason {
+	n, err := p.store.CountReady(ctx, store.CountReadyParams{TenantID: tenantID, Release: params.Release,
+		After: params.Now.Add(time.Duration(params.LeaseSeconds) * time.Second)})
+	if err != nil {
+		p.log.Warn("claim empty; counting ready cells failed", "tenant", tenantID, "error", err)
+		return ""
+	}
+	reason := EmptyHeldBack
+	switch {
+	case n.Ready == 0:
+		reason = EmptyNoInventory
+	case n.Lasting == 0:
+		reason = EmptyExpiresTooSoon
+	}
+	p.log.LogAttrs(ctx, slog.LevelInfo, "claim empty", slog.String("tenant", tenantID),
+		slog.String("reason", string(reason)), slog.Uint64("lease_seconds", params.LeaseSeconds),
+		slog.String("release_set_id", params.Release.ReleaseSetID), slog.Int("ready", n.Ready))
+	return reason
 }
 
 // token computes the attestation of a lease.

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
 )
@@ -30,6 +31,8 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	claims   *prometheus.CounterVec
+	// empty counts empty claims that were not replayed, by reason.
+	empty *prometheus.CounterVec
 }
 
 // newMetrics registers the handler's collectors on reg.
@@ -48,11 +51,18 @@ func newMetrics(reg *prometheus.Registry, st store.Store) (*metrics, error) {
 			Name: "sandboxwich_claims_total",
 			Help: "Sterile-cell claims by outcome.",
 		}, []string{"outcome"}),
+		empty: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandboxwich_claims_empty_total",
+			Help: "Sterile-cell claims that found no cell, by reason: no_inventory, expires_too_soon (no ready cell outlives the lease) or held_back (ready floor, concurrent claims).",
+		}, []string{"reason"}),
 	}
 	for _, o := range []string{outcomeLeased, outcomeEmpty, outcomeReplayed, outcomeConflict, outcomeContended, outcomeError} {
 		m.claims.WithLabelValues(o)
 	}
-	cs := []prometheus.Collector{m.requests, m.latency, m.claims, newCellCollector(st), buildInfo()}
+	for _, r := range []sandboxwich.EmptyReason{sandboxwich.EmptyNoInventory, sandboxwich.EmptyExpiresTooSoon, sandboxwich.EmptyHeldBack} {
+		m.empty.WithLabelValues(string(r))
+	}
+	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(st), buildInfo()}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, done := range cs[:i] {

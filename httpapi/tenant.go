@@ -33,6 +33,9 @@ func (h *handler) claim(c *call) (int, any, error) {
 		ClaimID: claimID, Release: req.Release, Binding: req.Binding, LeaseSeconds: req.LeaseSeconds,
 	})
 	h.metrics.claims.WithLabelValues(claimOutcome(res, err)).Inc()
+	if res.EmptyReason != "" {
+		h.metrics.empty.WithLabelValues(string(res.EmptyReason)).Inc()
+	}
 	if err != nil {
 		return 0, nil, err
 	}

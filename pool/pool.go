@@ -44,22 +44,30 @@ type Config struct {
 	ReadyFloor int
 	// MaxProvisioning bounds concurrent provisions (default Target).
 	MaxProvisioning int
-	// ReadyTTL is how long a ready cell may wait for a claim (default 300 s).
+	// ReadyTTL is how long a ready cell may wait for a claim. A claim takes
+	// only a cell that outlives the lease it asks for, so a pool serves
+	// leases up to ReadyTTL only in a cell's first moments. The default is
+	// three times Options.MaxLease, and at least DefaultReadyTTL (15 min),
+	// so the longest lease is claimable for two thirds of a cell's life.
 	ReadyTTL time.Duration
 	// Provider creates the pool's cells.
 	Provider driver.Provider
 }
 
-// DefaultReadyTTL is the ready TTL of a pool that sets none.
-const DefaultReadyTTL = 300 * time.Second
+// DefaultReadyTTL is the least default ready TTL: three times the default
+// maximum lease of five minutes (CONTRACT §5). It deliberately differs from
+// the contract's default of 300 s, which no claim for the maximum lease
+// could ever be served under.
+const DefaultReadyTTL = 15 * time.Minute
 
 // withDefaults fills defaults and validates, naming the offending field.
-func (c Config) withDefaults() (Config, error) {
+// maxLease is Options.MaxLease.
+func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 	if c.MaxProvisioning == 0 {
 		c.MaxProvisioning = c.Target
 	}
 	if c.ReadyTTL == 0 {
-		c.ReadyTTL = DefaultReadyTTL
+		c.ReadyTTL = max(DefaultReadyTTL, 3*maxLease)
 	}
 	bad := func(field, rule string) (Config, error) {
 		return c, fmt.Errorf("pool %q: %s %s", c.Name, field, rule)
@@ -107,9 +115,14 @@ type Options struct {
 	// OrphanInterval is how often listing providers are searched for
 	// objects without a live member (default 30 s).
 	OrphanInterval time.Duration
-	Now            func() time.Time
-	NewID          func() uuid.UUID
-	Logger         *slog.Logger
+	// MaxLease is the longest lease a claim may ask for (a Plane sets its
+	// own). It sets the default ready TTL, and New warns about each pool
+	// whose ready TTL does not exceed it: a claim for the longest lease
+	// finds none of its cells. Zero means five minutes.
+	MaxLease time.Duration
+	Now      func() time.Time
+	NewID    func() uuid.UUID
+	Logger   *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -124,6 +137,7 @@ func (o Options) withDefaults() Options {
 	def(&o.DestroyTimeout, time.Minute)
 	def(&o.VerifyInterval, 10*time.Second)
 	def(&o.OrphanInterval, 30*time.Second)
+	def(&o.MaxLease, 5*time.Minute)
 	if o.Parallelism <= 0 {
 		o.Parallelism = 8
 	}
@@ -167,12 +181,16 @@ type poolState struct {
 func New(st store.Store, pools []Config, opt Options) (*Reconciler, error) {
 	r := &Reconciler{store: st, opt: opt.withDefaults(), trigger: make(chan struct{}, 1), pools: map[string]*poolState{}}
 	for _, c := range pools {
-		c, err := c.withDefaults()
+		c, err := c.withDefaults(r.opt.MaxLease)
 		if err != nil {
 			return nil, err
 		}
 		if _, dup := r.pools[c.Name]; dup {
 			return nil, fmt.Errorf("pool %q: name is used twice", c.Name)
+		}
+		if c.ReadyTTL <= r.opt.MaxLease {
+			r.opt.Logger.Warn("pool ready TTL cannot serve the maximum lease: a claim for it finds none of the pool's cells",
+				"pool", c.Name, "ready_ttl", c.ReadyTTL, "max_lease", r.opt.MaxLease)
 		}
 		r.pools[c.Name] = &poolState{cfg: c, caps: c.Provider.Capabilities(), verified: map[uuid.UUID]time.Time{}}
 		r.order = append(r.order, c.Name)
@@ -207,7 +225,7 @@ func (r *Reconciler) SetTarget(name string, target int) error {
 	c.Target = target
 	c.ReadyFloor = min(c.ReadyFloor, target)
 	c.MaxProvisioning = max(min(c.MaxProvisioning, target), min(1, target))
-	c, err := c.withDefaults()
+	c, err := c.withDefaults(r.opt.MaxLease)
 	if err != nil {
 		return err
 	}
@@ -375,6 +393,69 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 		return func(ctx context.Context) error { return r.destroy(ctx, cfg, m) }
 	}
 	return nil
+}
+
+// Drain ends every live member of every pool, leased ones included, and
+// returns nil once the provider proved each object gone, or an error when
+// ctx ends first. It sets every target to 0 first, so nothing is created
+// again. Each stop is recorded before the provider is called, with
+// disposition destroyed under the cell's current fence, so a drain cut
+// short, by ctx or a crash, is resumed by the next pass of any reconciler.
+// A leased cell stays leased until its deletion is proven, then ends
+// destroyed: its lease is no longer live, and validating it fails.
+//
+// Drain is for shutdown: call it after Run returned, so that this process
+// acts alone on its members. It leaves members locked by another process
+// to that process and waits for them until ctx ends.
+func (r *Reconciler) Drain(ctx context.Context) error {
+	for _, name := range r.order {
+		if err := r.SetTarget(name, 0); err != nil {
+			return err
+		}
+	}
+	errs := new(errList)
+	for round := 0; ; round++ {
+		type job struct {
+			cfg Config
+			m   store.Member
+		}
+		var jobs []job
+		for _, name := range r.order {
+			cfg, _ := r.Pool(name)
+			members, err := r.store.Members(ctx, name, liveStates...)
+			if err != nil {
+				return fmt.Errorf("pools not drained: %w", errors.Join(err, errs.err()))
+			}
+			for _, m := range members {
+				jobs = append(jobs, job{cfg, m})
+			}
+		}
+		if len(jobs) == 0 {
+			return nil
+		}
+		if round > 0 { // left locked elsewhere, or a failed stop: retry later
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("pools not drained: %w", errors.Join(ctx.Err(), errs.err()))
+			case <-time.After(r.opt.Interval):
+			}
+		}
+		errs = new(errList)
+		g := new(errgroup.Group)
+		g.SetLimit(r.opt.Parallelism)
+		for _, j := range jobs {
+			g.Go(func() error {
+				errs.add(r.locked(ctx, j.m.CellID, func() error {
+					if j.m.State == lease.MemberStopping || j.m.State == lease.MemberCleanupPending {
+						return r.destroy(ctx, j.cfg, j.m)
+					}
+					return r.stop(ctx, j.cfg, j.m, j.m.State, lease.Destroyed, false, "pool drained at shutdown")
+				}))
+				return nil
+			})
+		}
+		_ = g.Wait()
+	}
 }
 
 // locked runs fn holding the member's executor lock; a member locked by

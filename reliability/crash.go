@@ -381,4 +381,5 @@ func (r *crashRun) cleanupGVisor(g *gvisor.Provider) {
 	for _, o := range objs {
 		_ = g.Destroy(ctx, o)
 	}
+	_ = gvisor.RemoveStateDir(filepath.Join(r.env.Dir, "runsc-state"))
 }

@@ -135,6 +135,12 @@ type Store interface {
 	// CellCounts returns the number of cells by state.
 	CellCounts(ctx context.Context) (map[lease.State]int, error)
 
+	// CountReady counts the ready cells of a tenant's inventory for exactly
+	// a release, whatever their pool's ready floor: all of them, and those
+	// whose ready deadline is later than p.After. It changes nothing; the
+	// plane runs it only after an empty claim, to say why it was empty.
+	CountReady(ctx context.Context, p CountReadyParams) (ReadyCount, error)
+
 	// LockMember takes or renews the executor lock of a member for owner
 	// until the given time, so that one process at a time acts on its
 	// provider object. It reports false when another owner holds an
@@ -167,7 +173,7 @@ type ClaimParams struct {
 	Digest       string
 	Release      lease.Release
 	Binding      lease.Binding
-	LeaseSeconds uint64 // already clamped into [1, 300]
+	LeaseSeconds uint64 // already clamped into [1, the plane's maximum]
 	// LeaseID is the ID the new lease takes if a cell is leased.
 	LeaseID uuid.UUID
 	Now     time.Time
@@ -188,6 +194,24 @@ type ClaimResult struct {
 	Replayed bool
 	// PoolName is the pool of the leased cell, if any.
 	PoolName string
+}
+
+// CountReadyParams selects an inventory for CountReady.
+type CountReadyParams struct {
+	TenantID string
+	Release  lease.Release
+	// After is the time a cell must outlive to count as Lasting: a claim's
+	// now + lease_seconds.
+	After time.Time
+}
+
+// ReadyCount is the outcome of CountReady.
+type ReadyCount struct {
+	// Ready is the number of ready cells of the inventory.
+	Ready int
+	// Lasting is the number of those whose ready deadline is later than
+	// CountReadyParams.After.
+	Lasting int
 }
 
 // LeaseRecord is a leased (or formerly leased) cell with its membership.

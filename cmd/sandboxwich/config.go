@@ -41,6 +41,7 @@ type config struct {
 	ShutdownTimeout      time.Duration
 	TLSCertFile          string
 	TLSKeyFile           string
+	MaxLeaseSeconds      uint64
 	Pools                []poolConfig
 }
 
@@ -106,6 +107,18 @@ var settings = []setting{
 		apply: func(c *config, v string) error { c.TLSCertFile = v; return nil }},
 	{key: "tls_key_file", usage: "serve HTTPS with this key (PEM)",
 		apply: func(c *config, v string) error { c.TLSKeyFile = v; return nil }},
+	{key: "max_lease_seconds", def: strconv.Itoa(sandboxwich.MaxLeaseSeconds), usage: "longest lease a claim gets (1–86400)",
+		apply: func(c *config, v string) error { return parseMaxLease(&c.MaxLeaseSeconds, v) }},
+}
+
+// parseMaxLease reads SANDBOXWICH_MAX_LEASE_SECONDS (CONTRACT §14).
+func parseMaxLease(dst *uint64, v string) error {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n < sandboxwich.MinLeaseSeconds || n > sandboxwich.MaxLeaseSecondsLimit {
+		return fmt.Errorf("%q is not a number of seconds from %d to %d", v, sandboxwich.MinLeaseSeconds, sandboxwich.MaxLeaseSecondsLimit)
+	}
+	*dst = n
+	return nil
 }
 
 // poolEnv lists the single pool's environment keys (SANDBOXWICH_STERILE_POOL_*).
@@ -264,7 +277,7 @@ func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
 		dst *int
 		def string
 	}{{"TARGET", &p.Target, ""}, {"READY_FLOOR", &p.ReadyFloor, "0"},
-		{"MAX_PROVISIONING", &p.MaxProvisioning, "0"}, {"READY_TTL_SECONDS", &p.ReadyTTLSeconds, "300"}} {
+		{"MAX_PROVISIONING", &p.MaxProvisioning, "0"}, {"READY_TTL_SECONDS", &p.ReadyTTLSeconds, "0"}} {
 		s := or(v[f.key], f.def)
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {

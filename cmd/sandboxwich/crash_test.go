@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -164,6 +165,9 @@ func TestCrashRecoveryGVisor(t *testing.T) {
 		}
 		for _, id := range r.containers() { // never leave a sandbox behind, even on failure
 			_ = exec.Command("runsc", "--root", r.stateDir, "delete", "--force", id).Run()
+		}
+		if err := gvisor.RemoveStateDir(r.stateDir); err != nil {
+			t.Errorf("removing runsc's state root: %v", err)
 		}
 	})
 

@@ -18,15 +18,24 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // devRelease is the release the dev server signs for its pool.
 const devReleaseSetID = "dev-release"
 
+// devDrainTimeout bounds how long dev, at Ctrl-C, waits for the provider to
+// prove every cell gone (after the HTTP grace of devShutdownGrace).
+const (
+	devShutdownGrace = 10 * time.Second
+	devDrainTimeout  = 30 * time.Second
+)
+
 // dev starts a server for local use: embedded SQLite, a generated signing
 // key and tokens (files of mode 0600 in --dir), and a pool of two gVisor
-// cells, then prints commands to paste.
+// cells, then prints commands to paste. At Ctrl-C it ends every cell it
+// made, live leases included, with proof.
 func dev(ctx context.Context, e env, args []string) error {
 	flags := newFlags(e, "dev")
 	dir := flags.String("dir", ".sandboxwich-dev", "directory for the database, key and token files (created 0700)")
@@ -74,6 +83,11 @@ func dev(ctx context.Context, e env, args []string) error {
 	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: hex.EncodeToString(sum[:])}
 	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
 
+	settings := map[string]string{}
+	if *provider == "gvisor" { // runsc's state and bundles live in --dir too
+		settings["state_dir"] = filepath.Join(abs, "runsc-state")
+		settings["bundle_dir"] = filepath.Join(abs, "runsc-bundles")
+	}
 	c := &config{
 		Listen:         *listen,
 		DatabaseURL:    "sqlite://" + filepath.Join(abs, "sandboxwich.db"),
@@ -87,9 +101,9 @@ func dev(ctx context.Context, e env, args []string) error {
 		SweepInterval:   time.Second,
 		LogLevel:        "info",
 		LogFormat:       "text",
-		ShutdownTimeout: 10 * time.Second,
-		Pools: []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target,
-			ReadyTTLSeconds: 600, Settings: map[string]string{}}},
+		ShutdownTimeout: devShutdownGrace,
+		MaxLeaseSeconds: sandboxwich.MaxLeaseSeconds,
+		Pools:           []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target, Settings: settings}},
 	}
 	log, err := newLogger(e.stderr, c.LogLevel, c.LogFormat)
 	if err != nil {
@@ -105,7 +119,12 @@ func dev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	printDevHelp(e, "http://"+ln.Addr().String(), abs, *provider, rel, workerID)
-	s.drainOnExit = true // Ctrl-C leaves no sandbox running
+	s.drainTimeout = devDrainTimeout // Ctrl-C leaves no sandbox running, leased or not
+	if *provider == "gvisor" {
+		// No container is left: unmount what runsc pins in its root, so
+		// that removing --dir works.
+		s.drained = func() { _ = gvisor.RemoveStateDir(settings["state_dir"]) }
+	}
 	return s.run(ctx, ln)
 }
 
@@ -133,31 +152,39 @@ func secretFile(path, prefix string) (string, error) {
 	return tok, f.Close()
 }
 
+// printDevHelp prints the banner: commands that work exactly as printed,
+// from the repository root, in a shell of their own.
 func printDevHelp(e env, url, dir, provider string, rel lease.Release, workerID uuid.UUID) {
 	w := e.stdout
 	fmt.Fprintf(w, "\nsandboxwich dev: serving %s (pool \"dev\", provider %s)\n", url, provider)
 	if provider == "dry-run" {
 		fmt.Fprintln(w, "WARNING: dry-run cells are SIMULATED: no sandbox exists and exec is unsupported.")
 	}
+	fmt.Fprintf(w, "Ctrl-C ends every cell, live leases included, and proves each gone (within %s).\n",
+		devShutdownGrace+devDrainTimeout)
+	binding := "--org org-1 --workspace ws-1 --thread th-1 --session s-1"
 	fmt.Fprintf(w, `
-In another shell:
+In another shell, from the repository root:
 
-  export SANDBOXWICH_URL=%s
-  export SANDBOXWICH_TOKEN="$(cat %s/tenant-token)"
+  go build -o %[2]s/sandboxwich ./cmd/sandboxwich
+  cd %[2]s
+  export SANDBOXWICH_URL=%[1]s
+  export SANDBOXWICH_TOKEN="$(cat tenant-token)"
 
-  sandboxwich claim --attestation-file lease.att \
-    --release-set-id %s --runtime-class %s \
-    --policy-digest %s \
-    --release-signature %s \
-    --org org-1 --workspace ws-1 --thread th-1 --session s-1
+  ./sandboxwich claim --json --attestation-file lease.att \
+    --release-set-id %[3]s --runtime-class %[4]s \
+    --policy-digest %[5]s \
+    --release-signature %[6]s \
+    %[7]s > claim.json
+  LEASE=$(sed -n 's/.*"lease_id": *"\([^"]*\)".*/\1/p' claim.json)
+`, url, dir, rel.ReleaseSetID, rel.RuntimeClass, rel.PolicyDigest, rel.Signature, binding)
+	if provider != "dry-run" {
+		fmt.Fprintf(w, "  ./sandboxwich exec --lease-id \"$LEASE\" --attestation-file lease.att %s -- uname -a\n", binding)
+	}
+	fmt.Fprintf(w, `  ./sandboxwich release --lease-id "$LEASE" --attestation-file lease.att %[1]s --wait
+  rm lease.att claim.json
+  SANDBOXWICH_OPERATOR_TOKEN="$(cat operator-token)" ./sandboxwich pools
 
-  LEASE=<lease_id printed by claim>
-  sandboxwich exec --lease-id "$LEASE" --attestation-file lease.att \
-    --org org-1 --workspace ws-1 --thread th-1 --session s-1 -- uname -a
-  sandboxwich release --lease-id "$LEASE" --attestation-file lease.att \
-    --org org-1 --workspace ws-1 --thread th-1 --session s-1 --wait
-
-Operator view:  SANDBOXWICH_OPERATOR_TOKEN="$(cat %s/operator-token)" sandboxwich pools
-Worker %s token: %s/worker-token
-`, url, dir, rel.ReleaseSetID, rel.RuntimeClass, rel.PolicyDigest, rel.Signature, dir, workerID, dir)
+Worker %[2]s token: %[3]s/worker-token
+`, binding, workerID, dir)
 }

@@ -72,9 +72,13 @@ type server struct {
 	store   store.Store
 	plane   *sandboxwich.Plane
 	handler http.Handler
-	// drainOnExit stops every pool's cells, with proof, before exiting
-	// (dev mode); a server otherwise keeps its warm cells for its restart.
-	drainOnExit bool
+	// drainTimeout, when positive, makes run end every pool cell, leased
+	// ones included, with proof, within that time before exiting (dev); a
+	// server otherwise keeps its cells for its restart, which reconciles
+	// them.
+	drainTimeout time.Duration
+	// drained, when set, runs after a drain that ended every cell.
+	drained func()
 }
 
 // build opens the store, builds pools and the plane, and the HTTP handler.
@@ -108,6 +112,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		sweep = 0
 	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
+		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds),
 		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep))
 	if err != nil {
 		st.Close()
@@ -165,13 +170,15 @@ func poolsOf(ctx context.Context, plane *sandboxwich.Plane) ([]wire.Pool, error)
 
 // run serves until ctx ends, then shuts down in order: stop accepting, let
 // in-flight requests finish, stop the reconciler (a provider call cut short
-// stays recorded and is resumed at the next start), close the store.
+// stays recorded and is resumed at the next start), with a drainTimeout end
+// every pool cell, and close the store. It logs at shutdown the bound it
+// returns within.
 func (s *server) run(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
-		WriteTimeout:      sandboxwich.MaxLeaseSeconds*time.Second + time.Minute, // outlives the longest exec
+		WriteTimeout:      time.Duration(s.plane.MaxLeaseSeconds())*time.Second + time.Minute, // outlives the longest exec
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
@@ -192,16 +199,21 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	select {
 	case err = <-serveErr:
 	case <-ctx.Done():
-		s.log.Info("shutting down", "grace", s.cfg.ShutdownTimeout)
+		if s.drainTimeout > 0 {
+			s.log.Info("shutting down: ending every cell, live leases included", "grace", s.cfg.ShutdownTimeout,
+				"drain_timeout", s.drainTimeout, "exit_within", s.cfg.ShutdownTimeout+s.drainTimeout)
+		} else {
+			s.log.Info("shutting down; cells are kept and reconciled at the next start", "grace", s.cfg.ShutdownTimeout)
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 		err = srv.Shutdown(sctx)
 		cancel()
 	}
-	if s.drainOnExit {
-		s.drain()
-	}
 	stopPlane()
 	<-planeDone
+	if s.drainTimeout > 0 {
+		s.drain()
+	}
 	if cerr := s.store.Close(); err == nil {
 		err = cerr
 	}
@@ -249,35 +261,24 @@ func serve(ctx context.Context, e env, args []string) error {
 	return s.run(ctx, ln)
 }
 
-// drain sets every pool's target to 0 and waits, at most a minute, until no
-// member is live: each cell stopped with proof.
+// drain ends every pool cell, leased ones included, with proof, within
+// drainTimeout; the plane must have stopped. Stops it could not finish stay
+// recorded and the next start resumes them.
 func (s *server) drain() {
 	r := s.plane.Pools()
 	if r == nil {
 		return
 	}
-	for _, name := range r.Names() {
-		_ = r.SetTarget(name, 0)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), s.drainTimeout)
 	defer cancel()
-	for ctx.Err() == nil {
-		sts, err := r.Status(ctx)
-		live := 0
-		for _, st := range sts {
-			for state, n := range st.Members {
-				if state.Live() {
-					live += n
-				}
-			}
-		}
-		if err == nil && live == 0 {
-			s.log.Info("pools drained")
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := r.Drain(ctx); err != nil {
+		s.log.Warn("cells not all ended in time; the next start resumes their stops", "error", err)
+		return
 	}
-	s.log.Warn("pools not drained in time; the next start resumes their stops")
+	s.log.Info("every cell ended, its deletion proven")
+	if s.drained != nil {
+		s.drained()
+	}
 }
 
 // redactURL drops a database URL's password for logs.

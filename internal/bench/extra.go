@@ -159,6 +159,7 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		_ = plane.Pools().SetTarget("bench", 0)
 		waitLive(ctx, plane, 0)
 		stop()
+		_ = gvisor.RemoveStateDir(stateDir)
 	}()
 
 	// Warm and bare take turns, each pair starting with both pool cells

@@ -327,6 +327,15 @@ func (s *Store) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 	return out, s.fail(ctx, "cell counts", rows.Err())
 }
 
+// CountReady implements store.Store.
+func (s *Store) CountReady(ctx context.Context, p store.CountReadyParams) (store.ReadyCount, error) {
+	r := p.Release
+	var c store.ReadyCount
+	err := s.r.row(ctx, s.q.readyCount, us(p.After), p.TenantID, string(r.RuntimeClass), r.ReleaseSetID,
+		r.PolicyDigest, r.Signature).Scan(&c.Ready, &c.Lasting)
+	return c, s.fail(ctx, "count ready", err)
+}
+
 // LockMember implements store.Store.
 func (s *Store) LockMember(ctx context.Context, cellID uuid.UUID, owner string, until, now time.Time) (bool, error) {
 	n, err := affected(s.w.exec(ctx, s.q.memberLock, owner, us(until), cellID.String(), owner, us(now)))

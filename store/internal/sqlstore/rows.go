@@ -209,6 +209,7 @@ type queries struct {
 	memberInsert, memberLive, memberAdmit, cellInsertPool, memberStop, memberByID string
 	memberCleanup, memberDone, memberLock, memberUnlock                           string
 	memberCounts, cellCounts                                                      string
+	readyCount                                                                    string
 
 	idemUpsert, idemGet, idemFinish, idemDrop string
 
@@ -317,6 +318,10 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE cell_id = ? AND lock_owner = ?`,
 		memberCounts: `SELECT pool_name, state, count(*) FROM pool_members GROUP BY pool_name, state`,
 		cellCounts:   `SELECT state, count(*) FROM cells GROUP BY state`,
+		// readyCount is candidate without its deadline, counting instead.
+		readyCount: `SELECT count(*), count(CASE WHEN c.ready_deadline_us > CAST(? AS BIGINT) THEN 1 END) FROM cells c
+			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)
+			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'`,
 
 		idemUpsert: `INSERT INTO idempotency_records (tenant_id, idem_key, fingerprint, done, status, body, created_us, expires_us)
 			VALUES (?, ?, ?, FALSE, 0, '', ?, ?)
@@ -366,7 +371,7 @@ func (q *queries) all() []*string {
 		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
-		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
+		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
 		&q.leaseAll, &q.leaseAllFenced,
 	}
 }
