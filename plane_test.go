@@ -217,8 +217,12 @@ func TestExecVerifiesRuntimeBeforeEveryCommand(t *testing.T) {
 	if err != nil || string(out.Stdout) != "echo hi" {
 		t.Fatalf("exec: %+v %v", out, err)
 	}
-	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{}); !errors.Is(err, errcode.ErrInvalidRequest) {
-		t.Fatalf("empty argv: %v", err)
+	// Input no provider can run is refused before the provider sees it.
+	for _, bad := range []sandboxwich.ExecRequest{{}, {Argv: []string{""}}, {Argv: []string{"echo", "a\x00b"}},
+		{Argv: []string{"env"}, Env: map[string]string{"A=B": "c"}}, {Argv: []string{"env"}, Env: map[string]string{"A": "\x00"}}} {
+		if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, bad); !errors.Is(err, errcode.ErrInvalidRequest) {
+			t.Fatalf("exec %q %q: %v", bad.Argv, bad.Env, err)
+		}
 	}
 	// The provider re-admits the object under another class: the next exec
 	// must not run, and the cell ends.
