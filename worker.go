@@ -59,10 +59,17 @@ func (p *Plane) Prepare(ctx context.Context, w Worker, req PrepareRequest) (leas
 	})
 }
 
-// WorkerCell returns one of the worker's cells and the claim that leased
-// it, if any.
+// WorkerCell returns one of the worker's cells and the fenced claim that
+// leased it, if any (CONTRACT §7). A cell leased by an unfenced (legacy)
+// claim has no claim here, as in the Rust implementation: its worker cannot
+// learn the lease ID, so cannot destroy the cell, which ends by expiry
+// (quarantined by the sweeper).
 func (p *Plane) WorkerCell(ctx context.Context, w Worker, cellID uuid.UUID) (lease.Cell, *store.ClaimInfo, error) {
-	return p.store.WorkerCell(ctx, w.ID.String(), cellID)
+	cell, info, err := p.store.WorkerCell(ctx, w.ID.String(), cellID)
+	if info != nil && info.ClaimID == uuid.Nil {
+		info = nil
+	}
+	return cell, info, err
 }
 
 // Retire quarantines one of the worker's ready generation-1 cells.
