@@ -101,7 +101,8 @@ type handler struct {
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
 // missing plane, an inconsistent token configuration (an empty token, a
-// token configured twice, a worker token without the sbw_wtok_ prefix, a
+// token configured twice, an operator token equal to a tenant, shared or
+// worker token, a worker token without the sbw_wtok_ prefix, a
 // worker without ID or tenant) or a registry that already holds the
 // handler's collectors.
 func New(cfg Config) (http.Handler, error) {
