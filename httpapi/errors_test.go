@@ -217,7 +217,8 @@ func TestSharedToken(t *testing.T) {
 	})
 }
 
-// TestPools: operator only; every member state key present.
+// TestPools: operator only; only the operator's tenant's pools (CONTRACT
+// §19); every member state key present.
 func TestPools(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		e := newEnv(t, b)
@@ -230,10 +231,20 @@ func TestPools(t *testing.T) {
 			c.Pools = func(ctx context.Context) ([]wire.Pool, error) {
 				return []wire.Pool{{Name: "p1", Provider: "dry-run", Mode: "dry_run", TenantID: "acme",
 					Release: e.release(lease.KataMicroVM), Target: 2, MaxProvisioning: 2, ReadyTTLSeconds: 300,
-					Members: map[string]int{"ready": 2}, LastError: &errText}}, nil
+					Members: map[string]int{"ready": 2}, LastError: &errText},
+					{Name: "g1", Provider: "dry-run", Mode: "dry_run", TenantID: "globex", Release: e.release(lease.KataMicroVM),
+						Target: 1, MaxProvisioning: 1, ReadyTTLSeconds: 300}}, nil
 			}
 		})
 		r = e2.do("GET", "/v1/pools", tokGlobex, nil, OperatorHeader, tokOperator).must(t, 200)
+		if p := decodeAs[wire.PoolsResponse](t, r).Pools; len(p) != 1 || p[0].Name != "g1" {
+			t.Errorf("globex's operator sees %s", r.body)
+		}
+		r = e2.do("GET", "/v1/pools", tokShared, nil, OperatorHeader, tokOperator).must(t, 200)
+		if string(r.body) != `{"ok":true,"pools":[]}` {
+			t.Errorf("the default tenant's operator sees %s", r.body)
+		}
+		r = e2.do("GET", "/v1/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
 		checkSchema(t, "PoolsResponse", r.body)
 		var got struct {
 			Pools []map[string]json.RawMessage `json:"pools"`

@@ -73,7 +73,8 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MetricsPublic serves /metrics without a token.
 	MetricsPublic bool
-	// Pools reports pools for GET /v1/pools; nil → an empty list.
+	// Pools reports every pool; GET /v1/pools answers those of the
+	// operator's tenant. nil → an empty list.
 	Pools func(ctx context.Context) ([]wire.Pool, error)
 	// ProviderMode returns "apply" or "dry_run" for a pool name, reported as
 	// provider_mode in lease status for pool cells. When it is nil or
