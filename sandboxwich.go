@@ -64,6 +64,8 @@ type Plane struct {
 	poolCfgs []pool.Config
 	poolOpt  pool.Options
 	sweep    time.Duration // 0 disables the expiry sweeper
+
+	maxPrepare time.Duration // how far ahead a prepared cell may expire
 }
 
 // Option configures a Plane.
@@ -118,9 +120,14 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 		log:    slog.Default(),
 		floors: map[string]int{},
 		sweep:  time.Second,
+
+		maxPrepare: DefaultMaxPrepareAhead,
 	}
 	for _, o := range opts {
 		o(p)
+	}
+	if p.maxPrepare <= 0 {
+		return nil, errors.New("sandboxwich: WithMaxPrepareAhead needs a positive duration")
 	}
 	if len(p.poolCfgs) == 0 {
 		return p, nil

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -87,6 +89,7 @@ func TestRequestErrors(t *testing.T) {
 			{"argv not an array", "POST", leasePath(c.Lease.LeaseID, "/exec"), tokAcme, with(proofBody(c), "argv", "ls"), nil, 422, "invalid_request"},
 			{"env not strings", "POST", leasePath(c.Lease.LeaseID, "/exec"), tokAcme, with(proofBody(c), "argv", []string{"ls"}, "env", map[string]any{"A": 1}), nil, 422, "invalid_request"},
 			{"bad timestamp", "POST", workerPath(worker1, "/prepare"), tokWorker1, with(e.prepareBody(lease.KataMicroVM), "expires_at", "2026-13-01T00:00:00Z"), nil, 422, "invalid_request"},
+			{"expires_at beyond 7 days", "POST", workerPath(worker1, "/prepare"), tokWorker1, with(e.prepareBody(lease.KataMicroVM), "expires_at", time.Now().Add(sandboxwich.DefaultMaxPrepareAhead+time.Minute)), nil, 422, "invalid_request"},
 			{"retire without generation", "POST", cellPath + "/retire", tokWorker1, `{}`, nil, 422, "invalid_request"},
 			{"destroy with bad lease_id", "POST", cellPath + "/destroy", tokWorker1, map[string]any{"lease_id": "x", "generation": 2, "disposition": "destroyed"}, nil, 422, "invalid_request"},
 			{"bad identifier", "POST", claimPath, tokAcme, with(claim, "runner_session_id", strings.Repeat("s", 257)), nil, 400, "bad_request"},
@@ -140,9 +143,10 @@ func TestAccepted(t *testing.T) {
 			}
 		}
 		// Input timestamps with any offset; output in UTC with Z.
-		body := with(e.prepareBody(lease.KataMicroVM), "expires_at", "2099-01-02T03:04:05.5+02:00")
+		at := time.Now().Add(time.Hour).Truncate(time.Second).Add(500 * time.Millisecond)
+		body := with(e.prepareBody(lease.KataMicroVM), "expires_at", at.In(time.FixedZone("", 2*3600)).Format("2006-01-02T15:04:05.0Z07:00"))
 		r = e.do("POST", workerPath(worker1, "/prepare"), tokWorker1, body).must(t, 200)
-		if !bytes.Contains(r.body, []byte(`"expires_at":"2099-01-02T01:04:05.500Z"`)) {
+		if !bytes.Contains(r.body, []byte(`"expires_at":"`+at.UTC().Format("2006-01-02T15:04:05.000")+`Z"`)) {
 			t.Errorf("prepared expiry: %s", r.body)
 		}
 		// Operators act within their tenant on tenant routes.

@@ -113,7 +113,8 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		sweep = 0
 	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
-		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep))
+		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep),
+		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead))
 	if err != nil {
 		st.Close()
 		return nil, err
