@@ -265,3 +265,22 @@ func TestPools(t *testing.T) {
 		}
 	})
 }
+
+// TestHeaderTooLarge: a request whose header exceeds MaxHeaderBytes is 431
+// request_header_too_large in the JSON envelope, on any route and before
+// authentication; a header just under the limit is served.
+func TestHeaderTooLarge(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b)
+		big := strings.Repeat("x", 100<<10)
+		e.do("GET", "/healthz", "", nil, "X-Pad", big).errCode(t, 431, "request_header_too_large")
+		e.do("POST", "/v1/sterile-cells/claim", "", e.claimBody(nil, lease.KataMicroVM), "X-Pad", big).
+			errCode(t, 431, "request_header_too_large")
+		r := e.do("GET", "/v1/nope", tokAcme, nil, "X-Pad", strings.Repeat("y", MaxHeaderBytes))
+		r.errCode(t, 431, "request_header_too_large")
+		if r.header.Get(RequestIDHeader) == "" {
+			t.Error("431 without x-request-id")
+		}
+		e.do("GET", "/healthz", "", nil, "X-Pad", strings.Repeat("z", MaxHeaderBytes-1024)).must(t, 200)
+	})
+}

@@ -179,8 +179,10 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		ReadTimeout:       60 * time.Second,
 		WriteTimeout:      sandboxwich.MaxLeaseSeconds*time.Second + time.Minute, // outlives the longest exec
 		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Well above the handler's limit, so the handler answers an
+		// oversized header with the JSON envelope (Go's own 431 is text).
+		MaxHeaderBytes: 16 * httpapi.MaxHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	planeCtx, stopPlane := context.WithCancel(context.WithoutCancel(ctx))
 	planeDone := make(chan error, 1)
