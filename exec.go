@@ -3,6 +3,8 @@ package sandboxwich
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -38,6 +40,9 @@ type ExecRequest struct {
 type ExecResult = driver.ExecResult
 
 // Exec runs a command in the cell of a live lease. Order of checks: the
+// request itself (errcode.ErrInvalidRequest: argv of 1 to 256 strings with
+// a non-empty argv[0], no NUL byte in any argv string, env key or value,
+// env keys matching [A-Za-z_][A-Za-z0-9_]*, the limits above), then the
 // lease fence (not found, conflict), then a cell of an external worker (not
 // found: there is no provider here), then a provider without exec
 // (errcode.ErrExecUnsupported). Before the command runs, the plane reads the
@@ -118,10 +123,15 @@ func (p *Plane) quarantine(ctx context.Context, m *store.Member, reason string) 
 	return nil
 }
 
+// checkExec refuses, with InvalidRequest and before anything reaches the
+// store or the provider, input no provider can run as given (CONTRACT §6,
+// §14). Messages never repeat the input.
 func checkExec(req ExecRequest) error {
 	switch {
 	case len(req.Argv) == 0 || len(req.Argv) > MaxExecArgs:
 		return errcode.New(errcode.InvalidRequest, "argv must hold 1 to 256 strings")
+	case req.Argv[0] == "":
+		return errcode.New(errcode.InvalidRequest, "argv[0] must not be empty")
 	case len(req.Stdin) > MaxExecStdin:
 		return errcode.New(errcode.InvalidRequest, "stdin is larger than 1 MiB")
 	case len(req.Env) > MaxExecEnv:
@@ -129,5 +139,29 @@ func checkExec(req ExecRequest) error {
 	case req.Timeout < 0:
 		return errcode.New(errcode.InvalidRequest, "timeout_seconds must not be negative")
 	}
+	for i, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return errcode.New(errcode.InvalidRequest, "argv["+strconv.Itoa(i)+"] contains a NUL byte")
+		}
+	}
+	for k, v := range req.Env {
+		if !validEnvKey(k) {
+			return errcode.New(errcode.InvalidRequest, "an env key does not match [A-Za-z_][A-Za-z0-9_]*")
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return errcode.New(errcode.InvalidRequest, "an env value contains a NUL byte")
+		}
+	}
 	return nil
+}
+
+// validEnvKey reports whether k matches [A-Za-z_][A-Za-z0-9_]*.
+func validEnvKey(k string) bool {
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c != '_' && (c < 'A' || c > 'Z') && (c < 'a' || c > 'z') && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return k != ""
 }

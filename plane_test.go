@@ -184,10 +184,28 @@ func TestPrepareChecks(t *testing.T) {
 		{"provider id", req(func(r *sandboxwich.PrepareRequest) { r.ProviderCellID = "a b" }), errcode.ErrBadRequest},
 		{"class not allowed", req(func(r *sandboxwich.PrepareRequest) { r.Release = kata }), errcode.ErrAuthorizationDenied},
 		{"signature", req(func(r *sandboxwich.PrepareRequest) { r.Release.Signature = "swrs1_x" }), errcode.ErrAuthorizationDenied},
+		{"beyond 7 days", req(func(r *sandboxwich.PrepareRequest) {
+			r.ExpiresAt = e.now.Add(sandboxwich.DefaultMaxPrepareAhead + time.Microsecond)
+		}), errcode.ErrInvalidRequest},
 	} {
 		if _, err := e.plane.Prepare(e.ctx, e.worker, tc.req); !errors.Is(err, tc.want) {
 			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
 		}
+	}
+	if _, err := e.plane.Prepare(e.ctx, e.worker, req(func(r *sandboxwich.PrepareRequest) {
+		r.ExpiresAt = e.now.Add(sandboxwich.DefaultMaxPrepareAhead)
+	})); err != nil {
+		t.Errorf("exactly 7 days ahead: %v", err)
+	}
+	// The bound is configurable.
+	e = newEnv(t, sandboxwich.WithMaxPrepareAhead(time.Hour))
+	if _, err := e.plane.Prepare(e.ctx, e.worker, req(func(r *sandboxwich.PrepareRequest) {
+		r.ExpiresAt = e.now.Add(2 * time.Hour)
+	})); !errors.Is(err, errcode.ErrInvalidRequest) {
+		t.Errorf("2 hours ahead with a 1-hour bound: %v", err)
+	}
+	if _, err := sandboxwich.New(e.plane.Store(), e.keys, sandboxwich.WithMaxPrepareAhead(0)); err == nil {
+		t.Error("New accepted a zero prepare bound")
 	}
 }
 
@@ -255,8 +273,12 @@ func TestExecVerifiesRuntimeBeforeEveryCommand(t *testing.T) {
 	if err != nil || string(out.Stdout) != "echo hi" {
 		t.Fatalf("exec: %+v %v", out, err)
 	}
-	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, sandboxwich.ExecRequest{}); !errors.Is(err, errcode.ErrInvalidRequest) {
-		t.Fatalf("empty argv: %v", err)
+	// Input no provider can run is refused before the provider sees it.
+	for _, bad := range []sandboxwich.ExecRequest{{}, {Argv: []string{""}}, {Argv: []string{"echo", "a\x00b"}},
+		{Argv: []string{"env"}, Env: map[string]string{"A=B": "c"}}, {Argv: []string{"env"}, Env: map[string]string{"A": "\x00"}}} {
+		if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, proof, bad); !errors.Is(err, errcode.ErrInvalidRequest) {
+			t.Fatalf("exec %q %q: %v", bad.Argv, bad.Env, err)
+		}
 	}
 	// The provider re-admits the object under another class: the next exec
 	// must not run, and the cell ends.

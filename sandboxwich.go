@@ -68,6 +68,8 @@ type Plane struct {
 	poolCfgs []pool.Config
 	poolOpt  pool.Options
 	sweep    time.Duration // 0 disables the expiry sweeper
+
+	maxPrepare time.Duration // how far ahead a prepared cell may expire
 }
 
 // Option configures a Plane.
@@ -109,14 +111,15 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 		return nil, errors.New("sandboxwich: New needs a store and a keyring")
 	}
 	p := &Plane{
-		store:    st,
-		keys:     keys,
-		now:      time.Now,
-		newID:    func() uuid.UUID { return uuid.Must(uuid.NewV7()) },
-		log:      slog.Default(),
-		floors:   map[string]int{},
-		sweep:    time.Second,
-		maxLease: MaxLeaseSeconds,
+		store:      st,
+		keys:       keys,
+		now:        time.Now,
+		newID:      func() uuid.UUID { return uuid.Must(uuid.NewV7()) },
+		log:        slog.Default(),
+		floors:     map[string]int{},
+		sweep:      time.Second,
+		maxLease:   MaxLeaseSeconds,
+		maxPrepare: DefaultMaxPrepareAhead,
 	}
 	for _, o := range opts {
 		o(p)
@@ -124,6 +127,9 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	if p.maxLease < MinLeaseSeconds || p.maxLease > MaxLeaseSecondsLimit {
 		return nil, fmt.Errorf("sandboxwich: the maximum lease must be %d to %d seconds, not %d",
 			MinLeaseSeconds, MaxLeaseSecondsLimit, p.maxLease)
+	}
+	if p.maxPrepare <= 0 {
+		return nil, errors.New("sandboxwich: WithMaxPrepareAhead needs a positive duration")
 	}
 	if len(p.poolCfgs) == 0 {
 		return p, nil

@@ -3,6 +3,7 @@ package sandboxwich
 import (
 	"context"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,12 +21,24 @@ type Worker struct {
 	RuntimeClasses []lease.RuntimeClass
 }
 
+// DefaultMaxPrepareAhead is how far ahead of now a prepared cell's
+// ExpiresAt may be, unless WithMaxPrepareAhead says otherwise.
+const DefaultMaxPrepareAhead = 7 * 24 * time.Hour
+
+// WithMaxPrepareAhead bounds how far ahead of now a worker's prepare may set
+// a cell's ExpiresAt (default DefaultMaxPrepareAhead); a later ExpiresAt is
+// refused with errcode.ErrInvalidRequest. New refuses a bound that is not
+// positive.
+func WithMaxPrepareAhead(d time.Duration) Option { return func(p *Plane) { p.maxPrepare = d } }
+
 // PrepareRequest registers a cell a worker has prepared.
 type PrepareRequest struct {
 	CellID         uuid.UUID
 	Release        lease.Release
 	ProviderCellID string
-	// ExpiresAt is the ready deadline, kept to the microsecond.
+	// ExpiresAt is the ready deadline, kept to the microsecond: in the
+	// future, and at most the plane's prepare bound (WithMaxPrepareAhead)
+	// ahead.
 	ExpiresAt time.Time
 }
 
@@ -38,6 +51,10 @@ func (p *Plane) Prepare(ctx context.Context, w Worker, req PrepareRequest) (leas
 	now := p.Now()
 	if !req.ExpiresAt.After(now) {
 		return lease.Cell{}, errcode.New(errcode.BadRequest, "expires_at is not in the future")
+	}
+	if req.ExpiresAt.Sub(now) > p.maxPrepare {
+		return lease.Cell{}, errcode.New(errcode.InvalidRequest,
+			"expires_at is more than "+strconv.FormatInt(int64(p.maxPrepare/time.Second), 10)+" seconds ahead")
 	}
 	if !lease.ValidIdentifier(req.ProviderCellID) {
 		return lease.Cell{}, errcode.New(errcode.BadRequest, "provider_cell_id is invalid")
@@ -59,10 +76,17 @@ func (p *Plane) Prepare(ctx context.Context, w Worker, req PrepareRequest) (leas
 	})
 }
 
-// WorkerCell returns one of the worker's cells and the claim that leased
-// it, if any.
+// WorkerCell returns one of the worker's cells and the fenced claim that
+// leased it, if any (CONTRACT §7). A cell leased by an unfenced (legacy)
+// claim has no claim here, as in the Rust implementation: its worker cannot
+// learn the lease ID, so cannot destroy the cell, which ends by expiry
+// (quarantined by the sweeper).
 func (p *Plane) WorkerCell(ctx context.Context, w Worker, cellID uuid.UUID) (lease.Cell, *store.ClaimInfo, error) {
-	return p.store.WorkerCell(ctx, w.ID.String(), cellID)
+	cell, info, err := p.store.WorkerCell(ctx, w.ID.String(), cellID)
+	if info != nil && info.ClaimID == uuid.Nil {
+		info = nil
+	}
+	return cell, info, err
 }
 
 // Retire quarantines one of the worker's ready generation-1 cells.

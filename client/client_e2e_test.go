@@ -367,7 +367,7 @@ func TestE2EWorker(t *testing.T) {
 
 	wc, err := w.WorkerCell(ctx, e.workerID, cellID)
 	if err != nil || wc.Cell.State != lease.Leased || wc.Claim == nil || wc.Claim.LeaseID != cl.Lease.LeaseID ||
-		wc.Claim.ClaimID == nil || *wc.Claim.ClaimID != cl.ClaimID {
+		wc.Claim.ClaimID != cl.ClaimID {
 		t.Fatalf("WorkerCell = %+v, %v", wc, err)
 	}
 	cell, err = w.Destroy(ctx, e.workerID, cellID, wire.DestroyRequest{LeaseID: cl.Lease.LeaseID, Generation: 2, Disposition: lease.Destroyed})

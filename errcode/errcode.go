@@ -37,6 +37,9 @@ const (
 	IdempotencyKeyReused           Code = "idempotency_key_reused"
 	IdempotencyInProgress          Code = "idempotency_in_progress"
 	ExecUnsupported                Code = "exec_unsupported"
+	// RequestHeaderTooLarge (431) is CONTRACT §17's: a request header over
+	// the documented limit.
+	RequestHeaderTooLarge Code = "request_header_too_large"
 )
 
 // HTTPStatus is the status a code is answered with. InvalidRequest is 422
@@ -64,6 +67,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusUnsupportedMediaType
 	case ExecUnsupported:
 		return http.StatusNotImplemented
+	case RequestHeaderTooLarge:
+		return http.StatusRequestHeaderFieldsTooLarge
 	default:
 		return http.StatusInternalServerError
 	}
@@ -131,4 +136,5 @@ var (
 	ErrIdempotencyKeyReused           = &Error{Code: IdempotencyKeyReused}
 	ErrIdempotencyInProgress          = &Error{Code: IdempotencyInProgress}
 	ErrExecUnsupported                = &Error{Code: ExecUnsupported}
+	ErrRequestHeaderTooLarge          = &Error{Code: RequestHeaderTooLarge}
 )

@@ -95,6 +95,11 @@ func newAuthenticator(a Auth) (*authenticator, error) {
 			return nil, errors.New("httpapi: the operator token has surrounding white space")
 		}
 		au.operator, au.hasOperator = sha256.Sum256([]byte(a.OperatorToken)), true
+		if seen[au.operator] {
+			// The operator header would be a bearer token too: whoever
+			// holds it could act as that principal, and the reverse.
+			return nil, errors.New("httpapi: the operator token equals a tenant, shared or worker token")
+		}
 	}
 	return au, nil
 }

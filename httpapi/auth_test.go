@@ -42,6 +42,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"worker without ID":           {Workers: map[string]sandboxwich.Worker{"sbw_wtok_secret-1": {TenantID: "acme"}}},
 		"worker without tenant":       {Workers: map[string]sandboxwich.Worker{"sbw_wtok_secret-1": {ID: uuid.New()}}},
 		"spaced operator token":       {SharedToken: "secret-2", OperatorToken: "secret-1 "},
+		"operator equals tenant token": {TenantTokens: map[string]string{"secret-2": "globex", "secret-1": "acme"},
+			OperatorToken: "secret-1"},
+		"operator equals shared token": {SharedToken: "secret-1", OperatorToken: "secret-1"},
+		"operator equals worker token": {SharedToken: "secret-2", Workers: map[string]sandboxwich.Worker{"sbw_wtok_secret-1": w},
+			OperatorToken: "sbw_wtok_secret-1"},
 	} {
 		_, err := New(Config{Plane: plane, Auth: a, Logger: slog.New(slog.DiscardHandler)})
 		if err == nil {

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -87,6 +89,7 @@ func TestRequestErrors(t *testing.T) {
 			{"argv not an array", "POST", leasePath(c.Lease.LeaseID, "/exec"), tokAcme, with(proofBody(c), "argv", "ls"), nil, 422, "invalid_request"},
 			{"env not strings", "POST", leasePath(c.Lease.LeaseID, "/exec"), tokAcme, with(proofBody(c), "argv", []string{"ls"}, "env", map[string]any{"A": 1}), nil, 422, "invalid_request"},
 			{"bad timestamp", "POST", workerPath(worker1, "/prepare"), tokWorker1, with(e.prepareBody(lease.KataMicroVM), "expires_at", "2026-13-01T00:00:00Z"), nil, 422, "invalid_request"},
+			{"expires_at beyond 7 days", "POST", workerPath(worker1, "/prepare"), tokWorker1, with(e.prepareBody(lease.KataMicroVM), "expires_at", time.Now().Add(sandboxwich.DefaultMaxPrepareAhead+time.Minute)), nil, 422, "invalid_request"},
 			{"retire without generation", "POST", cellPath + "/retire", tokWorker1, `{}`, nil, 422, "invalid_request"},
 			{"destroy with bad lease_id", "POST", cellPath + "/destroy", tokWorker1, map[string]any{"lease_id": "x", "generation": 2, "disposition": "destroyed"}, nil, 422, "invalid_request"},
 			{"bad identifier", "POST", claimPath, tokAcme, with(claim, "runner_session_id", strings.Repeat("s", 257)), nil, 400, "bad_request"},
@@ -140,9 +143,10 @@ func TestAccepted(t *testing.T) {
 			}
 		}
 		// Input timestamps with any offset; output in UTC with Z.
-		body := with(e.prepareBody(lease.KataMicroVM), "expires_at", "2099-01-02T03:04:05.5+02:00")
+		at := time.Now().Add(time.Hour).Truncate(time.Second).Add(500 * time.Millisecond)
+		body := with(e.prepareBody(lease.KataMicroVM), "expires_at", at.In(time.FixedZone("", 2*3600)).Format("2006-01-02T15:04:05.0Z07:00"))
 		r = e.do("POST", workerPath(worker1, "/prepare"), tokWorker1, body).must(t, 200)
-		if !bytes.Contains(r.body, []byte(`"expires_at":"2099-01-02T01:04:05.500Z"`)) {
+		if !bytes.Contains(r.body, []byte(`"expires_at":"`+at.UTC().Format("2006-01-02T15:04:05.000")+`Z"`)) {
 			t.Errorf("prepared expiry: %s", r.body)
 		}
 		// Operators act within their tenant on tenant routes.
@@ -217,7 +221,8 @@ func TestSharedToken(t *testing.T) {
 	})
 }
 
-// TestPools: operator only; every member state key present.
+// TestPools: operator only; only the operator's tenant's pools (CONTRACT
+// §19); every member state key present.
 func TestPools(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		e := newEnv(t, b)
@@ -230,10 +235,20 @@ func TestPools(t *testing.T) {
 			c.Pools = func(ctx context.Context) ([]wire.Pool, error) {
 				return []wire.Pool{{Name: "p1", Provider: "dry-run", Mode: "dry_run", TenantID: "acme",
 					Release: e.release(lease.KataMicroVM), Target: 2, MaxProvisioning: 2, ReadyTTLSeconds: 300,
-					Members: map[string]int{"ready": 2}, LastError: &errText}}, nil
+					Members: map[string]int{"ready": 2}, LastError: &errText},
+					{Name: "g1", Provider: "dry-run", Mode: "dry_run", TenantID: "globex", Release: e.release(lease.KataMicroVM),
+						Target: 1, MaxProvisioning: 1, ReadyTTLSeconds: 300}}, nil
 			}
 		})
 		r = e2.do("GET", "/v1/pools", tokGlobex, nil, OperatorHeader, tokOperator).must(t, 200)
+		if p := decodeAs[wire.PoolsResponse](t, r).Pools; len(p) != 1 || p[0].Name != "g1" {
+			t.Errorf("globex's operator sees %s", r.body)
+		}
+		r = e2.do("GET", "/v1/pools", tokShared, nil, OperatorHeader, tokOperator).must(t, 200)
+		if string(r.body) != `{"ok":true,"pools":[]}` {
+			t.Errorf("the default tenant's operator sees %s", r.body)
+		}
+		r = e2.do("GET", "/v1/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
 		checkSchema(t, "PoolsResponse", r.body)
 		var got struct {
 			Pools []map[string]json.RawMessage `json:"pools"`
@@ -248,5 +263,24 @@ func TestPools(t *testing.T) {
 		if v := string(got.Pools[0]["last_reconcile_at"]); v != "null" {
 			t.Errorf("last_reconcile_at %s", v)
 		}
+	})
+}
+
+// TestHeaderTooLarge: a request whose header exceeds MaxHeaderBytes is 431
+// request_header_too_large in the JSON envelope, on any route and before
+// authentication; a header just under the limit is served.
+func TestHeaderTooLarge(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b)
+		big := strings.Repeat("x", 100<<10)
+		e.do("GET", "/healthz", "", nil, "X-Pad", big).errCode(t, 431, "request_header_too_large")
+		e.do("POST", "/v1/sterile-cells/claim", "", e.claimBody(nil, lease.KataMicroVM), "X-Pad", big).
+			errCode(t, 431, "request_header_too_large")
+		r := e.do("GET", "/v1/nope", tokAcme, nil, "X-Pad", strings.Repeat("y", MaxHeaderBytes))
+		r.errCode(t, 431, "request_header_too_large")
+		if r.header.Get(RequestIDHeader) == "" {
+			t.Error("431 without x-request-id")
+		}
+		e.do("GET", "/healthz", "", nil, "X-Pad", strings.Repeat("z", MaxHeaderBytes-1024)).must(t, 200)
 	})
 }

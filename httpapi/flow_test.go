@@ -64,8 +64,8 @@ func TestWorkerFlow(t *testing.T) {
 		r = e.do("GET", workerPath(worker1, "/"+cell.CellID.String()), tokWorker1, nil).must(t, 200)
 		checkSchema(t, "WorkerCellResponse", r.body)
 		wc := decodeAs[wire.WorkerCellResponse](t, r)
-		if wc.Cell.State != lease.Leased || wc.Cell.Generation != 2 || wc.Claim == nil || wc.Claim.ClaimID == nil ||
-			*wc.Claim.ClaimID != claimID || wc.Claim.LeaseID != c.Lease.LeaseID || wc.Claim.Generation != 2 ||
+		if wc.Cell.State != lease.Leased || wc.Cell.Generation != 2 || wc.Claim == nil ||
+			wc.Claim.ClaimID != claimID || wc.Claim.LeaseID != c.Lease.LeaseID || wc.Claim.Generation != 2 ||
 			!wc.Claim.ExpiresAt.Equal(c.Lease.ExpiresAt.Time) {
 			t.Fatalf("lookup after claim: %s", r.body)
 		}
@@ -135,7 +135,7 @@ func TestFencedClaim(t *testing.T) {
 			t.Fatalf("unfenced claim took %s, want %s", got, second.CellID)
 		}
 		lookup := e.do("GET", workerPath(worker1, "/"+second.CellID.String()), tokWorker1, nil).must(t, 200)
-		if !bytes.Contains(lookup.body, []byte(`"claim":{"claim_id":null,`)) {
+		if !bytes.Contains(lookup.body, []byte(`"claim":null`)) { // unfenced: the worker cannot learn the lease
 			t.Errorf("unfenced claim lookup: %s", lookup.body)
 		}
 
@@ -361,6 +361,25 @@ func TestLeaseExpiry(t *testing.T) {
 		st := decodeAs[wire.StatusResponse](t, e.do("GET", leasePath(c.Lease.LeaseID, ""), tokAcme, nil).must(t, 200)).Status
 		if st.State != lease.Quarantined {
 			t.Errorf("expired lease left %s", st.State)
+		}
+	})
+}
+
+// TestWorkerCellUnfencedClaim: a cell leased by an unfenced (legacy) claim
+// shows "claim": null to its worker (CONTRACT §7, as in the Rust
+// implementation); the worker cannot learn that lease, and the cell ends by
+// expiry.
+func TestWorkerCellUnfencedClaim(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b)
+		cell := e.prepare(worker1, tokWorker1, lease.KataMicroVM)
+		if c := e.claim(tokAcme, nil, lease.KataMicroVM); c.Lease == nil || c.Lease.CellID != cell.CellID {
+			t.Fatalf("unfenced claim: %+v", c)
+		}
+		r := e.do("GET", workerPath(worker1, "/"+cell.CellID.String()), tokWorker1, nil).must(t, 200)
+		checkSchema(t, "WorkerCellResponse", r.body)
+		if wc := decodeAs[wire.WorkerCellResponse](t, r); wc.Cell.State != lease.Leased || !bytes.Contains(r.body, []byte(`"claim":null`)) {
+			t.Fatalf("lookup after an unfenced claim: %s", r.body)
 		}
 	})
 }

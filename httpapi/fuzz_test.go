@@ -61,7 +61,7 @@ var knownCodes = map[errcode.Code]bool{
 	errcode.Conflict: true, errcode.ClaimContended: true, errcode.RuntimeClassBoundaryUnverified: true,
 	errcode.PayloadTooLarge: true, errcode.UnsupportedMediaType: true, errcode.Internal: true,
 	errcode.AuthNotConfigured: true, errcode.InvalidIdempotencyKey: true, errcode.IdempotencyKeyReused: true,
-	errcode.IdempotencyInProgress: true, errcode.ExecUnsupported: true,
+	errcode.IdempotencyInProgress: true, errcode.ExecUnsupported: true, errcode.RequestHeaderTooLarge: true,
 }
 
 // fuzzEnv is the handler over a real SQLite store, with ready pool cells

@@ -10,7 +10,8 @@
 //
 // Errors are always the JSON envelope {"ok":false,"code":"…","message":"…"}
 // with the status of the code (package errcode), including unknown paths
-// (404 not_found) and wrong methods (405 method_not_allowed, with Allow).
+// (404 not_found), wrong methods (405 method_not_allowed, with Allow) and
+// headers over [MaxHeaderBytes] (431 request_header_too_large).
 // Every response carries x-request-id; a valid W3C traceparent is echoed.
 //
 // Secrets (bearer tokens, the operator token, lease attestations, request
@@ -73,7 +74,8 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MetricsPublic serves /metrics without a token.
 	MetricsPublic bool
-	// Pools reports pools for GET /v1/pools; nil → an empty list.
+	// Pools reports every pool; GET /v1/pools answers those of the
+	// operator's tenant. nil → an empty list.
 	Pools func(ctx context.Context) ([]wire.Pool, error)
 	// ProviderMode returns "apply" or "dry_run" for a pool name, reported as
 	// provider_mode in lease status for pool cells. When it is nil or
@@ -101,7 +103,8 @@ type handler struct {
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
 // missing plane, an inconsistent token configuration (an empty token, a
-// token configured twice, a worker token without the sbw_wtok_ prefix, a
+// token configured twice, an operator token equal to a tenant, shared or
+// worker token, a worker token without the sbw_wtok_ prefix, a
 // worker without ID or tenant) or a registry that already holds the
 // handler's collectors.
 func New(cfg Config) (http.Handler, error) {

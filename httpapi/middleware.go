@@ -19,6 +19,13 @@ const (
 	maxRequestIDLen   = 128
 )
 
+// MaxHeaderBytes bounds a request's header: its request line, Host and
+// every header line, CRLFs included. A larger header is answered 431
+// request_header_too_large. An http.Server serving the handler must set
+// its own MaxHeaderBytes well above this, or Go answers a plain-text 431
+// before the handler runs.
+const MaxHeaderBytes = 64 << 10
+
 // unmatchedRoute labels requests that match no route.
 const unmatchedRoute = "unmatched"
 
@@ -50,8 +57,9 @@ func setRoute(ctx context.Context, pattern string) {
 	}
 }
 
-// middleware sets x-request-id and traceparent on every response, recovers
-// panics into 500 internal, and logs and counts every request.
+// middleware sets x-request-id and traceparent on every response, answers
+// a header over MaxHeaderBytes with 431, recovers panics into 500
+// internal, and logs and counts every request.
 func (h *handler) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -76,8 +84,24 @@ func (h *handler) middleware(next http.Handler) http.Handler {
 				panic(v)
 			}
 		}()
+		if headerBytes(r) > MaxHeaderBytes {
+			h.writeError(sw, r, errHeaderTooLarge)
+			return
+		}
 		next.ServeHTTP(sw, r)
 	})
+}
+
+// headerBytes is the size of a request's header as sent: the request line,
+// Host and every header line, each with its CRLF.
+func headerBytes(r *http.Request) int {
+	n := len(r.Method) + 1 + len(r.RequestURI) + 1 + len(r.Proto) + 2 + len("Host: ") + len(r.Host) + 2
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + 2
+		}
+	}
+	return n
 }
 
 // observe logs a finished request and records its metrics.

@@ -26,7 +26,8 @@ func (h *handler) openAPI(w http.ResponseWriter, _ *http.Request) {
 	h.write(w, reply{status: http.StatusOK, body: openAPIDoc})
 }
 
-// listPools serves GET /v1/pools (operator).
+// listPools serves GET /v1/pools (operator): the pools of the operator's
+// own tenant only (CONTRACT §19).
 func (h *handler) listPools(c *call) (int, any, error) {
 	pools := []wire.Pool{}
 	if h.pools != nil {
@@ -34,10 +35,12 @@ func (h *handler) listPools(c *call) (int, any, error) {
 		if err != nil {
 			return 0, nil, errcode.Wrap(errcode.Internal, "list pools", err)
 		}
-		pools = append(pools, ps...)
-	}
-	for i := range pools {
-		pools[i].Members = allMemberStates(pools[i].Members)
+		for _, p := range ps {
+			if p.TenantID == c.p.tenant {
+				p.Members = allMemberStates(p.Members)
+				pools = append(pools, p)
+			}
+		}
 	}
 	return http.StatusOK, wire.PoolsResponse{OK: true, Pools: pools}, nil
 }

@@ -36,6 +36,8 @@ var (
 		"no authentication is configured: set tenant tokens, a shared token or worker tokens")
 	errMediaType = errcode.New(errcode.UnsupportedMediaType, "the request body must be application/json")
 	errTooLarge  = errcode.New(errcode.PayloadTooLarge, "the request body is larger than 1 MiB")
+
+	errHeaderTooLarge = errcode.New(errcode.RequestHeaderTooLarge, "the request header is larger than 64 KiB")
 )
 
 // internalMessage is the only message a 500 internal answer carries.

@@ -3,8 +3,6 @@ package httpapi
 import (
 	"net/http"
 
-	"github.com/google/uuid"
-
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -41,18 +39,13 @@ func (h *handler) workerCell(c *call) (int, any, error) {
 	return http.StatusOK, wire.WorkerCellResponse{OK: true, Cell: wire.CellOf(&cell), Claim: claimOf(info)}, nil
 }
 
-// claimOf is the wire form of the claim that leased a cell; claim_id is
-// null for an unfenced claim.
+// claimOf is the wire form of the fenced claim that leased a cell.
 func claimOf(info *store.ClaimInfo) *wire.CellClaim {
 	if info == nil {
 		return nil
 	}
-	cc := &wire.CellClaim{LeaseID: info.LeaseID, Generation: info.Generation, ExpiresAt: wire.Time{Time: info.ExpiresAt}}
-	if info.ClaimID != uuid.Nil {
-		id := info.ClaimID
-		cc.ClaimID = &id
-	}
-	return cc
+	return &wire.CellClaim{ClaimID: info.ClaimID, LeaseID: info.LeaseID, Generation: info.Generation,
+		ExpiresAt: wire.Time{Time: info.ExpiresAt}}
 }
 
 // retire serves POST /v1/workers/{worker_id}/sterile-cells/{cell_id}/retire.

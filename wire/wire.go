@@ -185,12 +185,13 @@ type CellResponse struct {
 	Cell Cell `json:"cell"`
 }
 
-// CellClaim is the claim that leased a worker's cell.
+// CellClaim is the fenced claim that leased a worker's cell. A cell leased
+// by an unfenced claim has none ("claim": null).
 type CellClaim struct {
-	ClaimID    *uuid.UUID `json:"claim_id"`
-	LeaseID    uuid.UUID  `json:"lease_id"`
-	Generation uint64     `json:"generation"`
-	ExpiresAt  Time       `json:"expires_at"`
+	ClaimID    uuid.UUID `json:"claim_id"`
+	LeaseID    uuid.UUID `json:"lease_id"`
+	Generation uint64    `json:"generation"`
+	ExpiresAt  Time      `json:"expires_at"`
 }
 
 // WorkerCellResponse answers GET /v1/workers/{id}/sterile-cells/{cell_id}.

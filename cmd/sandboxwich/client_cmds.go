@@ -737,11 +737,7 @@ func cliCell(ctx context.Context, e env, args []string) error {
 	resp.OK = true
 	kv := cliCellKV(resp.Cell)
 	if cl := resp.Claim; cl != nil {
-		claimID := "null (unfenced)"
-		if cl.ClaimID != nil {
-			claimID = cl.ClaimID.String()
-		}
-		kv = append(kv, "claim_id", claimID, "lease_id", cl.LeaseID.String(),
+		kv = append(kv, "claim_id", cl.ClaimID.String(), "lease_id", cl.LeaseID.String(),
 			"lease_generation", strconv.FormatUint(cl.Generation, 10), "lease_expires_at", cliTime(cl.ExpiresAt))
 	}
 	return f.output(resp, kv)

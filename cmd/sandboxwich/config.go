@@ -36,6 +36,7 @@ type config struct {
 	MetricsPublic        bool
 	SweepInterval        time.Duration
 	DisableExpirySweeper bool
+	MaxPrepareAhead      time.Duration
 	LogLevel             string
 	LogFormat            string
 	ShutdownTimeout      time.Duration
@@ -97,6 +98,8 @@ var settings = []setting{
 		apply: func(c *config, v string) error { return parseMillis(&c.SweepInterval, v) }},
 	{key: "disable_expiry_sweeper", def: "false", usage: "do not quarantine expired cells of external workers",
 		apply: func(c *config, v string) error { return parseBool(&c.DisableExpirySweeper, v) }},
+	{key: "max_prepare_seconds", def: "604800", usage: "how far ahead a worker's prepare may set expires_at (1 s to 10 years)",
+		apply: func(c *config, v string) error { return parseSeconds(&c.MaxPrepareAhead, v, 10*365*24*3600) }},
 	{key: "log_level", def: "info", usage: "debug, info, warn or error",
 		apply: func(c *config, v string) error { c.LogLevel = v; return nil }},
 	{key: "log_format", def: "text", usage: "text or json",
@@ -325,6 +328,16 @@ func parseMillis(dst *time.Duration, v string) error {
 		return fmt.Errorf("%q is not a number of milliseconds", v)
 	}
 	*dst = time.Duration(n) * time.Millisecond
+	return nil
+}
+
+// parseSeconds reads a whole number of seconds from 1 to max.
+func parseSeconds(dst *time.Duration, v string, max uint64) error {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n < 1 || n > max {
+		return fmt.Errorf("%q is not a number of seconds from 1 to %d", v, max)
+	}
+	*dst = time.Duration(n) * time.Second
 	return nil
 }
 

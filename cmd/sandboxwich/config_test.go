@@ -44,7 +44,7 @@ func TestConfigPrecedence(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != "127.0.0.1:3" || c.DatabaseURL != "sqlite://env.db" || c.SweepInterval != 250*time.Millisecond ||
-		!c.MetricsPublic || !c.AutoMigrate || c.DefaultTenant != "default" {
+		!c.MetricsPublic || !c.AutoMigrate || c.DefaultTenant != "default" || c.MaxPrepareAhead != 7*24*time.Hour {
 		t.Fatalf("precedence flag > env > file > default broken: %+v", c)
 	}
 }
@@ -65,6 +65,8 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 		{map[string]string{"SANDBOXWICH_STERILE_POOL_READY_FLOOR": "1"}, "SANDBOXWICH_STERILE_POOL_TARGET"},
 		{map[string]string{"SANDBOXWICH_LOG_FORMAT": "xml"}, "SANDBOXWICH_LOG_FORMAT"},
 		{map[string]string{"SANDBOXWICH_TLS_CERT_FILE": "c.pem"}, "SANDBOXWICH_TLS_KEY_FILE"},
+		{map[string]string{"SANDBOXWICH_MAX_PREPARE_SECONDS": "0"}, "SANDBOXWICH_MAX_PREPARE_SECONDS"},
+		{map[string]string{"SANDBOXWICH_MAX_PREPARE_SECONDS": "7d"}, "SANDBOXWICH_MAX_PREPARE_SECONDS"},
 	} {
 		e, _, _ := testEnv(tc.vars)
 		_, err := loadConfig(e, "serve", nil)

@@ -113,7 +113,8 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
 		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds),
-		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep))
+		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep),
+		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead))
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -180,8 +181,10 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		ReadTimeout:       60 * time.Second,
 		WriteTimeout:      time.Duration(s.plane.MaxLeaseSeconds())*time.Second + time.Minute, // outlives the longest exec
 		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Well above the handler's limit, so the handler answers an
+		// oversized header with the JSON envelope (Go's own 431 is text).
+		MaxHeaderBytes: 16 * httpapi.MaxHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	planeCtx, stopPlane := context.WithCancel(context.WithoutCancel(ctx))
 	planeDone := make(chan error, 1)

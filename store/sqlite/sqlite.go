@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pressly/goose/v3"
@@ -56,10 +57,15 @@ type Options struct {
 }
 
 // Open opens (creating if needed) the database file at path, migrates it
-// unless told not to, and returns a Store.
+// unless told not to, and returns a Store. A new database file is created
+// with mode 0600, whatever the umask, and SQLite gives its -wal and -shm
+// files the same mode; an existing file keeps its mode.
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if path == "" {
 		return nil, errors.New("sqlite: empty database path")
+	}
+	if err := createPrivate(path); err != nil {
+		return nil, err
 	}
 	w, err := sqlx.Open("sqlite", dsn(path, "_txlock=immediate"))
 	if err != nil {
@@ -103,6 +109,25 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		SchemaVersion:   version,
 		HeldBegin:       "BEGIN IMMEDIATE",
 	})}, nil
+}
+
+// createPrivate creates the file at path with mode 0600 unless it exists.
+func createPrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sqlite: create %s: %w", path, err)
+	}
+	err = f.Chmod(0o600) // a umask beyond 077 would have taken bits away
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sqlite: create %s: %w", path, err)
+	}
+	return nil
 }
 
 // Migrate applies the embedded migrations to db.
