@@ -74,9 +74,7 @@ func dev(ctx context.Context, e env, args []string) error {
 	}
 	workerID := uuid.NewSHA1(uuid.NameSpaceURL, []byte("sandboxwich-dev-worker:"+abs))
 
-	sum := sha256.Sum256([]byte("sandboxwich dev policy"))
-	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: hex.EncodeToString(sum[:])}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel := devRelease(keys)
 
 	c := &config{
 		Listen:         *listen,
@@ -111,6 +109,14 @@ func dev(ctx context.Context, e env, args []string) error {
 	printDevHelp(e, "http://"+ln.Addr().String(), abs, *provider, rel, workerID)
 	s.drainOnExit = true // Ctrl-C leaves no sandbox running
 	return s.run(ctx, ln)
+}
+
+// devRelease is the release a dev server signs with keys for its pool.
+func devRelease(keys *attest.Keyring) lease.Release {
+	sum := sha256.Sum256([]byte("sandboxwich dev policy"))
+	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: hex.EncodeToString(sum[:])}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	return rel
 }
 
 // secretFile returns the token stored at path, creating it (mode 0600)
