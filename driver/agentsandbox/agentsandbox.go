@@ -157,7 +157,7 @@ func New(cfg Config) (*Provider, error) {
 		return bad("pool", "%q must be a non-empty Kubernetes label value: %s", cfg.Pool, strings.Join(errs, "; "))
 	}
 	if err := driver.CheckInstallationTag(cfg.Installation); err != nil {
-		return bad("installation", "%v", err)
+		return nil, fmt.Errorf("agentsandbox: %w", err)
 	}
 	if errs := validation.IsDNS1123Subdomain(cfg.WarmPool); len(errs) > 0 {
 		return bad("warm_pool", "%q is not a valid SandboxWarmPool name", cfg.WarmPool)

@@ -323,6 +323,7 @@ func TestConfigFromSettings(t *testing.T) {
 		strings.Join(cfg.Command, " ") != "sleep 3600" || cfg.RESTConfig.Host != "https://127.0.0.1:6443" {
 		t.Fatalf("config: %+v", cfg)
 	}
+	cfg.Installation = fakeInstallation // the binary adds the store's
 	if _, err := New(cfg); err != nil {
 		t.Fatal(err)
 	}

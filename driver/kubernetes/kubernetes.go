@@ -164,7 +164,7 @@ func New(cfg Config) (*Provider, error) {
 		return bad("pool", "%q must be a non-empty Kubernetes label value: %s", cfg.Pool, strings.Join(errs, "; "))
 	}
 	if err := driver.CheckInstallationTag(cfg.Installation); err != nil {
-		return bad("installation", "%v", err)
+		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
 	byName, err := kubeconf.RuntimeClassIndex(cfg.RuntimeClassNames)
 	if err != nil {
