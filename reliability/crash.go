@@ -124,8 +124,19 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 	case "gvisor":
 		settings["state_dir"] = filepath.Join(env.Dir, "runsc-state")
 		settings["bundle_dir"] = filepath.Join(env.Dir, "runsc-bundles")
+		// The server's database names the installation its containers
+		// carry; the run lists them under the same one.
+		st, err := openStore(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return r.rep, err
+		}
+		installation, err := installationTag(ctx, st)
+		st.Close()
+		if err != nil {
+			return r.rep, err
+		}
 		g, err := gvisor.New(gvisor.Config{StateDir: settings["state_dir"], BundleDir: settings["bundle_dir"], Pool: "rel",
-			Logger: slog.New(slog.DiscardHandler)})
+			Installation: installation, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return r.rep, err
 		}

@@ -55,6 +55,15 @@ func ServeCrash(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	st, err := openStore(ctx, get("SANDBOXWICH_DATABASE_URL"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	installation, err := installationTag(ctx, st)
+	if err != nil {
+		return err
+	}
 	var prov driver.Provider
 	switch kind := get("SANDBOXWICH_STERILE_POOL_PROVIDER"); kind {
 	case "dir":
@@ -63,7 +72,7 @@ func ServeCrash(ctx context.Context, log *slog.Logger) error {
 			DestroyUncertain: num("SANDBOXWICH_DIR_DESTROY_UNCERTAIN", 0), LostDestroy: num("SANDBOXWICH_DIR_LOST_DESTROY", 0)}
 	case "gvisor":
 		if prov, err = gvisor.New(gvisor.Config{StateDir: get("SANDBOXWICH_GVISOR_STATE_DIR"),
-			BundleDir: get("SANDBOXWICH_GVISOR_BUNDLE_DIR"), Pool: "rel", Logger: log}); err != nil {
+			BundleDir: get("SANDBOXWICH_GVISOR_BUNDLE_DIR"), Pool: "rel", Installation: installation, Logger: log}); err != nil {
 			return err
 		}
 	default:
@@ -76,19 +85,6 @@ func ServeCrash(ctx context.Context, log *slog.Logger) error {
 			RuntimeClass: lease.RuntimeClass(get("SANDBOXWICH_STERILE_POOL_RUNTIME_CLASS")),
 			PolicyDigest: get("SANDBOXWICH_STERILE_POOL_POLICY_DIGEST"), Signature: get("SANDBOXWICH_STERILE_POOL_RELEASE_SIGNATURE")}}
 
-	var st store.Store
-	switch u := get("SANDBOXWICH_DATABASE_URL"); {
-	case strings.HasPrefix(u, "sqlite://"):
-		st, err = sqlite.Open(ctx, strings.TrimPrefix(u, "sqlite://"), sqlite.Options{})
-	case strings.HasPrefix(u, "postgres://"):
-		st, err = postgres.Open(ctx, u, postgres.Options{})
-	default:
-		err = errors.New("SANDBOXWICH_DATABASE_URL: want sqlite:// or postgres://")
-	}
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	sweep := ms("SANDBOXWICH_SWEEP_INTERVAL_MS", 200)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(cfg),
 		sandboxwich.WithPoolOptions(pool.Options{Interval: sweep, LockTTL: ms("SANDBOXWICH_RELIABILITY_LOCK_TTL_MS", 5000),
@@ -119,4 +115,26 @@ func ServeCrash(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	return nil
+}
+
+// openStore opens the store a database URL names (sqlite:// or
+// postgres://), migrating it.
+func openStore(ctx context.Context, u string) (store.Store, error) {
+	switch {
+	case strings.HasPrefix(u, "sqlite://"):
+		return sqlite.Open(ctx, strings.TrimPrefix(u, "sqlite://"), sqlite.Options{})
+	case strings.HasPrefix(u, "postgres://"):
+		return postgres.Open(ctx, u, postgres.Options{})
+	}
+	return nil, errors.New("SANDBOXWICH_DATABASE_URL: want sqlite:// or postgres://")
+}
+
+// installationTag is the installation tag of st's plane: what its gVisor
+// provider names containers after.
+func installationTag(ctx context.Context, st store.Store) (string, error) {
+	id, err := st.Installation(ctx)
+	if err != nil {
+		return "", err
+	}
+	return driver.InstallationTag(id), nil
 }

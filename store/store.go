@@ -34,6 +34,14 @@ import (
 type Store interface {
 	// Ping reports whether the database is reachable and migrated.
 	Ping(ctx context.Context) error
+	// Installation returns the identity of this installation: a random
+	// value the database's migrations created once (32 lowercase hex
+	// digits in the shipped stores) and that never changes afterwards,
+	// whichever process or replica asks. Two databases have different
+	// installations. Drivers put a short hash of it on every provider
+	// object (driver.InstallationTag), so that planes sharing a provider
+	// never take each other's objects for orphans.
+	Installation(ctx context.Context) (string, error)
 	// Close releases the store's connections.
 	Close() error
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -109,15 +110,15 @@ func TestConfigTokensAndPool(t *testing.T) {
 		p.Release.RuntimeClass != lease.KataMicroVM || p.ReadyTTLSeconds != 60 || p.Settings["latency_ms"] != "5" {
 		t.Fatalf("pool: %+v", p)
 	}
-	if _, err := newProvider(p, slog.New(slog.DiscardHandler)); err != nil {
+	if _, err := newProvider(p, driver.InstallationTag("test"), slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	p.Settings["latncy_ms"] = "1"
-	if _, err := newProvider(p, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "latncy_ms") {
+	if _, err := newProvider(p, driver.InstallationTag("test"), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "latncy_ms") {
 		t.Fatalf("unknown provider setting accepted: %v", err)
 	}
 	p.Provider = "nomad"
-	if _, err := newProvider(p, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "nomad") {
+	if _, err := newProvider(p, driver.InstallationTag("test"), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "nomad") {
 		t.Fatalf("unknown provider accepted: %v", err)
 	}
 }

@@ -79,9 +79,7 @@ func dev(ctx context.Context, e env, args []string) error {
 	}
 	workerID := uuid.NewSHA1(uuid.NameSpaceURL, []byte("sandboxwich-dev-worker:"+abs))
 
-	sum := sha256.Sum256([]byte("sandboxwich dev policy"))
-	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: hex.EncodeToString(sum[:])}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel := devRelease(keys)
 
 	settings := map[string]string{}
 	if *provider == "gvisor" { // runsc's state and bundles live in --dir too
@@ -126,6 +124,14 @@ func dev(ctx context.Context, e env, args []string) error {
 		s.drained = func() { _ = gvisor.RemoveStateDir(settings["state_dir"]) }
 	}
 	return s.run(ctx, ln)
+}
+
+// devRelease is the release a dev server signs with keys for its pool.
+func devRelease(keys *attest.Keyring) lease.Release {
+	sum := sha256.Sum256([]byte("sandboxwich dev policy"))
+	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: hex.EncodeToString(sum[:])}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	return rel
 }
 
 // secretFile returns the token stored at path, creating it (mode 0600)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,17 +15,20 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
+	"github.com/sandboxwich/sandboxwich/store"
 )
 
-// providerFactory builds a pool's provider from its settings. It must
-// refuse unknown settings, naming them.
-type providerFactory func(pool string, settings map[string]string, log *slog.Logger) (driver.Provider, error)
+// providerFactory builds a pool's provider from its settings and the
+// plane's installation tag (driver.InstallationTag), which every provider
+// that creates objects puts on them. It must refuse unknown settings,
+// naming them.
+type providerFactory func(pool, installation string, settings map[string]string, log *slog.Logger) (driver.Provider, error)
 
 // providers maps SANDBOXWICH_STERILE_POOL_PROVIDER values to factories.
 var providers = map[string]providerFactory{
 	// dry-run simulates every cell: labelled dry_run in every report, never
 	// evidence that a runtime existed.
-	"dry-run": func(pool string, s map[string]string, _ *slog.Logger) (driver.Provider, error) {
+	"dry-run": func(_, _ string, s map[string]string, _ *slog.Logger) (driver.Provider, error) {
 		latency, err := settingMillis(s, "latency_ms")
 		if err != nil {
 			return nil, err
@@ -32,7 +36,7 @@ var providers = map[string]providerFactory{
 		return fake.New(fake.Config{Latency: latency}), unknownSettings(s, "latency_ms")
 	},
 	// gvisor runs each cell as a runsc container on this host.
-	"gvisor": func(pool string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "state_dir", "bundle_dir", "rootfs", "network", "platform",
 			"memory_limit_bytes", "cpus", "pids_limit"); err != nil {
 			return nil, err
@@ -41,7 +45,8 @@ var providers = map[string]providerFactory{
 			return nil, err
 		}
 		cfg := gvisor.Config{RunscPath: s["runsc"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
-			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool), Logger: log}
+			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool),
+			Installation: installation, Logger: log}
 		if v := s["memory_limit_bytes"]; v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n <= 0 {
@@ -67,22 +72,22 @@ var providers = map[string]providerFactory{
 	},
 	// kubernetes runs each cell as a RuntimeClass Pod, verified after
 	// admission (settings: SANDBOXWICH_KUBERNETES_*, see driver/kubernetes).
-	"kubernetes": func(pool string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+	"kubernetes": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		cfg, err := kubernetes.ConfigFromSettings(pool, s)
 		if err != nil {
 			return nil, err
 		}
-		cfg.Logger = log
+		cfg.Installation, cfg.Logger = installation, log
 		return kubernetes.New(cfg)
 	},
 	// agent-sandbox claims warm Pods of kubernetes-sigs/agent-sandbox
 	// (settings: SANDBOXWICH_AGENT_SANDBOX_*, see driver/agentsandbox).
-	"agent-sandbox": func(pool string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+	"agent-sandbox": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		cfg, err := agentsandbox.ConfigFromSettings(pool, s)
 		if err != nil {
 			return nil, err
 		}
-		cfg.Logger = log
+		cfg.Installation, cfg.Logger = installation, log
 		return agentsandbox.New(cfg)
 	},
 }
@@ -109,8 +114,20 @@ func requireRunsc() error {
 	return nil
 }
 
-// newProvider builds the provider of a pool.
-func newProvider(p poolConfig, log *slog.Logger) (driver.Provider, error) {
+// newPoolProvider builds the provider of a pool of st's installation. The
+// store comes first: providers name their objects after the installation
+// it records, so a database that is not migrated yet fails here.
+func newPoolProvider(ctx context.Context, st store.Store, p poolConfig, log *slog.Logger) (driver.Provider, error) {
+	installation, err := st.Installation(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pool %q: %w", p.Name, err)
+	}
+	return newProvider(p, driver.InstallationTag(installation), log)
+}
+
+// newProvider builds the provider of a pool of the installation whose tag
+// is installation.
+func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Provider, error) {
 	f, ok := providers[p.Provider]
 	if !ok {
 		kinds := make([]string, 0, len(providers))
@@ -121,7 +138,7 @@ func newProvider(p poolConfig, log *slog.Logger) (driver.Provider, error) {
 		return nil, fmt.Errorf("pool %q: provider %q is not available in this build (available: %s)",
 			p.Name, p.Provider, strings.Join(kinds, ", "))
 	}
-	prov, err := f(p.Name, p.Settings, log)
+	prov, err := f(p.Name, installation, p.Settings, log)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: provider %s: %w", p.Name, p.Provider, err)
 	}

@@ -91,10 +91,15 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid SANDBOXWICH_STERILE_CELL_SIGNING_KEY_FILE: %w", err)
 	}
+	st, err := openStore(ctx, c.DatabaseURL, c.AutoMigrate)
+	if err != nil {
+		return nil, err
+	}
 	var pools []pool.Config
 	for _, p := range c.Pools {
-		prov, err := newProvider(p, log)
+		prov, err := newPoolProvider(ctx, st, p, log)
 		if err != nil {
+			st.Close()
 			return nil, err
 		}
 		pools = append(pools, pool.Config{
@@ -102,10 +107,6 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 			ReadyFloor: p.ReadyFloor, MaxProvisioning: p.MaxProvisioning,
 			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, Provider: prov,
 		})
-	}
-	st, err := openStore(ctx, c.DatabaseURL, c.AutoMigrate)
-	if err != nil {
-		return nil, err
 	}
 	sweep := c.SweepInterval
 	if c.DisableExpirySweeper {

@@ -50,8 +50,11 @@ const (
 	LabelManagedBy = kubeconf.LabelManagedBy
 	// ManagedByValue is LabelManagedBy's value.
 	ManagedByValue = kubeconf.ManagedByValue
-	// LabelPool carries Config.Pool: the ownership label List selects on.
+	// LabelPool carries Config.Pool: an ownership label List selects on.
 	LabelPool = kubeconf.LabelPool
+	// LabelInstallation carries Config.Installation: the other ownership
+	// label List selects on.
+	LabelInstallation = kubeconf.LabelInstallation
 	// LabelCellID carries the cell ID an object backs.
 	LabelCellID = kubeconf.LabelCellID
 	// LabelRuntimeClass records the class an object was requested for:
@@ -79,6 +82,14 @@ type Config struct {
 	// Pool is the ownership label value (sandboxwich.dev/pool) put on
 	// every claim; List returns only claims carrying it.
 	Pool string
+	// Installation is the plane's installation tag,
+	// driver.InstallationTag(store.Installation): required. It is put on
+	// every claim as sandboxwich.dev/installation, and List returns only
+	// claims carrying it too, so planes sharing a namespace and a pool name
+	// never take each other's claims for orphans. Claims are still found
+	// by name (sbw-<cell>), so those created before the label keep being
+	// inspected and destroyed.
+	Installation string
 	// WarmPool is the SandboxWarmPool the claims draw from
 	// (spec.warmPoolRef.name of a v1beta1 claim). Required.
 	WarmPool string
@@ -144,6 +155,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if errs := validation.IsValidLabelValue(cfg.Pool); cfg.Pool == "" || len(errs) > 0 {
 		return bad("pool", "%q must be a non-empty Kubernetes label value: %s", cfg.Pool, strings.Join(errs, "; "))
+	}
+	if err := driver.CheckInstallationTag(cfg.Installation); err != nil {
+		return nil, fmt.Errorf("agentsandbox: %w", err)
 	}
 	if errs := validation.IsDNS1123Subdomain(cfg.WarmPool); len(errs) > 0 {
 		return bad("warm_pool", "%q is not a valid SandboxWarmPool name", cfg.WarmPool)
@@ -268,6 +282,7 @@ func (p *Provider) claimObject(gvr schema.GroupVersionResource, cellID uuid.UUID
 			"labels": map[string]any{
 				LabelManagedBy:    ManagedByValue,
 				LabelPool:         p.cfg.Pool,
+				LabelInstallation: p.cfg.Installation,
 				LabelCellID:       cellID.String(),
 				LabelRuntimeClass: string(class),
 			},
@@ -559,7 +574,8 @@ func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByValue, LabelPool: p.cfg.Pool}).String()
+	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByValue, LabelPool: p.cfg.Pool,
+		LabelInstallation: p.cfg.Installation}).String()
 	var out []driver.Object
 	opts := metav1.ListOptions{LabelSelector: sel}
 	for {

@@ -95,7 +95,7 @@ func TestHappyPath(t *testing.T) {
 		t.Errorf("identity claim %s, API server has %s", id["claim"], claim.GetUID())
 	}
 	for k, want := range map[string]string{
-		agentsandbox.LabelManagedBy: agentsandbox.ManagedByValue, agentsandbox.LabelPool: "p",
+		agentsandbox.LabelManagedBy: agentsandbox.ManagedByValue, agentsandbox.LabelPool: "p", agentsandbox.LabelInstallation: testInstallation,
 		agentsandbox.LabelCellID: req.CellID.String(), agentsandbox.LabelRuntimeClass: string(req.RuntimeClass),
 	} {
 		if got := claim.GetLabels()[k]; got != want {

@@ -33,7 +33,13 @@
 //     then the result wraps driver.ErrUncertain: the pool quarantines the
 //     member and retries. An empty identity names whatever the cell's
 //     claim (if it carries this pool's labels) is bound to now.
-//   - List finds the pool's claims by label, for orphan reconciliation.
+//   - List finds the pool's claims by label, for orphan reconciliation:
+//     sandboxwich.dev/pool and sandboxwich.dev/installation
+//     (Config.Installation, the plane's installation tag), so two planes
+//     sharing a namespace and a pool name never list each other's claims.
+//     Claims are named and found by cell (sbw-<cell-uuid>), and ownership
+//     checks do not require the installation label, so claims created
+//     before it keep being verified and destroyed.
 //   - Exec runs commands through pods/exec exactly as driver/kubernetes
 //     does (WebSocket with SPDY fallback, env, stdin, output caps, a
 //     timeout that kills the process tree with a second exec).

@@ -114,6 +114,9 @@ func installCRDs(env *k8stest.Env) error {
 	})
 }
 
+// testInstallation is the installation tag of the tests' providers.
+var testInstallation = driver.InstallationTag("agentsandbox-test")
+
 // newProvider returns a provider for the pool in namespace ns of env.
 func newProvider(t testing.TB, env *k8stest.Env, ns, pool string, edit ...func(*agentsandbox.Config)) *agentsandbox.Provider {
 	t.Helper()
@@ -121,6 +124,7 @@ func newProvider(t testing.TB, env *k8stest.Env, ns, pool string, edit ...func(*
 		RESTConfig:        env.Config,
 		Namespace:         ns,
 		Pool:              pool,
+		Installation:      testInstallation,
 		WarmPool:          "warm",
 		RuntimeClassNames: classNames,
 		BindTimeout:       30 * time.Second,

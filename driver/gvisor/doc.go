@@ -24,8 +24,10 @@
 // Every runsc command the driver runs (one helper builds them all) carries
 // the same global flags:
 //
-//	--root=<StateDir>   a private state root (0700), so List sees only the
-//	                    driver's containers and nothing else's
+//	--root=<StateDir>   a state root (0700) of this user: by default one
+//	                    shared by every plane of the user on the host;
+//	                    the installation tag in the container IDs keeps
+//	                    them apart
 //	--network=none      the default; runsc needs the same value on create,
 //	                    start and exec, or start fails
 //	--platform=<P>      only when Config.Platform is set; runsc's default
@@ -134,11 +136,32 @@
 //
 // # Life cycle
 //
-// A cell's container ID is "sbw-<pool>-<cell-uuid>", so Provision is
-// idempotent per cell ID and List maps containers back to cells. Its
-// identity is "<container-id>@<nonce>": a random nonce written into the
+// A cell's container ID is "sbw-<installation>-<cell-uuid>", where
+// <installation> is Config.Installation, the plane's 12-hex-digit
+// installation tag (driver.InstallationTag of store.Installation), so
+// Provision is idempotent per cell ID and List maps containers back to
+// cells. The pool is recorded in the spec's annotations
+// (dev.sandboxwich.pool, with dev.sandboxwich.installation and
+// dev.sandboxwich.cell-id), and List returns only containers of this
+// installation and pool: two planes sharing a host and a state root (two
+// `sandboxwich dev` in different directories, both with pool "dev") never
+// list, and so never destroy as orphans, each other's cells. The ID holds
+// no pool name because runsc puts its control socket at
+// <StateDir>/runsc-<container-id>.sock, a path of at most 107 bytes: the
+// 53-character ID fits under any StateDir of up to 42 characters (runsc
+// falls back to /var/run, /run and /tmp for longer ones), and a pool name
+// of 64 characters would not fit anywhere.
+//
+// The identity is "<container-id>@<nonce>": a random nonce written into the
 // spec's annotations at each creation and read back through `runsc state`,
-// so a container recreated under the same ID has another identity.
+// so a container recreated under the same ID has another identity. Inspect,
+// Exec and Destroy take the container ID from the recorded identity, so a
+// cell provisioned before installation tags ("sbw-<pool>-<cell-uuid>") is
+// still verified, run in and destroyed; only an object without an identity
+// (a provision that failed before recording it) gets the new name. Such
+// old containers are never listed: an orphan among them (left by a crash
+// before the upgrade) is not removed by the reconciler; `runsc --root
+// <StateDir> list` shows it.
 //
 // The cell's init is a shell loop that sleeps and reaps orphans. Provision
 // writes the bundle, runs `runsc create` and `runsc start` and waits for

@@ -51,7 +51,10 @@ func (p *Provider) Exec(ctx context.Context, obj driver.Object, req driver.ExecR
 	if err := ctx.Err(); err != nil {
 		return driver.ExecResult{}, fmt.Errorf("gvisor: exec: %w", err)
 	}
-	id := p.containerID(obj.CellID)
+	id, ok := p.objectID(obj)
+	if !ok {
+		return driver.ExecResult{}, fmt.Errorf("gvisor: exec: identity %q: %w", obj.Identity, driver.ErrNotFound)
+	}
 	// runsc's own state file answers in microseconds; `runsc state`, a
 	// process start costing tens of milliseconds, only when it is missing.
 	st := p.r.stateFile(id)

@@ -68,10 +68,17 @@ type Config struct {
 	// sandbox, the sentry's own included; default DefaultPidsLimit, at
 	// least MinPidsLimit. See "Limits" in the package documentation.
 	PidsLimit int64
-	// Pool names the pool. It is part of every container ID, so List
-	// returns only this pool's containers. [A-Za-z0-9_.-], at most 64
-	// characters; default "default".
+	// Pool names the pool. It is recorded in every container's spec
+	// (annotation dev.sandboxwich.pool), and List returns only this pool's
+	// containers. [A-Za-z0-9_.-], at most 64 characters; default
+	// "default".
 	Pool string
+	// Installation is the plane's installation tag,
+	// driver.InstallationTag(store.Installation): required. Container IDs
+	// are "sbw-<installation>-<cell>", and List returns only containers
+	// of this installation, so planes sharing a host and a StateDir never
+	// see each other's cells.
+	Installation string
 	// Logger receives the driver's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -109,6 +116,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if !poolRE.MatchString(cfg.Pool) {
 		return nil, fmt.Errorf("gvisor: pool %q: want 1-64 characters of [A-Za-z0-9_.-]", cfg.Pool)
+	}
+	if err := driver.CheckInstallationTag(cfg.Installation); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	if cfg.Network == "" {
 		cfg.Network = DefaultNetwork
@@ -280,15 +290,44 @@ func (p *Provider) Capabilities() driver.Capabilities {
 	}
 }
 
-// containerID is the runsc container ID of a cell: "sbw-<pool>-<cell>".
+// containerPrefix starts the container ID of every cell of this
+// installation.
+func (p *Provider) containerPrefix() string { return "sbw-" + p.cfg.Installation + "-" }
+
+// containerID is the runsc container ID a new cell gets:
+// "sbw-<installation>-<cell>", 53 characters whatever the pool, so that
+// runsc's control socket (<StateDir>/runsc-<id>.sock, at most 107 bytes)
+// fits under any StateDir of up to 42 characters; runsc falls back to
+// /var/run, /run and /tmp for longer ones.
 func (p *Provider) containerID(cell uuid.UUID) string {
-	return "sbw-" + p.cfg.Pool + "-" + cell.String()
+	return p.containerPrefix() + cell.String()
 }
 
-// cellOf maps a container ID of this pool back to its cell ID.
-func (p *Provider) cellOf(id string) (uuid.UUID, bool) {
-	rest, ok := strings.CutPrefix(id, "sbw-"+p.cfg.Pool+"-")
-	if !ok || len(rest) != 36 {
+// objectID is the container ID of an existing object: the one its
+// recorded identity ("<container-id>@<nonce>") names, so that a cell keeps
+// being found under the name it was provisioned with (cells provisioned
+// before installation tags are "sbw-<pool>-<cell>"). Only an object
+// without an identity (a provision that failed before recording it) gets
+// the name a new cell would. It returns false for an identity no
+// container of the cell can have: that object does not exist.
+func (p *Provider) objectID(obj driver.Object) (string, bool) {
+	if obj.Identity == "" {
+		return p.containerID(obj.CellID), true
+	}
+	id, _, ok := strings.Cut(obj.Identity, "@")
+	if !ok || !strings.HasPrefix(id, "sbw-") || !strings.HasSuffix(id, "-"+obj.CellID.String()) || !containerIDRE.MatchString(id) {
+		return "", false
+	}
+	return id, true
+}
+
+var containerIDRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// cellOf maps a container of this installation and pool back to its cell
+// ID.
+func (p *Provider) cellOf(st *containerState) (uuid.UUID, bool) {
+	rest, ok := strings.CutPrefix(st.ID, p.containerPrefix())
+	if !ok || len(rest) != 36 || st.Annotations[poolAnnotation] != p.cfg.Pool {
 		return uuid.UUID{}, false
 	}
 	cell, err := uuid.Parse(rest)
@@ -427,7 +466,10 @@ func randomHex(n int) (string, error) {
 // process is still runsc's. A container cannot change runtime without
 // changing identity (a new container gets a new nonce).
 func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
-	id := p.containerID(obj.CellID)
+	id, ok := p.objectID(obj)
+	if !ok {
+		return driver.Observation{Detail: fmt.Sprintf("identity %q names no container of cell %s", obj.Identity, obj.CellID)}, nil
+	}
 	if st := p.r.stateFile(id); st != nil && st.Status == statusRunning {
 		identity := identityOf(st)
 		if _, ok := p.verified.Load(identity); ok && p.isSandboxProcess(st.Pid, id) {
@@ -523,7 +565,12 @@ func (p *Provider) isSandboxProcess(pid int, id string) bool {
 // is left alone. An object with an empty identity names whatever container
 // the cell has.
 func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
-	id := p.containerID(obj.CellID)
+	id, ok := p.objectID(obj)
+	if !ok {
+		p.log.Info("destroy: the identity names no container of the cell; the object does not exist",
+			"cell_id", obj.CellID, "identity", obj.Identity)
+		return nil
+	}
 	p.forget(id)
 	unlock, err := p.locks.lock(ctx, id)
 	if err != nil {
@@ -624,8 +671,10 @@ func describe(procs []hostProcess) string {
 	return strings.Join(s, ", ")
 }
 
-// List returns every container of this pool under the private state root,
-// in any state, so the reconciler can destroy orphans left by a crash.
+// List returns every container of this installation and pool under the
+// state root, in any state, so the reconciler can destroy orphans left by
+// a crash. Containers of other installations sharing the state root, and
+// cells provisioned before installation tags, are never listed.
 func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
 	cs, err := p.r.list(ctx)
 	if err != nil {
@@ -633,7 +682,7 @@ func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
 	}
 	var objs []driver.Object
 	for i := range cs {
-		if cell, ok := p.cellOf(cs[i].ID); ok {
+		if cell, ok := p.cellOf(&cs[i]); ok {
 			objs = append(objs, driver.Object{CellID: cell, Identity: identityOf(&cs[i])})
 		}
 	}

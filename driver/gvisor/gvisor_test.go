@@ -62,9 +62,10 @@ func testConfig(t *testing.T) Config {
 		t.Fatal(err)
 	}
 	cfg := Config{
-		StateDir:  filepath.Join(dir, "state"),
-		BundleDir: filepath.Join(dir, "bundles"),
-		Pool:      "test",
+		StateDir:     filepath.Join(dir, "state"),
+		BundleDir:    filepath.Join(dir, "bundles"),
+		Pool:         "test",
+		Installation: testInstallation,
 	}
 	t.Cleanup(func() {
 		checkNoLeak(t, cfg.StateDir)
@@ -97,6 +98,9 @@ func checkNoLeak(t *testing.T, state string) {
 		}
 	}
 }
+
+// testInstallation is the installation tag of the tests' providers.
+var testInstallation = driver.InstallationTag("gvisor-test")
 
 func newProvider(t *testing.T, cfg Config) *Provider {
 	t.Helper()
@@ -406,7 +410,8 @@ func fakeRunsc(t *testing.T, body string) (path, log string) {
 
 func fakeConfig(t *testing.T, runscPath string) Config {
 	dir := t.TempDir()
-	return Config{RunscPath: runscPath, StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Pool: "fake"}
+	return Config{RunscPath: runscPath, StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Pool: "fake",
+		Installation: testInstallation}
 }
 
 func TestDestroyUncertainWhenStateStillReportsIt(t *testing.T) {
@@ -513,7 +518,7 @@ exit 0
 
 func TestNewErrors(t *testing.T) {
 	dir := t.TempDir()
-	base := Config{StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b")}
+	base := Config{StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Installation: testInstallation}
 
 	cfg := base
 	cfg.RunscPath = filepath.Join(dir, "no-such-runsc")
@@ -522,13 +527,15 @@ func TestNewErrors(t *testing.T) {
 	}
 	path, _ := fakeRunsc(t, "exit 0\n")
 	for name, mutate := range map[string]func(*Config){
-		"pool":     func(c *Config) { c.Pool = "bad pool/name" },
-		"network":  func(c *Config) { c.Network = "host" },
-		"platform": func(c *Config) { c.Platform = "magic" },
-		"memory":   func(c *Config) { c.MemoryLimitBytes = -1 },
-		"pids":     func(c *Config) { c.PidsLimit = MinPidsLimit - 1 },
-		"pids < 0": func(c *Config) { c.PidsLimit = -1 },
-		"rootfs /": func(c *Config) { c.RootFS = "/" },
+		"pool":            func(c *Config) { c.Pool = "bad pool/name" },
+		"no installation": func(c *Config) { c.Installation = "" },
+		"installation":    func(c *Config) { c.Installation = "ABCDEF012345" },
+		"network":         func(c *Config) { c.Network = "host" },
+		"platform":        func(c *Config) { c.Platform = "magic" },
+		"memory":          func(c *Config) { c.MemoryLimitBytes = -1 },
+		"pids":            func(c *Config) { c.PidsLimit = MinPidsLimit - 1 },
+		"pids < 0":        func(c *Config) { c.PidsLimit = -1 },
+		"rootfs /":        func(c *Config) { c.RootFS = "/" },
 		"rootfs symlink to /": func(c *Config) {
 			link := filepath.Join(dir, "root-link")
 			_ = os.Symlink("/", link)
@@ -564,25 +571,62 @@ func TestNewErrors(t *testing.T) {
 }
 
 func TestContainerIDRoundTrip(t *testing.T) {
-	p := &Provider{cfg: Config{Pool: "my-pool.1"}}
+	p := &Provider{cfg: Config{Pool: "my-pool.1", Installation: testInstallation}}
 	cell := uuid.Must(uuid.NewV7())
 	id := p.containerID(cell)
-	if got, ok := p.cellOf(id); !ok || got != cell {
+	if id != "sbw-"+testInstallation+"-"+cell.String() {
+		t.Errorf("containerID = %q", id)
+	}
+	st := func(id, pool string) *containerState {
+		return &containerState{ID: id, Annotations: map[string]string{poolAnnotation: pool}}
+	}
+	if got, ok := p.cellOf(st(id, "my-pool.1")); !ok || got != cell {
 		t.Errorf("cellOf(%q) = %v, %v", id, got, ok)
 	}
-	other := &Provider{cfg: Config{Pool: "my"}}
-	for _, id := range []string{
-		"sbw-my-pool.1-" + strings.ToUpper(cell.String()),
-		"sbw-my-pool.1-" + cell.String() + "x",
-		"sbw-other-" + cell.String(),
-		cell.String(),
+	other := &Provider{cfg: Config{Pool: "my-pool.1", Installation: driver.InstallationTag("other")}}
+	for _, c := range []*containerState{
+		st("sbw-"+testInstallation+"-"+strings.ToUpper(cell.String()), "my-pool.1"),
+		st(id+"x", "my-pool.1"),
+		st(id, "other-pool"), // another pool of this installation
+		st(id, ""),           // no pool recorded
+		st("sbw-my-pool.1-"+cell.String(), "my-pool.1"), // provisioned before installation tags
+		st(cell.String(), "my-pool.1"),
 	} {
-		if _, ok := p.cellOf(id); ok {
-			t.Errorf("cellOf(%q) accepted", id)
+		if _, ok := p.cellOf(c); ok {
+			t.Errorf("cellOf(%q, pool %q) accepted", c.ID, c.Annotations[poolAnnotation])
 		}
 	}
-	if _, ok := other.cellOf(id); ok {
-		t.Errorf("pool %q claims %q", other.cfg.Pool, id)
+	if _, ok := other.cellOf(st(id, "my-pool.1")); ok {
+		t.Errorf("installation %q claims %q", other.cfg.Installation, id)
+	}
+}
+
+func TestObjectID(t *testing.T) {
+	p := &Provider{cfg: Config{Pool: "p", Installation: testInstallation}}
+	cell := uuid.Must(uuid.NewV7())
+	legacy := "sbw-p-" + cell.String()
+	for _, tc := range []struct {
+		identity, want string
+	}{
+		{"", p.containerID(cell)},
+		{p.containerID(cell) + "@n1", p.containerID(cell)},
+		{legacy + "@n2", legacy},
+		{"sbw-" + driver.InstallationTag("other") + "-" + cell.String() + "@n3", "sbw-" + driver.InstallationTag("other") + "-" + cell.String()},
+	} {
+		if got, ok := p.objectID(driver.Object{CellID: cell, Identity: tc.identity}); !ok || got != tc.want {
+			t.Errorf("objectID(%q) = %q, %v; want %q", tc.identity, got, ok, tc.want)
+		}
+	}
+	for _, identity := range []string{
+		"no-at-sign",
+		"sbw-p-" + uuid.Must(uuid.NewV7()).String() + "@n", // another cell's container
+		"other-" + cell.String() + "@n",
+		"sbw-../../x-" + cell.String() + "@n",
+		"sbw-a/b-" + cell.String() + "@n",
+	} {
+		if got, ok := p.objectID(driver.Object{CellID: cell, Identity: identity}); ok {
+			t.Errorf("objectID(%q) = %q, want none", identity, got)
+		}
 	}
 }
 
@@ -711,5 +755,60 @@ func TestParsePS(t *testing.T) {
 	}
 	if _, err := parsePS("c", []byte("UID PID PPID PGID\n0 x 0 1\n")); err == nil {
 		t.Error("parsePS accepted a bad PID")
+	}
+}
+
+// TestInstallationsShareStateRoot runs two installations and a pool with
+// a 64-character name under one state root: each List returns only its
+// own installation's and pool's containers, a container named as before
+// installation tags is still inspected, run in and destroyed through its
+// recorded identity, and the longest pool name fits runsc's control socket.
+func TestInstallationsShareStateRoot(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	ctx := context.Background()
+	cfg := testConfig(t)
+	a := newProvider(t, cfg)
+	cfg.Installation = driver.InstallationTag("another plane")
+	b := newProvider(t, cfg)
+	cfg.Pool = strings.Repeat("p", 64)
+	long := newProvider(t, cfg)
+
+	objA, objB, objLong := provision(t, a), provision(t, b), provision(t, long)
+	for _, tc := range []struct {
+		p    *Provider
+		want driver.Object
+	}{{a, objA}, {b, objB}, {long, objLong}} {
+		got, err := tc.p.List(ctx)
+		if err != nil || len(got) != 1 || got[0] != tc.want {
+			t.Errorf("List of installation %s pool %s = %+v, %v; want only %+v", tc.p.cfg.Installation, tc.p.cfg.Pool, got, err, tc.want)
+		}
+	}
+	if res, err := long.Exec(ctx, objLong, driver.ExecRequest{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
+		t.Errorf("Exec in the 64-character pool's cell = %+v, %v", res, err)
+	}
+
+	cell := uuid.Must(uuid.NewV7())
+	legacyID := "sbw-" + a.cfg.Pool + "-" + cell.String()
+	legacy, err := a.create(ctx, cell, legacyID)
+	if err != nil {
+		_ = a.destroyContainer(ctx, legacyID)
+		t.Fatalf("creating a container under the old name: %v", err)
+	}
+	if got, err := a.List(ctx); err != nil || slices.Contains(got, legacy) {
+		t.Errorf("List = %+v, %v; lists the container provisioned before installation tags", got, err)
+	}
+	o, err := a.Inspect(ctx, legacy)
+	if err != nil || driver.Verify(legacy, o, lease.GVisorLowerRisk) != nil {
+		t.Errorf("Inspect of the old container = %+v, %v; want it verified", o, err)
+	}
+	if res, err := a.Exec(ctx, legacy, driver.ExecRequest{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
+		t.Errorf("Exec in the old container = %+v, %v", res, err)
+	}
+	if err := a.Destroy(ctx, legacy); err != nil {
+		t.Fatalf("Destroy of the old container: %v", err)
+	}
+	if st, err := a.r.state(ctx, legacyID); err != nil || st != nil {
+		t.Errorf("runsc state %s after Destroy = %+v, %v; want it gone", legacyID, st, err)
 	}
 }

@@ -95,10 +95,12 @@ const (
 	// nonceAnnotation carries the per-provision nonce that makes a
 	// container's identity; runsc reports it back in state and list.
 	nonceAnnotation = "dev.sandboxwich.nonce"
-	// cellAnnotation and poolAnnotation label the container.
-	cellAnnotation = "dev.sandboxwich.cell-id"
-	poolAnnotation = "dev.sandboxwich.pool"
-	cpuPeriod      = 100000 // µs
+	// cellAnnotation, poolAnnotation and installationAnnotation label the
+	// container; List selects on the pool's.
+	cellAnnotation         = "dev.sandboxwich.cell-id"
+	poolAnnotation         = "dev.sandboxwich.pool"
+	installationAnnotation = "dev.sandboxwich.installation"
+	cpuPeriod              = 100000 // µs
 )
 
 // cellEnv is the fixed environment of every process in a cell. Nothing of
@@ -151,6 +153,8 @@ func (p *Provider) spec(cellID, nonce string) ociSpec {
 			nonceAnnotation: nonce,
 			cellAnnotation:  cellID,
 			poolAnnotation:  p.cfg.Pool,
+			// The container ID carries it too; this says what it is.
+			installationAnnotation: p.cfg.Installation,
 		},
 		Linux: ociLinux{
 			Resources: ociResources{

@@ -29,7 +29,13 @@
 //     driver.ErrUncertain: the pool keeps the member cleanup_pending and
 //     counted, and retries.
 //   - List finds the pool's Pods by their ownership labels, for orphan
-//     reconciliation.
+//     reconciliation: sandboxwich.dev/pool and
+//     sandboxwich.dev/installation (Config.Installation, the plane's
+//     installation tag), so two planes sharing a namespace and a pool name
+//     never list each other's Pods. Pods are named and found by cell
+//     (sbw-<cell-uuid>); Inspect and Destroy do not require the
+//     installation label, so Pods created before it keep being verified
+//     and destroyed.
 //   - Exec runs commands through pods/exec (WebSocket v5, falling back to
 //     SPDY, as kubectl does) with stdin, env, exit codes, output caps and a
 //     timeout that kills the command's process tree with a second exec.

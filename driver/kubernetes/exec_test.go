@@ -157,7 +157,7 @@ func execProvider(t *testing.T, websocket bool) (*Provider, driver.Object, *fake
 	cfg, hx := execServer(t, websocket)
 	cs := fake.NewClientset()
 	p, err := New(Config{
-		RESTConfig: cfg, Client: cs, Namespace: "cells", Pool: "p",
+		RESTConfig: cfg, Client: cs, Namespace: "cells", Pool: "p", Installation: fakeInstallation,
 		RuntimeClassNames: map[lease.RuntimeClass]string{lease.GVisorLowerRisk: "gvisor", lease.KataMicroVM: "kata"},
 		Image:             fakeImage,
 	})
@@ -340,7 +340,7 @@ func TestExecStreamErrorIsNotTimeout(t *testing.T) {
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw})
 	p, err := New(Config{
 		RESTConfig: &rest.Config{Host: api.URL, TLSClientConfig: rest.TLSClientConfig{CAData: ca}},
-		Client:     cs, Namespace: "cells", Pool: "p",
+		Client:     cs, Namespace: "cells", Pool: "p", Installation: fakeInstallation,
 		RuntimeClassNames: map[lease.RuntimeClass]string{lease.GVisorLowerRisk: "gvisor"},
 		Image:             fakeImage,
 	})

@@ -28,6 +28,9 @@ import (
 // Fault cases a real API server cannot be made to produce on demand run
 // against client-go's fake clientset.
 
+// fakeInstallation is the installation tag of the package's own tests.
+var fakeInstallation = driver.InstallationTag("kubernetes-test")
+
 const fakeImage = "registry.invalid/cell@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 func fakeProvider(t *testing.T, cs *fake.Clientset) *Provider {
@@ -36,6 +39,7 @@ func fakeProvider(t *testing.T, cs *fake.Clientset) *Provider {
 		Client:            cs,
 		Namespace:         "cells",
 		Pool:              "p",
+		Installation:      fakeInstallation,
 		RuntimeClassNames: map[lease.RuntimeClass]string{lease.GVisorLowerRisk: "gvisor", lease.KataMicroVM: "kata"},
 		Image:             fakeImage,
 		Logger:            slog.New(slog.DiscardHandler),
@@ -271,7 +275,7 @@ func TestProvisionRefusesOpenNetworkPolicy(t *testing.T) {
 // TestNewValidates names the bad field.
 func TestNewValidates(t *testing.T) {
 	good := func() Config {
-		return Config{Client: fake.NewClientset(), Namespace: "cells", Pool: "p",
+		return Config{Client: fake.NewClientset(), Namespace: "cells", Pool: "p", Installation: fakeInstallation,
 			RuntimeClassNames: map[lease.RuntimeClass]string{lease.GVisorLowerRisk: "gvisor"}, Image: fakeImage}
 	}
 	if _, err := New(good()); err != nil {
@@ -281,6 +285,7 @@ func TestNewValidates(t *testing.T) {
 		"image":               func(c *Config) { c.Image = "registry.invalid/cell:latest" },
 		"namespace":           func(c *Config) { c.Namespace = "" },
 		"pool":                func(c *Config) { c.Pool = "a/b" },
+		"installation":        func(c *Config) { c.Installation = "" },
 		"runtime_class_names": func(c *Config) { c.RuntimeClassNames = nil },
 		"rest_config":         func(c *Config) { c.Client = nil },
 		"memory":              func(c *Config) { c.Memory = "lots" },
@@ -318,6 +323,7 @@ func TestConfigFromSettings(t *testing.T) {
 		strings.Join(cfg.Command, " ") != "sleep 3600" || cfg.RESTConfig.Host != "https://127.0.0.1:6443" {
 		t.Fatalf("config: %+v", cfg)
 	}
+	cfg.Installation = fakeInstallation // the binary adds the store's
 	if _, err := New(cfg); err != nil {
 		t.Fatal(err)
 	}

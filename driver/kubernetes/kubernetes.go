@@ -34,8 +34,11 @@ const (
 	LabelManagedBy = kubeconf.LabelManagedBy
 	// ManagedByValue is LabelManagedBy's value.
 	ManagedByValue = kubeconf.ManagedByValue
-	// LabelPool carries Config.Pool: the ownership label List selects on.
+	// LabelPool carries Config.Pool: an ownership label List selects on.
 	LabelPool = kubeconf.LabelPool
+	// LabelInstallation carries Config.Installation: the other ownership
+	// label List selects on.
+	LabelInstallation = kubeconf.LabelInstallation
 	// LabelCellID carries the cell ID an object backs.
 	LabelCellID = kubeconf.LabelCellID
 	// LabelRuntimeClass records the class an object was requested for:
@@ -74,6 +77,14 @@ type Config struct {
 	// Pool is the ownership label value (sandboxwich.dev/pool): List
 	// returns only Pods carrying it. It must be a valid label value.
 	Pool string
+	// Installation is the plane's installation tag,
+	// driver.InstallationTag(store.Installation): required. It is put on
+	// every Pod as sandboxwich.dev/installation, and List returns only Pods
+	// carrying it too, so planes sharing a namespace and a pool name never
+	// take each other's Pods for orphans. Pods are still found by name
+	// (sbw-<cell>), so those created before the label keep being inspected
+	// and destroyed.
+	Installation string
 	// RuntimeClassNames maps each served class to the name of a
 	// RuntimeClass object in the cluster, e.g. gvisor_lower_risk →
 	// "gvisor", kata_microvm → "kata". At least one; names must differ.
@@ -151,6 +162,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if errs := validation.IsValidLabelValue(cfg.Pool); cfg.Pool == "" || len(errs) > 0 {
 		return bad("pool", "%q must be a non-empty Kubernetes label value: %s", cfg.Pool, strings.Join(errs, "; "))
+	}
+	if err := driver.CheckInstallationTag(cfg.Installation); err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
 	byName, err := kubeconf.RuntimeClassIndex(cfg.RuntimeClassNames)
 	if err != nil {
@@ -506,7 +520,8 @@ func (p *Provider) waitGone(ctx context.Context, name string, uid types.UID, unc
 // List implements driver.Lister: every Pod of this pool, found by its
 // ownership labels, terminating ones included.
 func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
-	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByValue, LabelPool: p.cfg.Pool}).String()
+	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByValue, LabelPool: p.cfg.Pool,
+		LabelInstallation: p.cfg.Installation}).String()
 	var out []driver.Object
 	opts := metav1.ListOptions{LabelSelector: sel}
 	for {

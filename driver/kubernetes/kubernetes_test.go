@@ -39,7 +39,7 @@ func TestHappyPath(t *testing.T) {
 		}
 		checkHardened(t, pod, classNames[class])
 		for k, v := range map[string]string{
-			kubernetes.LabelManagedBy: "sandboxwich", kubernetes.LabelPool: "happy",
+			kubernetes.LabelManagedBy: "sandboxwich", kubernetes.LabelPool: "happy", kubernetes.LabelInstallation: testInstallation,
 			kubernetes.LabelCellID: req.CellID.String(), kubernetes.LabelRuntimeClass: string(class),
 		} {
 			if pod.Labels[k] != v {

@@ -28,6 +28,9 @@ const testImage = "registry.invalid/sandboxwich/cell@sha256:0123456789abcdef0123
 // classNames maps the classes to the RuntimeClass objects k8stest creates.
 var classNames = map[lease.RuntimeClass]string{lease.GVisorLowerRisk: "gvisor", lease.KataMicroVM: "kata"}
 
+// testInstallation is the installation tag of the tests' providers.
+var testInstallation = driver.InstallationTag("kubernetes-test")
+
 // newProvider returns a provider for the pool in namespace ns of env,
 // bound to the kwok node.
 func newProvider(t testing.TB, env *k8stest.Env, ns, pool string, edit ...func(*kubernetes.Config)) *kubernetes.Provider {
@@ -36,6 +39,7 @@ func newProvider(t testing.TB, env *k8stest.Env, ns, pool string, edit ...func(*
 		RESTConfig:        env.Config,
 		Namespace:         ns,
 		Pool:              pool,
+		Installation:      testInstallation,
 		RuntimeClassNames: classNames,
 		Image:             testImage,
 		NodeName:          env.NodeName,

@@ -22,6 +22,7 @@ func (p *Provider) podLabels(cellID uuid.UUID, class lease.RuntimeClass) map[str
 	return map[string]string{
 		LabelManagedBy:    ManagedByValue,
 		LabelPool:         p.cfg.Pool,
+		LabelInstallation: p.cfg.Installation,
 		LabelCellID:       cellID.String(),
 		LabelRuntimeClass: string(class),
 	}

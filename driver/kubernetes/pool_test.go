@@ -272,3 +272,67 @@ func drain(t *testing.T, f *poolFixture) {
 		t.Fatalf("%d pods after draining", n)
 	}
 }
+
+// TestPoolTwoInstallationsOneNamespace runs two planes (two stores, two
+// installations) with the same pool name in one namespace. Each provider
+// lists only its own Pods; orphan passes of both (every pass, here) leave
+// the other's Pods alone; draining one plane deletes only its own.
+func TestPoolTwoInstallationsOneNamespace(t *testing.T) {
+	t.Parallel()
+	env := k8stest.Shared(t)
+	ns := env.Namespace(t)
+	var fs [2]*poolFixture
+	for i, name := range []string{"plane-a", "plane-b"} {
+		prov := newProvider(t, env, ns, "k8s", func(c *kubernetes.Config) { c.Installation = driver.InstallationTag(name) })
+		fs[i] = newPoolFixture(t, env, ns, prov, 2)
+	}
+	for range 3 {
+		for _, f := range fs {
+			f.pass()
+		}
+	}
+	for i, f := range fs {
+		f.wantCounts(map[lease.MemberState]int{lease.MemberReady: 2})
+		objs, err := f.prov.(driver.Lister).List(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready := f.members(lease.MemberReady)
+		if len(objs) != 2 || !ownsAll(ready, objs) {
+			t.Fatalf("plane %d lists %+v, want exactly its members %+v", i, objs, ready)
+		}
+	}
+	if n := fs[0].podCount(); n != 4 {
+		t.Fatalf("%d pods, want 2 per plane", n)
+	}
+	if err := fs[0].pools.SetTarget("k8s", 0); err != nil {
+		t.Fatal(err)
+	}
+	fs[0].pass()
+	fs[1].pass()
+	if n := len(fs[0].members(lease.MemberProvisioning, lease.MemberReady, lease.MemberStopping, lease.MemberCleanupPending)); n != 0 {
+		t.Fatalf("%d live members of plane a after draining: %v", n, fs[0].counts())
+	}
+	fs[1].wantCounts(map[lease.MemberState]int{lease.MemberReady: 2})
+	if n := fs[1].podCount(); n != 2 {
+		t.Fatalf("%d pods after plane a drained, want plane b's 2", n)
+	}
+	drain(t, fs[1])
+}
+
+// ownsAll reports whether objs are exactly the objects of members.
+func ownsAll(members []store.Member, objs []driver.Object) bool {
+	if len(members) != len(objs) {
+		return false
+	}
+	for _, m := range members {
+		found := false
+		for _, o := range objs {
+			found = found || (o.CellID == m.CellID && o.Identity == m.Identity)
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
@@ -87,8 +88,14 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 	if err != nil {
 		return res, err
 	}
+	// Providers name their objects after the store's installation, so
+	// that planes sharing a host never take each other's cells.
+	installation, err := st.Installation(ctx)
+	if err != nil {
+		return res, err
+	}
 	prov, err := gvisor.New(gvisor.Config{StateDir: filepath.Join(dir, "runsc"), BundleDir: filepath.Join(dir, "bundles"),
-		Pool: "evalharness", Logger: log})
+		Pool: "evalharness", Installation: driver.InstallationTag(installation), Logger: log})
 	if err != nil {
 		return res, err
 	}

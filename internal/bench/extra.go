@@ -143,8 +143,10 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		n = 10
 	}
 	stateDir := filepath.Join(dir, "runsc-"+uuid.NewString()[:8])
+	// The state root is this run's alone, so any installation tag scopes
+	// it; the store is made after the provider.
 	prov, err := gvisor.New(gvisor.Config{StateDir: stateDir, BundleDir: filepath.Join(dir, "bundles"), Pool: "bench",
-		Logger: slog.New(slog.DiscardHandler)})
+		Installation: driver.InstallationTag(stateDir), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, err
 	}

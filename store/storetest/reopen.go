@@ -63,11 +63,13 @@ func CheckNoSecretStored(t *testing.T, s store.Store, db *sql.DB) {
 // CheckReopen opens one database three times through open: the second open
 // migrates nothing and keeps the data; the third, without migrating, finds
 // the schema current. Closing a store twice succeeds, and a closed store
-// fails its calls rather than waiting. open must return a store over the
+// fails its calls rather than waiting. The installation identity stays
+// the same across all three. open must return a store over the
 // same database on every call, migrating it when migrate is true.
 func CheckReopen(t *testing.T, open func(t *testing.T, migrate bool) store.Store) {
 	t.Helper()
 	s := open(t, true)
+	installation := installationOf(t, s)
 	ClaimWithToken(t, s)
 	for i := range 2 {
 		if err := s.Close(); err != nil {
@@ -94,5 +96,10 @@ func CheckReopen(t *testing.T, open func(t *testing.T, migrate bool) store.Store
 	defer s2.Close()
 	if err := s2.Ping(t.Context()); err != nil {
 		t.Fatalf("Ping without migrating on a migrated database: %v", err)
+	}
+	for i, s := range []store.Store{s, s2} {
+		if got := installationOf(t, s); got != installation {
+			t.Errorf("open %d: Installation = %q, want %q as at the first open", i+2, got, installation)
+		}
 	}
 }

@@ -18,7 +18,8 @@ import (
 // connection to the same database, with the dialect's placeholders made by
 // rebind), what the schema itself must refuse whoever asks: deleting a
 // cell, returning it to inventory, rewriting what it is, its lease, the
-// claim that leased it or when it retired. Each attempt must fail and
+// claim that leased it or when it retired, and changing, deleting or
+// adding an installation identity. Each attempt must fail and
 // change nothing; a harmless update must still succeed, so the refusals are
 // not an accident.
 func CheckSchemaGuards(t *testing.T, s store.Store, db *sql.DB, rebind func(string) string) {
@@ -62,6 +63,19 @@ func CheckSchemaGuards(t *testing.T, s store.Store, db *sql.DB, rebind func(stri
 		if err := exec(c.q, c.id.String()); err == nil {
 			t.Errorf("the schema let an operator %s", c.what)
 		}
+	}
+	installation := installationOf(t, s)
+	for _, c := range []struct{ what, q string }{
+		{"change the installation", `UPDATE installation SET id = '` + strings.Repeat("0", 32) + `'`},
+		{"delete the installation", `DELETE FROM installation`},
+		{"add a second installation", `INSERT INTO installation (singleton, id) VALUES (2, '` + strings.Repeat("1", 32) + `')`},
+	} {
+		if err := exec(c.q); err == nil {
+			t.Errorf("the schema let an operator %s", c.what)
+		}
+	}
+	if got := installationOf(t, s); got != installation {
+		t.Errorf("Installation after refused writes = %q, want %q", got, installation)
 	}
 	e.wantCell(e.cell(workerA, ready.ID), ready, "ready cell after refused writes")
 	e.wantCell(e.cell(workerA, retired.ID), retired, "retired cell after refused writes")

@@ -72,6 +72,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 			})
 		}
 	}
+	t.Run("installation", func(t *testing.T) { checkInstallation(t, newStore) })
 }
 
 // scenario is one independent subtest.

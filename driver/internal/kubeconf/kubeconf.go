@@ -74,6 +74,10 @@ const (
 	ManagedByValue = "sandboxwich"
 	// LabelPool carries the pool's label value: the label List selects on.
 	LabelPool = "sandboxwich.dev/pool"
+	// LabelInstallation carries the plane's installation tag
+	// (driver.InstallationTag): List selects on it with the pool's label,
+	// so planes sharing a namespace never list each other's objects.
+	LabelInstallation = "sandboxwich.dev/installation"
 	// LabelCellID carries the cell ID an object backs.
 	LabelCellID = "sandboxwich.dev/cell-id"
 	// LabelRuntimeClass records the class an object was requested for. It

@@ -199,7 +199,7 @@ func nullString(s string) sql.NullString { return sql.NullString{String: s, Vali
 
 // queries holds every statement, rebound to the dialect's placeholders.
 type queries struct {
-	schemaVersion string
+	schemaVersion, installation string
 
 	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, memberLeased string
 	recordByLease, cellByWorker, claimOfCell                                             string
@@ -241,6 +241,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 	q := queries{
 		rebind:        db.Rebind,
 		schemaVersion: `SELECT max(version_id) FROM goose_db_version WHERE is_applied`,
+		installation:  `SELECT id FROM installation WHERE singleton = 1`,
 
 		fence: `SELECT f.request_digest, ` + cellCols + `
 			FROM claim_fences f LEFT JOIN cells c ON c.lease_id = f.lease_id
@@ -367,7 +368,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 // all points at every fixed query that needs rebinding.
 func (q *queries) all() []*string {
 	return []*string{
-		&q.schemaVersion, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
+		&q.schemaVersion, &q.installation, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
 		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,

@@ -170,6 +170,16 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// Installation returns the installation identity migration 3 recorded:
+// 32 lowercase hex digits, the same for the life of the database.
+func (s *Store) Installation(ctx context.Context) (string, error) {
+	var id string
+	if err := s.r.db.GetContext(ctx, &id, s.q.installation); err != nil {
+		return "", s.fail(ctx, "installation", fmt.Errorf("%w (is the database migrated? run `sandboxwich migrate`)", err))
+	}
+	return id, nil
+}
+
 // commitThen makes a transaction commit and its caller still receive err:
 // for outcomes that change state and are reported as conflicts (a lease
 // found expired is quarantined, and the caller is told so).
