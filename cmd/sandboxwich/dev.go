@@ -42,6 +42,7 @@ func dev(ctx context.Context, e env, args []string) error {
 	listen := flags.String("listen", "127.0.0.1:3217", "address to listen on")
 	provider := flags.String("provider", "gvisor", "pool provider: gvisor, or dry-run (SIMULATED cells, no isolation)")
 	target := flags.Int("target", 2, "number of warm cells")
+	stateDir := flags.String("state-dir", "", "runsc's state root for the gVisor pool (default <dir>/runsc-state)")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -84,6 +85,9 @@ func dev(ctx context.Context, e env, args []string) error {
 	settings := map[string]string{}
 	if *provider == "gvisor" { // runsc's state and bundles live in --dir too
 		settings["state_dir"] = filepath.Join(abs, "runsc-state")
+		if *stateDir != "" {
+			settings["state_dir"] = *stateDir
+		}
 		settings["bundle_dir"] = filepath.Join(abs, "runsc-bundles")
 	}
 	c := &config{
@@ -101,6 +105,7 @@ func dev(ctx context.Context, e env, args []string) error {
 		LogFormat:       "text",
 		ShutdownTimeout: devShutdownGrace,
 		MaxLeaseSeconds: sandboxwich.MaxLeaseSeconds,
+		MaxPrepareAhead: sandboxwich.DefaultMaxPrepareAhead,
 		Pools:           []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target, Settings: settings}},
 	}
 	log, err := newLogger(e.stderr, c.LogLevel, c.LogFormat)
@@ -118,9 +123,10 @@ func dev(ctx context.Context, e env, args []string) error {
 	}
 	printDevHelp(e, "http://"+ln.Addr().String(), abs, *provider, rel, workerID)
 	s.drainTimeout = devDrainTimeout // Ctrl-C leaves no sandbox running, leased or not
-	if *provider == "gvisor" {
-		// No container is left: unmount what runsc pins in its root, so
-		// that removing --dir works.
+	if *provider == "gvisor" && *stateDir == "" {
+		// No container is left in dev's own root: unmount what runsc pins
+		// there, so that removing --dir works. A root given by --state-dir
+		// may be shared, and is left alone.
 		s.drained = func() { _ = gvisor.RemoveStateDir(settings["state_dir"]) }
 	}
 	return s.run(ctx, ln)

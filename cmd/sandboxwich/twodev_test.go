@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -43,7 +42,8 @@ func (b *syncBuffer) String() string {
 }
 
 // devServer is one `sandboxwich dev` run in this process, with its own
-// --dir (database, key, tokens) and port, and the default gVisor state root.
+// --dir (database, key, tokens) and port, and the runsc state root it is
+// given.
 type devServer struct {
 	t      *testing.T
 	name   string
@@ -55,7 +55,7 @@ type devServer struct {
 	c      *client.Client
 }
 
-func startDev(t *testing.T, name string) *devServer {
+func startDev(t *testing.T, name, stateRoot string) *devServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -66,7 +66,9 @@ func startDev(t *testing.T, name string) *devServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &devServer{t: t, name: name, dir: filepath.Join(t.TempDir(), name), url: "http://" + addr, cancel: cancel, done: make(chan int, 1)}
 	e := env{stdin: strings.NewReader(""), stdout: &s.out, stderr: &s.out, getenv: func(string) string { return "" }}
-	go func() { s.done <- run(ctx, e, []string{"dev", "--dir", s.dir, "--listen", addr}) }()
+	go func() {
+		s.done <- run(ctx, e, []string{"dev", "--dir", s.dir, "--listen", addr, "--state-dir", stateRoot})
+	}()
 	t.Cleanup(s.stop)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -174,7 +176,7 @@ func (s *devServer) liveCells() []uuid.UUID {
 	return ids
 }
 
-// hostContainers lists the runsc containers under the default state root.
+// hostContainers lists the runsc containers under a state root.
 func hostContainers(t *testing.T, root string) []string {
 	t.Helper()
 	out, err := exec.Command(gvisor.FindRunsc(), "--root", root, "list", "-quiet").Output()
@@ -194,8 +196,9 @@ func containerOf(ids []string, cell uuid.UUID) string {
 }
 
 // TestTwoDevServersOnOneHost runs two `dev` servers side by side, each with
-// its own --dir and database but the same pool name and the default runsc
-// state root shared by every process of the user. Each claims a cell and
+// its own --dir and database but the same pool name and one runsc state
+// root (as every process of a user shared the default root before dev kept
+// its own under --dir). Each claims a cell and
 // execs in it; after both have run orphan passes over the other's cells,
 // both cells still exec. Stopping A (its drain) leaves B's cells running.
 func TestTwoDevServersOnOneHost(t *testing.T) {
@@ -208,7 +211,10 @@ func TestTwoDevServersOnOneHost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real gVisor sandboxes")
 	}
-	root := filepath.Join(os.TempDir(), fmt.Sprintf("sandboxwich-runsc-%d", os.Getuid()))
+	root, err := os.MkdirTemp("", "sbw-twodev-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var leased []uuid.UUID // whatever the drains leave of them is removed at the end
 	t.Cleanup(func() {
 		ids := hostContainers(t, root)
@@ -217,15 +223,18 @@ func TestTwoDevServersOnOneHost(t *testing.T) {
 				_ = exec.Command(gvisor.FindRunsc(), "--root", root, "delete", "--force", id).Run()
 			}
 		}
+		if err := gvisor.RemoveStateDir(root); err != nil {
+			t.Errorf("removing the state root: %v", err)
+		}
 	})
 
-	a := startDev(t, "a")
+	a := startDev(t, "a", root)
 	a.waitReady(2)
 	claimA := a.claim()
 	leased = append(leased, claimA.Lease.CellID)
 	a.exec(claimA, "A before B started")
 
-	b := startDev(t, "b")
+	b := startDev(t, "b", root)
 	b.waitReady(2)
 	claimB := b.claim()
 	leased = append(leased, claimB.Lease.CellID)
