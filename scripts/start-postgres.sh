@@ -31,6 +31,9 @@ if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
 	bindir=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+	# Where the package's post-install started its own cluster, stop it:
+	# this script just made it, and the port is the test cluster's.
+	$SUDO pg_ctlcluster --skip-systemctl-redirect "$(basename "$(dirname "$bindir")")" main stop 2>/dev/null || true
 fi
 
 # Something else on the port that does not let postgres in without a

@@ -244,8 +244,8 @@ func (p *Provider) killGuestTree(ctx context.Context, id string, root int) error
 }
 
 // treeOf returns what killGuestTree kills of root's tree in ps: root's
-// process group when root leads it (group 0 otherwise: the group of the
-// cell's init is never signalled), and the processes outside that group
+// process group when root leads it or led it (group 0 otherwise: the group
+// of the cell's init is never signalled), and the processes outside that group
 // that descend from root or from a member of the group, parents first.
 // It never returns the cell's init (PID 1).
 func treeOf(ps []guestProcess, root int) (group int, tree []int) {
@@ -253,7 +253,9 @@ func treeOf(ps []guestProcess, root int) (group int, tree []int) {
 	inGroup := make(map[int]bool)
 	for _, pr := range ps {
 		children[pr.ppid] = append(children[pr.ppid], pr.pid)
-		if pr.pid == root && pr.pgid == root && root != 1 {
+		// root leads its group; the group outlives root when root died
+		// first (killed in an earlier round) and members remain.
+		if pr.pgid == root && root != 1 {
 			group = root
 		}
 	}

@@ -659,6 +659,12 @@ func TestTreeOf(t *testing.T) {
 	if group != 5 || !slices.Equal(tree, []int{9, 10}) {
 		t.Errorf("treeOf(5) = %d, %v; want 5, [9 10]", group, tree)
 	}
+	// Root already killed (an earlier round), members of its group remain
+	// under init: the group is still killed.
+	ps = []guestProcess{{1, 0, 1}, {8, 1, 5}, {12, 8, 5}}
+	if group, tree := treeOf(ps, 5); group != 5 || len(tree) != 0 {
+		t.Errorf("treeOf(5) after 5 died = %d, %v; want 5, []", group, tree)
+	}
 	// Root not leading its group: no group kill, descendants only.
 	ps = []guestProcess{{1, 0, 1}, {5, 1, 1}, {6, 5, 1}, {7, 1, 1}}
 	if group, tree := treeOf(ps, 5); group != 0 || !slices.Equal(tree, []int{5, 6}) {
