@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -229,6 +230,11 @@ func (r *crashRig) checkInvariants(quiet bool) {
 		r.t.Fatal(err)
 	}
 	defer rows.Close()
+	var installation string
+	if err := db.QueryRow(`SELECT id FROM installation`).Scan(&installation); err != nil {
+		r.t.Fatal(err)
+	}
+	prefix := "sbw-" + driver.InstallationTag(installation) + "-" // the container IDs of this plane's cells
 	var liveIDs []string
 	for rows.Next() {
 		var id, state, cellState string
@@ -241,7 +247,7 @@ func (r *crashRig) checkInvariants(quiet bool) {
 			r.t.Fatalf("member %s in unknown state %q", id, state)
 		}
 		if ms.Live() {
-			liveIDs = append(liveIDs, "sbw-default-"+id)
+			liveIDs = append(liveIDs, prefix+id)
 		}
 		if absent && !lease.State(cellState).Terminal() && cellState != "" {
 			r.t.Fatalf("member %s proven absent but its cell is %s", id, cellState)
