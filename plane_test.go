@@ -331,3 +331,34 @@ func TestPoolReleaseMustBeSigned(t *testing.T) {
 		t.Fatalf("unsigned pool release accepted: %v", err)
 	}
 }
+
+// TestWaitProviderAbsent: the wait returns once the pool proved the
+// released cell gone, and with the last status and the context's error
+// when that never happens in time.
+func TestWaitProviderAbsent(t *testing.T) {
+	e := newEnv(t)
+	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "p1", TenantID: "acme", Release: e.rel, Target: 1,
+		Provider: fake.New(fake.Config{Mode: driver.Apply})}))
+	e.plane.Pools().Pass(e.ctx)
+	res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("claim: %v %v", res, err)
+	}
+	if _, err := e.plane.Release(e.ctx, "acme", res.Lease.ID, res.Proof(), lease.Destroyed); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(e.ctx, 50*time.Millisecond)
+	defer cancel()
+	st, err := e.plane.WaitProviderAbsent(short, "acme", res.Lease.ID, 5*time.Millisecond)
+	if !errors.Is(err, context.DeadlineExceeded) || st.ProviderAbsent || st.LeaseID != res.Lease.ID {
+		t.Fatalf("wait without a reconcile pass = %+v, %v; want the last status and the deadline", st, err)
+	}
+	go e.plane.Pools().Pass(e.ctx)
+	st, err = e.plane.WaitProviderAbsent(e.ctx, "acme", res.Lease.ID, 5*time.Millisecond)
+	if err != nil || !st.ProviderAbsent || st.State != lease.Destroyed {
+		t.Fatalf("wait = %+v, %v; want destroyed and proven absent", st, err)
+	}
+	if _, err := e.plane.WaitProviderAbsent(e.ctx, "acme", uuid.New(), 0); !errors.Is(err, errcode.ErrNotFound) {
+		t.Fatalf("wait for an unknown lease: %v", err)
+	}
+}

@@ -549,6 +549,42 @@ func (p *Plane) Release(ctx context.Context, tenantID string, leaseID uuid.UUID,
 	return p.statusOf(rec), nil
 }
 
+// DefaultPoll is how often [Plane.WaitProviderAbsent] reads a lease's
+// status when it is given no interval.
+const DefaultPoll = 100 * time.Millisecond
+
+// WaitProviderAbsent reads the status of a lease every poll (DefaultPoll
+// when poll <= 0) until its provider proved the cell gone
+// (ProviderAbsent), and returns that status: what a harness waits for
+// after Release before it counts the cell's capacity free. Any error ends
+// it; when ctx ends first it returns the last status it read and an error
+// wrapping ctx.Err(). Cells of external workers are never proven absent
+// here: their worker records the outcome.
+func (p *Plane) WaitProviderAbsent(ctx context.Context, tenantID string, leaseID uuid.UUID, poll time.Duration) (LeaseStatus, error) {
+	if poll <= 0 {
+		poll = DefaultPoll
+	}
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	var last LeaseStatus
+	for {
+		st, err := p.LeaseStatus(ctx, tenantID, leaseID)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			return last, err
+		case err == nil && st.ProviderAbsent:
+			return st, nil
+		case err == nil:
+			last = st
+		}
+		select {
+		case <-ctx.Done():
+			return last, fmt.Errorf("sandboxwich: waiting for lease %s to be proven deleted: %w", leaseID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // SweepExpired quarantines expired cells of external workers and drops
 // expired idempotency records. It returns the number of cells quarantined.
 func (p *Plane) SweepExpired(ctx context.Context) (int, error) {

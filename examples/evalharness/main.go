@@ -13,7 +13,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -73,6 +72,7 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
+	defer gvisor.RemoveStateDir(filepath.Join(dir, "runsc")) // runsc pins a mount in its root
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 	st, err := sqlite.Open(ctx, filepath.Join(dir, "cells.db"), sqlite.Options{})
@@ -111,10 +111,13 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 	done := make(chan error, 1)
 	go func() { done <- plane.Run(runCtx) }()
 	defer func() {
-		// Drain: target 0, then wait until every member ended with proof.
-		res.Drained = drain(ctx, plane) == nil
+		// Stop the reconciler, then end every cell this harness made, each
+		// with proof of deletion.
 		stop()
 		<-done
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		res.Drained = plane.Pools().Drain(dctx) == nil
 	}()
 
 	// 1. Claim under a fence; a retry with the same claim ID could never
@@ -148,51 +151,15 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 	if _, err := plane.Release(ctx, "harness", claim.Lease.ID, proof, lease.Destroyed); err != nil {
 		return res, fmt.Errorf("release: %w", err)
 	}
-	for {
-		s, err := plane.LeaseStatus(ctx, "harness", claim.Lease.ID)
-		if err != nil {
-			return res, err
-		}
-		res.State, res.ProviderAbsent = string(s.State), s.ProviderAbsent
-		if s.ProviderAbsent {
-			break
-		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
-			return res, fmt.Errorf("deletion not proven in time: %w", err)
-		}
+	s, err := plane.WaitProviderAbsent(ctx, "harness", claim.Lease.ID, 0)
+	res.State, res.ProviderAbsent = string(s.State), s.ProviderAbsent
+	if err != nil {
+		return res, fmt.Errorf("deletion not proven: %w", err)
 	}
 	if out.ExitCode != 0 {
 		return res, fmt.Errorf("command exited %d", out.ExitCode)
 	}
 	return res, nil
-}
-
-// drain sets the pool's target to 0 and waits until no member is live.
-func drain(ctx context.Context, plane *sandboxwich.Plane) error {
-	ctx = context.WithoutCancel(ctx)
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := plane.Pools().SetTarget("eval", 0); err != nil {
-		return err
-	}
-	for {
-		sts, err := plane.Pools().Status(ctx)
-		if err != nil {
-			return err
-		}
-		live := 0
-		for st, n := range sts[0].Members {
-			if st.Live() {
-				live += n
-			}
-		}
-		if live == 0 {
-			return nil
-		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
-			return errors.New("pool did not drain with proof")
-		}
-	}
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
