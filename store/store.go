@@ -17,6 +17,19 @@
 // Two implementations ship: store/sqlite and store/postgres. Both pass the
 // conformance suite in store/storetest, which any other implementation should
 // run too.
+//
+// # Stability
+//
+// The Store interface grows while the project adds capabilities (this wave
+// added Installation and CountReady; events and lease listing come next).
+// A method is added, never changed in meaning without an entry in the
+// README's changelog, and never removed without a replacement named there.
+// An outside implementation keeps up the way the shipped ones do: it
+// implements the interface itself, embedding no other Store (an embedded
+// Store would answer a new method outside the implementation's own
+// transactions), and runs storetest.Run against every release it upgrades
+// to. A missing method then fails to compile, and a wrong one fails the
+// suite.
 package store
 
 import (
