@@ -156,3 +156,7 @@ func TestRunCatchesFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestCustomProviderConformance runs the suite the custom-provider example
+// shows, so the example is a proven driver.
+func TestCustomProviderConformance(t *testing.T) { conformance(t) }
