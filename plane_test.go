@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
+	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
@@ -28,6 +29,7 @@ var binding = lease.Binding{OrganizationID: "org-1", WorkspaceID: "workspace-1",
 
 type env struct {
 	ctx    context.Context
+	st     store.Store
 	plane  *sandboxwich.Plane
 	keys   *attest.Keyring
 	rel    lease.Release
@@ -47,7 +49,7 @@ func newEnv(t *testing.T, opts ...sandboxwich.Option) *env {
 	rel := lease.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.GVisorLowerRisk,
 		PolicyDigest: strings.Repeat("a", 64)}
 	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	e := &env{ctx: ctx, keys: keys, rel: rel, now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC),
+	e := &env{ctx: ctx, st: st, keys: keys, rel: rel, now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC),
 		worker: sandboxwich.Worker{ID: uuid.New(), TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk}}}
 	opts = append([]sandboxwich.Option{sandboxwich.WithClock(func() time.Time { return e.now }),
 		sandboxwich.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
@@ -140,7 +142,7 @@ func TestAttestationIsVerifiableAndKeyChangeConflicts(t *testing.T) {
 	// A plane with another key regenerates a different token for the
 	// stored lease: the replay is refused rather than minting new authority.
 	other, _ := attest.NewKeyring([]byte(strings.Repeat("k", 40)))
-	p2, _ := sandboxwich.New(e.plane.Store(), other, sandboxwich.WithClock(func() time.Time { return e.now }))
+	p2, _ := sandboxwich.New(e.st, other, sandboxwich.WithClock(func() time.Time { return e.now }))
 	rel2 := e.rel
 	rel2.Signature = other.SignRelease(rel2.ReleaseSetID, string(rel2.RuntimeClass), rel2.PolicyDigest)
 	_, err = p2.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: rel2, Binding: binding})
@@ -204,7 +206,7 @@ func TestPrepareChecks(t *testing.T) {
 	})); !errors.Is(err, errcode.ErrInvalidRequest) {
 		t.Errorf("2 hours ahead with a 1-hour bound: %v", err)
 	}
-	if _, err := sandboxwich.New(e.plane.Store(), e.keys, sandboxwich.WithMaxPrepareAhead(0)); err == nil {
+	if _, err := sandboxwich.New(e.st, e.keys, sandboxwich.WithMaxPrepareAhead(0)); err == nil {
 		t.Error("New accepted a zero prepare bound")
 	}
 }
@@ -326,7 +328,7 @@ func TestPoolReleaseMustBeSigned(t *testing.T) {
 	e := newEnv(t)
 	rel := e.rel
 	rel.Signature = "swrs1_forged"
-	_, err := sandboxwich.New(e.plane.Store(), e.keys, sandboxwich.WithPools(pool.Config{Name: "p", TenantID: "acme", Release: rel, Target: 1, Provider: fake.New(fake.Config{})}))
+	_, err := sandboxwich.New(e.st, e.keys, sandboxwich.WithPools(pool.Config{Name: "p", TenantID: "acme", Release: rel, Target: 1, Provider: fake.New(fake.Config{})}))
 	if err == nil || !strings.Contains(err.Error(), `pool "p"`) {
 		t.Fatalf("unsigned pool release accepted: %v", err)
 	}
@@ -360,5 +362,40 @@ func TestWaitProviderAbsent(t *testing.T) {
 	}
 	if _, err := e.plane.WaitProviderAbsent(e.ctx, "acme", uuid.New(), 0); !errors.Is(err, errcode.ErrNotFound) {
 		t.Fatalf("wait for an unknown lease: %v", err)
+	}
+}
+
+// TestPlaneServingSurface: what a handler needs from the plane alone:
+// ping, cell counts, pool status (nil without pools) and the store of
+// idempotency records.
+func TestPlaneServingSurface(t *testing.T) {
+	e := newEnv(t)
+	if err := e.plane.Ping(e.ctx); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+	if sts, err := e.plane.PoolStatus(e.ctx); sts != nil || err != nil {
+		t.Fatalf("pool status without pools: %v, %v", sts, err)
+	}
+	e.prepare(t)
+	if n, err := e.plane.CellCounts(e.ctx); err != nil || n[lease.Ready] != 1 {
+		t.Fatalf("cell counts: %v, %v", n, err)
+	}
+	rec, err := e.plane.Idempotency().BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
+		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)})
+	if err != nil || !rec.Created {
+		t.Fatalf("begin idempotent: %+v, %v", rec, err)
+	}
+	if rec, err = e.st.BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
+		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)}); err != nil || rec.Created {
+		t.Fatalf("the record is not in the plane's store: %+v, %v", rec, err)
+	}
+
+	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "dry", TenantID: "acme", Release: e.rel, Target: 2,
+		Provider: fake.New(fake.Config{})}))
+	e.plane.Pools().Pass(e.ctx)
+	sts, err := e.plane.PoolStatus(e.ctx)
+	if err != nil || len(sts) != 1 || sts[0].Config.Name != "dry" || sts[0].Members[lease.MemberReady] != 2 ||
+		sts[0].Capabilities.Mode != driver.DryRun || !sts[0].LastReconcile.Equal(e.now) {
+		t.Fatalf("pool status: %+v, %v", sts, err)
 	}
 }

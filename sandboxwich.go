@@ -198,8 +198,26 @@ func (p *Plane) MaxLeaseSeconds() uint64 { return p.maxLease }
 // Pools returns the pool reconciler, or nil when the plane has no pools.
 func (p *Plane) Pools() *pool.Reconciler { return p.pools }
 
-// Store returns the plane's store.
-func (p *Plane) Store() store.Store { return p.store }
+// PoolStatus reports every pool of the plane, in configuration order; nil
+// when the plane has no pools.
+func (p *Plane) PoolStatus(ctx context.Context) ([]pool.Status, error) {
+	if p.pools == nil {
+		return nil, nil
+	}
+	return p.pools.Status(ctx)
+}
+
+// Ping reports whether the plane's store is reachable and migrated.
+func (p *Plane) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
+
+// CellCounts returns the number of cells by state.
+func (p *Plane) CellCounts(ctx context.Context) (map[lease.State]int, error) {
+	return p.store.CellCounts(ctx)
+}
+
+// Idempotency returns the store of the HTTP API's Idempotency-Key records:
+// the plane's own store.
+func (p *Plane) Idempotency() store.IdempotencyStore { return p.store }
 
 // Now returns the plane's current time, truncated to microseconds.
 func (p *Plane) Now() time.Time { return p.now().UTC().Truncate(time.Microsecond) }

@@ -19,9 +19,11 @@ import (
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/httpapi"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -62,13 +64,16 @@ func startE2E(t *testing.T) *e2e {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
 	digest := strings.Repeat("a", 64)
 	rel := wire.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: digest,
 		Signature: keys.SignRelease("release-set-2026-08-07", string(lease.KataMicroVM), digest)}
+	// A real pool that is never reconciled here: its cells are admitted
+	// through the store (addPoolCell).
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithPools(pool.Config{
+		Name: testPool, TenantID: "acme", Release: rel, Target: 2, Provider: fake.New(fake.Config{})}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	e := &e2e{store: st, release: rel, workerID: uuid.Must(uuid.NewV7())}
 	h, err := httpapi.New(httpapi.Config{
 		Plane:  plane,
@@ -78,10 +83,6 @@ func startE2E(t *testing.T) *e2e {
 			OperatorToken: operatorToken,
 			Workers: map[string]sandboxwich.Worker{workerToken: {
 				ID: e.workerID, TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.KataMicroVM, lease.GVisorLowerRisk}}},
-		},
-		Pools: func(context.Context) ([]wire.Pool, error) {
-			return []wire.Pool{{Name: testPool, Provider: "dry-run", Mode: "dry_run", TenantID: "acme", Release: rel, Target: 2,
-				Members: map[string]int{"provisioning": 0, "ready": 1, "leased": 1, "stopping": 0, "cleanup_pending": 0, "destroyed": 0, "quarantined": 0}}}, nil
 		},
 	})
 	if err != nil {
@@ -328,8 +329,9 @@ func TestE2EErrors(t *testing.T) {
 func TestE2EPools(t *testing.T) {
 	e := startE2E(t)
 	ctx := context.Background()
+	e.addPoolCell(t)
 	pools, err := e.client(t, client.WithOperatorToken(operatorToken)).Pools(ctx)
-	if err != nil || len(pools) != 1 || pools[0].Name != testPool || pools[0].Members["ready"] != 1 {
+	if err != nil || len(pools) != 1 || pools[0].Name != testPool || pools[0].Members["ready"] != 1 || pools[0].Mode != "dry_run" {
 		t.Fatalf("Pools = %+v, %v", pools, err)
 	}
 	if _, err := e.client(t).Pools(ctx); !errors.Is(err, errcode.ErrUnauthorized) {

@@ -93,7 +93,7 @@ func TestBearer(t *testing.T) {
 func TestPanicRecovered(t *testing.T) {
 	var logs bytes.Buffer
 	reg := prometheus.NewRegistry()
-	m, err := newMetrics(reg, backends[0].open(t))
+	m, err := newMetrics(reg, nil) // the cell collector is never scraped here
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +12,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -221,8 +225,9 @@ func TestSharedToken(t *testing.T) {
 	})
 }
 
-// TestPools: operator only; only the operator's tenant's pools (CONTRACT
-// §19); every member state key present.
+// TestPools: operator only; the plane's own pools, only those of the
+// operator's tenant (CONTRACT §19); every member state key present; a
+// failing provider's last_error.
 func TestPools(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		e := newEnv(t, b)
@@ -230,40 +235,64 @@ func TestPools(t *testing.T) {
 		if string(r.body) != `{"ok":true,"pools":[]}` {
 			t.Errorf("no pools: %s", r.body)
 		}
-		errText := "boom"
-		e2 := newEnv(t, b, func(c *Config) {
-			c.Pools = func(ctx context.Context) ([]wire.Pool, error) {
-				return []wire.Pool{{Name: "p1", Provider: "dry-run", Mode: "dry_run", TenantID: "acme",
-					Release: e.release(lease.KataMicroVM), Target: 2, MaxProvisioning: 2, ReadyTTLSeconds: 300,
-					Members: map[string]int{"ready": 2}, LastError: &errText},
-					{Name: "g1", Provider: "dry-run", Mode: "dry_run", TenantID: "globex", Release: e.release(lease.KataMicroVM),
-						Target: 1, MaxProvisioning: 1, ReadyTTLSeconds: 300}}, nil
+		rel := signedRelease(t, lease.KataMicroVM)
+		failing := listFailing{fake.New(fake.Config{})}
+		e2 := newEnvWith(t, b, []sandboxwich.Option{sandboxwich.WithPools(
+			pool.Config{Name: "p1", TenantID: "acme", Release: rel, Target: 2, Provider: fake.New(fake.Config{})},
+			pool.Config{Name: "p2", TenantID: "acme", Release: rel, Target: 1, Provider: failing},
+			pool.Config{Name: "g1", TenantID: "globex", Release: rel, Target: 1, Provider: fake.New(fake.Config{})},
+		)})
+		acmePools := func() []map[string]json.RawMessage {
+			t.Helper()
+			r := e2.do("GET", "/v1/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+			checkSchema(t, "PoolsResponse", r.body)
+			var got struct {
+				Pools []map[string]json.RawMessage `json:"pools"`
 			}
-		})
+			if err := json.Unmarshal(r.body, &got); err != nil || len(got.Pools) != 2 ||
+				string(got.Pools[0]["name"]) != `"p1"` || string(got.Pools[1]["name"]) != `"p2"` {
+				t.Fatalf("acme's operator sees %s", r.body)
+			}
+			return got.Pools
+		}
+		if v := string(acmePools()[0]["last_reconcile_at"]); v != "null" {
+			t.Errorf("last_reconcile_at before the first pass: %s", v)
+		}
+		e2.plane.Pools().Pass(context.Background())
+
 		r = e2.do("GET", "/v1/pools", tokGlobex, nil, OperatorHeader, tokOperator).must(t, 200)
-		if p := decodeAs[wire.PoolsResponse](t, r).Pools; len(p) != 1 || p[0].Name != "g1" {
+		if p := decodeAs[wire.PoolsResponse](t, r).Pools; len(p) != 1 || p[0].Name != "g1" || p[0].Members["ready"] != 1 {
 			t.Errorf("globex's operator sees %s", r.body)
 		}
 		r = e2.do("GET", "/v1/pools", tokShared, nil, OperatorHeader, tokOperator).must(t, 200)
 		if string(r.body) != `{"ok":true,"pools":[]}` {
 			t.Errorf("the default tenant's operator sees %s", r.body)
 		}
-		r = e2.do("GET", "/v1/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
-		checkSchema(t, "PoolsResponse", r.body)
-		var got struct {
-			Pools []map[string]json.RawMessage `json:"pools"`
-		}
-		if err := json.Unmarshal(r.body, &got); err != nil || len(got.Pools) != 1 {
-			t.Fatalf("pools: %s", r.body)
-		}
+		ps := acmePools()
 		want := `{"cleanup_pending":0,"destroyed":0,"leased":0,"provisioning":0,"quarantined":0,"ready":2,"stopping":0}`
-		if m := string(got.Pools[0]["members"]); m != want {
+		if m := string(ps[0]["members"]); m != want {
 			t.Errorf("members %s, want %s", m, want)
 		}
-		if v := string(got.Pools[0]["last_reconcile_at"]); v != "null" {
-			t.Errorf("last_reconcile_at %s", v)
+		for k, want := range map[string]string{"provider": `"dry-run"`, "mode": `"dry_run"`, "target": "2",
+			"tenant_id": `"acme"`, "last_error": "null"} {
+			if v := string(ps[0][k]); v != want {
+				t.Errorf("p1 %s = %s, want %s", k, v, want)
+			}
+		}
+		if v := string(ps[0]["last_reconcile_at"]); v == "null" || v == "" {
+			t.Errorf("last_reconcile_at after a pass: %s", v)
+		}
+		if v := string(ps[1]["last_error"]); v != `"list: provider said:\nno"` {
+			t.Errorf("p2 last_error = %s", v)
 		}
 	})
+}
+
+// listFailing is the fake provider whose List fails.
+type listFailing struct{ *fake.Provider }
+
+func (listFailing) List(context.Context) ([]driver.Object, error) {
+	return nil, errors.New("provider said:\nno")
 }
 
 // TestHeaderTooLarge: a request whose header exceeds MaxHeaderBytes is 431

@@ -10,8 +10,11 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -221,14 +224,10 @@ func toMap(t *testing.T, v any) map[string]any {
 // mismatch, and exec.
 func TestPoolRelease(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
-		e := newEnv(t, b, func(c *Config) {
-			c.ProviderMode = func(pool string) string {
-				if pool == "p1" {
-					return "dry_run"
-				}
-				return ""
-			}
-		})
+		// A pool p1 with a dry-run provider and no reconcile pass: the
+		// plane reports its mode for the cells poolCell admits.
+		e := newEnvWith(t, b, []sandboxwich.Option{sandboxwich.WithPools(pool.Config{Name: "p1", TenantID: "acme",
+			Release: signedRelease(t, lease.GVisorLowerRisk), Target: 1, Provider: fake.New(fake.Config{})})})
 		e.poolCell("acme", lease.GVisorLowerRisk)
 		c := e.claim(tokAcme, nil, lease.GVisorLowerRisk)
 		r := e.do("GET", leasePath(c.Lease.LeaseID, ""), tokAcme, nil).must(t, 200)

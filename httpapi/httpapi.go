@@ -19,17 +19,14 @@
 package httpapi
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // Auth configures the principals of CONTRACT §10.1. Tokens are compared in
@@ -74,16 +71,6 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MetricsPublic serves /metrics without a token.
 	MetricsPublic bool
-	// Pools reports every pool; GET /v1/pools answers those of the
-	// operator's tenant. nil → an empty list.
-	Pools func(ctx context.Context) ([]wire.Pool, error)
-	// ProviderMode returns "apply" or "dry_run" for a pool name, reported as
-	// provider_mode in lease status for pool cells. When it is nil or
-	// answers "", the mode the plane reports for the pool's provider is
-	// used; cells of external workers never carry provider_mode.
-	ProviderMode func(pool string) string
-	// Now is the clock of idempotency records (default time.Now).
-	Now func() time.Time
 }
 
 // handler is the http.Handler returned by New.
@@ -95,9 +82,6 @@ type handler struct {
 	reg     *prometheus.Registry
 	promh   http.Handler
 	public  bool
-	pools   func(ctx context.Context) ([]wire.Pool, error)
-	mode    func(pool string) string
-	now     func() time.Time
 	mux     *http.ServeMux
 }
 
@@ -116,9 +100,6 @@ func New(cfg Config) (http.Handler, error) {
 		log:    cfg.Logger,
 		reg:    cfg.Registry,
 		public: cfg.MetricsPublic,
-		pools:  cfg.Pools,
-		mode:   cfg.ProviderMode,
-		now:    cfg.Now,
 	}
 	if h.log == nil {
 		h.log = slog.Default()
@@ -129,14 +110,11 @@ func New(cfg Config) (http.Handler, error) {
 		// memory, file descriptors.
 		h.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	if h.now == nil {
-		h.now = time.Now
-	}
 	var err error
 	if h.auth, err = newAuthenticator(cfg.Auth); err != nil {
 		return nil, err
 	}
-	if h.metrics, err = newMetrics(h.reg, cfg.Plane.Store()); err != nil {
+	if h.metrics, err = newMetrics(h.reg, cfg.Plane); err != nil {
 		return nil, err
 	}
 	h.promh = newPromHandler(h.reg, h.log)

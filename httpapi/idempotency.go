@@ -74,9 +74,8 @@ func fingerprint(r *http.Request, body []byte) string {
 // and stores or drops its response.
 func (h *handler) idempotent(rt *route, c *call, key string) reply {
 	fp := fingerprint(c.r, c.body)
-	now := h.now().UTC()
-	st := h.plane.Store()
-	rec, err := st.BeginIdempotent(c.ctx(), store.IdempotencyParams{
+	now := h.plane.Now()
+	rec, err := h.plane.Idempotency().BeginIdempotent(c.ctx(), store.IdempotencyParams{
 		TenantID: c.p.tenant, Key: key, Fingerprint: fp, Now: now, InFlightUntil: now.Add(idempotencyInFlight),
 	})
 	if err != nil {
@@ -129,9 +128,9 @@ func (h *handler) settle(rt *route, c *call, key string, rep reply) {
 		h.dropIdempotent(c, key)
 		return
 	}
-	err := h.plane.Store().FinishIdempotent(context.WithoutCancel(c.ctx()), store.IdempotencyResult{
+	err := h.plane.Idempotency().FinishIdempotent(context.WithoutCancel(c.ctx()), store.IdempotencyResult{
 		TenantID: c.p.tenant, Key: key, Status: rep.status, Body: rep.body,
-		ExpiresAt: h.now().UTC().Add(idempotencyTTL),
+		ExpiresAt: h.plane.Now().Add(idempotencyTTL),
 	})
 	if err != nil {
 		h.logIdempotency(c, "finish", err)
@@ -140,7 +139,7 @@ func (h *handler) settle(rt *route, c *call, key string, rep reply) {
 }
 
 func (h *handler) dropIdempotent(c *call, key string) {
-	if err := h.plane.Store().DropIdempotent(context.WithoutCancel(c.ctx()), c.p.tenant, key); err != nil {
+	if err := h.plane.Idempotency().DropIdempotent(context.WithoutCancel(c.ctx()), c.p.tenant, key); err != nil {
 		h.logIdempotency(c, "drop", err)
 	}
 }

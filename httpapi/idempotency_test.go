@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -138,9 +139,8 @@ func TestIdempotencyKeys(t *testing.T) {
 // two minutes (a crashed request does not hold it forever).
 func TestIdempotencyInFlightExpiry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
-		var clock time.Time
-		e := newEnv(t, b, func(c *Config) { c.Now = func() time.Time { return clock } })
-		clock = time.Now()
+		clock := time.Now()
+		e := newEnvWith(t, b, []sandboxwich.Option{sandboxwich.WithClock(func() time.Time { return clock })})
 		raw := mustJSON(t, e.claimBody(nil, lease.KataMicroVM))
 		req := httptest.NewRequest("POST", "/v1/sterile-cells/claim", bytes.NewReader(raw))
 		req.Header.Set("Content-Type", "application/json")

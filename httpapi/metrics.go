@@ -13,7 +13,6 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/store"
 )
 
 // Claim outcomes counted by sandboxwich_claims_total.
@@ -36,7 +35,7 @@ type metrics struct {
 }
 
 // newMetrics registers the handler's collectors on reg.
-func newMetrics(reg *prometheus.Registry, st store.Store) (*metrics, error) {
+func newMetrics(reg *prometheus.Registry, plane *sandboxwich.Plane) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandboxwich_http_requests_total",
@@ -62,7 +61,7 @@ func newMetrics(reg *prometheus.Registry, st store.Store) (*metrics, error) {
 	for _, r := range []sandboxwich.EmptyReason{sandboxwich.EmptyNoInventory, sandboxwich.EmptyExpiresTooSoon, sandboxwich.EmptyHeldBack} {
 		m.empty.WithLabelValues(string(r))
 	}
-	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(st), buildInfo()}
+	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(plane), buildInfo()}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, done := range cs[:i] {
@@ -99,12 +98,12 @@ func buildInfo() prometheus.Collector {
 
 // cellCollector reports cells by state, read from the store at scrape time.
 type cellCollector struct {
-	st   store.Store
-	desc *prometheus.Desc
+	plane *sandboxwich.Plane
+	desc  *prometheus.Desc
 }
 
-func newCellCollector(st store.Store) *cellCollector {
-	return &cellCollector{st: st, desc: prometheus.NewDesc("sandboxwich_cells",
+func newCellCollector(plane *sandboxwich.Plane) *cellCollector {
+	return &cellCollector{plane: plane, desc: prometheus.NewDesc("sandboxwich_cells",
 		"Sterile cells by state.", []string{"state"}, nil)}
 }
 
@@ -115,7 +114,7 @@ func (c *cellCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *cellCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	counts, err := c.st.CellCounts(ctx)
+	counts, err := c.plane.CellCounts(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.desc, err)
 		return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -26,32 +27,41 @@ func (h *handler) openAPI(w http.ResponseWriter, _ *http.Request) {
 	h.write(w, reply{status: http.StatusOK, body: openAPIDoc})
 }
 
-// listPools serves GET /v1/pools (operator): the pools of the operator's
-// own tenant only (CONTRACT §19).
+// listPools serves GET /v1/pools (operator): the plane's pools of the
+// operator's own tenant only (CONTRACT §19).
 func (h *handler) listPools(c *call) (int, any, error) {
+	sts, err := h.plane.PoolStatus(c.ctx())
+	if err != nil {
+		return 0, nil, errcode.Wrap(errcode.Internal, "list pools", err)
+	}
 	pools := []wire.Pool{}
-	if h.pools != nil {
-		ps, err := h.pools(c.ctx())
-		if err != nil {
-			return 0, nil, errcode.Wrap(errcode.Internal, "list pools", err)
-		}
-		for _, p := range ps {
-			if p.TenantID == c.p.tenant {
-				p.Members = allMemberStates(p.Members)
-				pools = append(pools, p)
-			}
+	for _, s := range sts {
+		if s.Config.TenantID == c.p.tenant {
+			pools = append(pools, wirePool(s))
 		}
 	}
 	return http.StatusOK, wire.PoolsResponse{OK: true, Pools: pools}, nil
 }
 
-// allMemberStates returns member counts with every state key present.
-func allMemberStates(in map[string]int) map[string]int {
-	out := make(map[string]int, len(lease.MemberStates))
-	for _, s := range lease.MemberStates {
-		out[string(s)] = in[string(s)]
+// wirePool is a pool's status in wire form, with every member state key.
+func wirePool(s pool.Status) wire.Pool {
+	members := make(map[string]int, len(lease.MemberStates))
+	for _, st := range lease.MemberStates {
+		members[string(st)] = s.Members[st]
 	}
-	return out
+	p := wire.Pool{
+		Name: s.Config.Name, Provider: s.Capabilities.Kind, Mode: string(s.Capabilities.Mode),
+		TenantID: s.Config.TenantID, Release: s.Config.Release, Target: s.Config.Target,
+		ReadyFloor: s.Config.ReadyFloor, MaxProvisioning: s.Config.MaxProvisioning,
+		ReadyTTLSeconds: int(s.Config.ReadyTTL / time.Second), Members: members,
+	}
+	if !s.LastReconcile.IsZero() {
+		p.LastReconcileAt = &wire.Time{Time: s.LastReconcile}
+	}
+	if s.LastError != "" {
+		p.LastError = &s.LastError
+	}
+	return p
 }
 
 // health is the body of /healthz and /readyz.
@@ -81,7 +91,7 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	db, auth := &healthComponent{OK: true}, &healthComponent{OK: true}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	if err := h.plane.Store().Ping(ctx); err != nil {
+	if err := h.plane.Ping(ctx); err != nil {
 		h.log.LogAttrs(r.Context(), slog.LevelWarn, "httpapi: readiness: store",
 			slog.String("request_id", requestIDOf(r.Context())), slog.String("error", err.Error()))
 		db = &healthComponent{Message: ptr("database unreachable or not migrated")}

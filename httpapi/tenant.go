@@ -101,7 +101,7 @@ func (h *handler) release(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusAccepted, wire.StatusResponse{OK: true, Status: h.statusOf(st)}, nil
+	return http.StatusAccepted, wire.StatusResponse{OK: true, Status: wireStatus(st)}, nil
 }
 
 // leaseStatus serves GET /v1/sterile-cell-leases/{lease_id}.
@@ -114,13 +114,13 @@ func (h *handler) leaseStatus(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.StatusResponse{OK: true, Status: h.statusOf(st)}, nil
+	return http.StatusOK, wire.StatusResponse{OK: true, Status: wireStatus(st)}, nil
 }
 
-// statusOf is the wire status, with provider_mode for pool cells: from
-// Config.ProviderMode when it answers, else the plane's.
-func (h *handler) statusOf(st sandboxwich.LeaseStatus) wire.LeaseStatus {
-	out := wire.LeaseStatus{
+// wireStatus is a lease status in wire form; provider_mode is the plane's,
+// for pool cells only.
+func wireStatus(st sandboxwich.LeaseStatus) wire.LeaseStatus {
+	return wire.LeaseStatus{
 		LeaseID:        st.LeaseID,
 		CellID:         st.CellID,
 		Generation:     st.Generation,
@@ -128,17 +128,8 @@ func (h *handler) statusOf(st sandboxwich.LeaseStatus) wire.LeaseStatus {
 		Disposition:    wire.DispositionOf(st.State),
 		ProviderAbsent: st.ProviderAbsent,
 		CleanupPending: st.CleanupPending,
+		ProviderMode:   string(st.ProviderMode),
 	}
-	if st.PoolName == "" {
-		return out
-	}
-	out.ProviderMode = string(st.ProviderMode)
-	if h.mode != nil {
-		if m := h.mode(st.PoolName); m != "" {
-			out.ProviderMode = m
-		}
-	}
-	return out
 }
 
 // exec serves POST /v1/sterile-cell-leases/{lease_id}/exec.

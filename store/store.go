@@ -171,6 +171,12 @@ type Store interface {
 	// UnlockMember releases owner's executor lock, if it still holds it.
 	UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error
 
+	IdempotencyStore
+}
+
+// IdempotencyStore keeps the Idempotency-Key records of the HTTP API
+// (CONTRACT §10.4). Every Store is one.
+type IdempotencyStore interface {
 	// BeginIdempotent looks up (tenant, key). When absent or expired it
 	// records a new in-flight entry that expires at p.InFlightUntil and
 	// returns it with Created set; otherwise it returns the stored record.

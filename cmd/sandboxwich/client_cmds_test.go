@@ -21,8 +21,11 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/httpapi"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -40,6 +43,7 @@ const (
 type cliTestServer struct {
 	url      string
 	store    *sqlite.Store
+	plane    *sandboxwich.Plane
 	release  wire.Release
 	workerID uuid.UUID
 }
@@ -57,15 +61,17 @@ func startCLITestServer(t *testing.T) *cliTestServer {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
 	digest := strings.Repeat("a", 64)
 	rel := wire.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: digest,
 		Signature: keys.SignRelease("release-set-2026-08-07", string(lease.KataMicroVM), digest)}
-	s := &cliTestServer{store: st, release: rel, workerID: uuid.Must(uuid.NewV7())}
-	lastErr := "provider said:\nno"
+	// A real pool, reconciled only when a test runs a pass, whose provider
+	// fails to list its objects (so a pass sets its last_error).
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithPools(pool.Config{
+		Name: cliTestPool, TenantID: "acme", Release: rel, Target: 3, Provider: listFailing{fake.New(fake.Config{})}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &cliTestServer{store: st, plane: plane, release: rel, workerID: uuid.Must(uuid.NewV7())}
 	h, err := httpapi.New(httpapi.Config{
 		Plane:  plane,
 		Logger: quiet,
@@ -75,11 +81,6 @@ func startCLITestServer(t *testing.T) *cliTestServer {
 			Workers: map[string]sandboxwich.Worker{cliTestWorkerToken: {
 				ID: s.workerID, TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.KataMicroVM}}},
 		},
-		Pools: func(context.Context) ([]wire.Pool, error) {
-			return []wire.Pool{{Name: cliTestPool, Provider: "dry-run", Mode: "dry_run", TenantID: "acme", Release: rel, Target: 3,
-				Members:   map[string]int{"provisioning": 0, "ready": 1, "leased": 1, "stopping": 0, "cleanup_pending": 1, "destroyed": 4, "quarantined": 0},
-				LastError: &lastErr}}, nil
-		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +89,13 @@ func startCLITestServer(t *testing.T) *cliTestServer {
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
 	return s
+}
+
+// listFailing is the fake provider whose List fails.
+type listFailing struct{ *fake.Provider }
+
+func (listFailing) List(context.Context) ([]driver.Object, error) {
+	return nil, errors.New("provider said:\nno")
 }
 
 func (s *cliTestServer) addPoolCell(t *testing.T) uuid.UUID {
@@ -447,19 +455,28 @@ func TestCLIPools(t *testing.T) {
 		t.Errorf("pools without the operator token: exit %d\n%s", code, te.stderr)
 	}
 	te.vars["SANDBOXWICH_OPERATOR_TOKEN"] = cliTestOperatorToken
+	// A pass provisions three cells, then fails to list the provider's
+	// objects; one cell is then leased.
+	ctx := context.Background()
+	s.plane.Pools().Pass(ctx)
+	if res, err := s.plane.Claim(ctx, "acme", sandboxwich.ClaimRequest{Release: s.release, Binding: lease.Binding{
+		OrganizationID: "org-1", WorkspaceID: "ws-1", ThreadID: "th-1", RunnerSessionID: "rs-1"}}); err != nil || res.Lease == nil {
+		t.Fatalf("claim: %v, %v", res, err)
+	}
 	if code := te.run("pools"); code != 0 {
 		t.Fatalf("pools: exit %d\n%s", code, te.stderr)
 	}
 	lines := strings.Split(strings.TrimSpace(te.stdout.String()), "\n")
 	if len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "NAME PROVIDER MODE TARGET READY LEASED STOPPING CLEANUP_PENDING LAST_ERROR" ||
-		strings.Join(strings.Fields(lines[1]), " ") != "default dry-run dry_run 3 1 1 0 1 provider said: no" {
+		strings.Join(strings.Fields(lines[1]), " ") != "default dry-run dry_run 3 2 1 0 0 list: provider said: no" {
 		t.Errorf("pools table:\n%s", te.stdout)
 	}
 	if code := te.run("pools", "--json"); code != 0 {
 		t.Fatalf("pools --json: exit %d\n%s", code, te.stderr)
 	}
 	var pr wire.PoolsResponse
-	if err := json.Unmarshal(te.stdout.Bytes(), &pr); err != nil || !pr.OK || len(pr.Pools) != 1 || pr.Pools[0].Members["destroyed"] != 4 {
+	if err := json.Unmarshal(te.stdout.Bytes(), &pr); err != nil || !pr.OK || len(pr.Pools) != 1 ||
+		len(pr.Pools[0].Members) != len(lease.MemberStates) || pr.Pools[0].LastError == nil || *pr.Pools[0].LastError != "list: provider said:\nno" {
 		t.Errorf("pools --json = %s (%v)", te.stdout, err)
 	}
 }

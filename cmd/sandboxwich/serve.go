@@ -18,7 +18,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/postgres"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
-	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // openStore opens the store named by a database URL.
@@ -128,46 +127,12 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		},
 		Logger:        log,
 		MetricsPublic: c.MetricsPublic,
-		Pools:         func(ctx context.Context) ([]wire.Pool, error) { return poolsOf(ctx, plane) },
 	})
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
 	return &server{cfg: c, log: log, store: st, plane: plane, handler: h}, nil
-}
-
-// poolsOf reports the plane's pools in wire form.
-func poolsOf(ctx context.Context, plane *sandboxwich.Plane) ([]wire.Pool, error) {
-	r := plane.Pools()
-	if r == nil {
-		return []wire.Pool{}, nil
-	}
-	sts, err := r.Status(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]wire.Pool, 0, len(sts))
-	for _, s := range sts {
-		members := map[string]int{}
-		for st, n := range s.Members {
-			members[string(st)] = n
-		}
-		p := wire.Pool{
-			Name: s.Config.Name, Provider: s.Capabilities.Kind, Mode: string(s.Capabilities.Mode),
-			TenantID: s.Config.TenantID, Release: s.Config.Release, Target: s.Config.Target,
-			ReadyFloor: s.Config.ReadyFloor, MaxProvisioning: s.Config.MaxProvisioning,
-			ReadyTTLSeconds: int(s.Config.ReadyTTL / time.Second), Members: members,
-		}
-		if !s.LastReconcile.IsZero() {
-			p.LastReconcileAt = &wire.Time{Time: s.LastReconcile}
-		}
-		if s.LastError != "" {
-			p.LastError = &s.LastError
-		}
-		out = append(out, p)
-	}
-	return out, nil
 }
 
 // run serves until ctx ends, then shuts down in order: stop accepting, let
