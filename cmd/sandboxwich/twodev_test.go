@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"net"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,24 +21,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
-// syncBuffer is a bytes.Buffer safe for a server goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // devServer is one `sandboxwich dev` run in this process, with its own
 // --dir (database, key, tokens) and port, and the runsc state root it is
 // given.
@@ -49,7 +29,7 @@ type devServer struct {
 	name   string
 	dir    string
 	url    string
-	out    syncBuffer
+	out    lockedBuffer
 	cancel context.CancelFunc
 	done   chan int
 	c      *client.Client
