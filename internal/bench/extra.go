@@ -176,7 +176,7 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		if err != nil || len(ready) < 2 {
 			return nil, fmt.Errorf("no ready gvisor cell: %v", err)
 		}
-		id := "sbw-bench-" + ready[len(ready)-1].CellID.String() // the driver's container ID
+		id, _, _ := strings.Cut(ready[len(ready)-1].Identity, "@") // the driver's container ID
 		t0 := time.Now()
 		out, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "--network=none", "exec", id, argv[0], argv[1]).Output()
 		if err != nil || !strings.Contains(string(out), "first-output") {
