@@ -86,7 +86,7 @@ fi
 
 # Build the server and the harness once.
 if ! go build -o "$artifacts/sandboxwich" ./cmd/sandboxwich >"$artifacts/build.log" 2>&1 ||
-	! go build -o "$artifacts/reliability" ./reliability/cmd/reliability >>"$artifacts/build.log" 2>&1; then
+	! go build -o "$artifacts/reliability" ./internal/reliability/cmd/reliability >>"$artifacts/build.log" 2>&1; then
 	report FAIL "build: $(tail -n 3 "$artifacts/build.log" | tr '\n' ' ')"
 	echo "reliability: $passed checks passed, $failed failed"
 	exit 1

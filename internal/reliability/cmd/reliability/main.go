@@ -30,7 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxwich/sandboxwich/reliability"
+	"github.com/sandboxwich/sandboxwich/internal/reliability"
 )
 
 func main() {

@@ -19,6 +19,6 @@
 //   - [RunSoak] puts mixed load on a server and reports 5xx, throughput,
 //     latency, and whether memory, threads and goroutines stay stable.
 //
-// The command reliability/cmd/reliability runs one check and prints its
+// The command internal/reliability/cmd/reliability runs one check and prints its
 // verdict line.
 package reliability
