@@ -338,11 +338,7 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		},
 	}
 	if req.ClaimID != uuid.Nil {
-		params.Digest = fence.Digest(fence.ClaimRequest{
-			ReleaseSetID: r.ReleaseSetID, RuntimeClass: string(r.RuntimeClass), PolicyDigest: r.PolicyDigest,
-			Signature: r.Signature, OrganizationID: b.OrganizationID, WorkspaceID: b.WorkspaceID,
-			ThreadID: b.ThreadID, RunnerSessionID: b.RunnerSessionID, LeaseSeconds: req.LeaseSeconds,
-		})
+		params.Digest = fence.DigestOf(r, b, req.LeaseSeconds)
 	}
 	res, err := p.store.Claim(ctx, params)
 	if err != nil {
@@ -406,20 +402,7 @@ func (p *Plane) emptyReason(ctx context.Context, tenantID string, params *store.
 
 // token computes the attestation of a lease.
 func (p *Plane) token(l lease.Lease) string {
-	return p.keys.LeaseToken(attest.LeaseClaims{
-		LeaseID:          l.ID.String(),
-		CellID:           l.CellID.String(),
-		Generation:       l.Generation,
-		ReleaseSetID:     l.Release.ReleaseSetID,
-		RuntimeClass:     string(l.Release.RuntimeClass),
-		PolicyDigest:     l.Release.PolicyDigest,
-		OrganizationID:   l.Binding.OrganizationID,
-		WorkspaceID:      l.Binding.WorkspaceID,
-		ThreadID:         l.Binding.ThreadID,
-		RunnerSessionID:  l.Binding.RunnerSessionID,
-		ExpiresAt:        l.ExpiresAt,
-		ReleaseSignature: l.Release.Signature,
-	})
+	return p.keys.LeaseToken(attest.ClaimsOf(l))
 }
 
 // checkRelease validates a release's shape (400), class (422) and

@@ -6,6 +6,8 @@
 // All MACs are HMAC-SHA256 over fields joined by a NUL byte. Callers validate
 // the fields first (CONTRACT.md section 2), so no field contains a NUL byte
 // and every message has exactly one parse.
+//
+// It imports only package lease of this module ([ClaimsOf]).
 package attest
 
 import (
@@ -19,6 +21,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 const (
@@ -97,6 +101,25 @@ type LeaseClaims struct {
 	RunnerSessionID  string
 	ExpiresAt        time.Time // formatted with CanonicalTime
 	ReleaseSignature string    // the full "swrs1_…" string
+}
+
+// ClaimsOf returns the attestation claims of a lease: the one mapping from
+// a lease to the fields its attestation signs.
+func ClaimsOf(l lease.Lease) LeaseClaims {
+	return LeaseClaims{
+		LeaseID:          l.ID.String(),
+		CellID:           l.CellID.String(),
+		Generation:       l.Generation,
+		ReleaseSetID:     l.Release.ReleaseSetID,
+		RuntimeClass:     string(l.Release.RuntimeClass),
+		PolicyDigest:     l.Release.PolicyDigest,
+		OrganizationID:   l.Binding.OrganizationID,
+		WorkspaceID:      l.Binding.WorkspaceID,
+		ThreadID:         l.Binding.ThreadID,
+		RunnerSessionID:  l.Binding.RunnerSessionID,
+		ExpiresAt:        l.ExpiresAt,
+		ReleaseSignature: l.Release.Signature,
+	}
 }
 
 // LeaseToken returns the lease attestation of CONTRACT.md 3.3: "swla1_"

@@ -1,6 +1,7 @@
 // Package fence implements the claim fence of CONTRACT.md 3.4 and section 5
 // step 1: the digest that identifies a fenced claim request, and what a
 // retried claim does given the fence row stored under its (tenant, claim_id).
+// It imports only package lease of this module.
 package fence
 
 import (
@@ -8,6 +9,8 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"strconv"
+
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 const domain = "sandboxwich-sterile-claim-v1"
@@ -51,6 +54,17 @@ func Digest(r ClaimRequest) string {
 	}
 	sum := sha256.Sum256(msg)
 	return base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// DigestOf returns the claim-request digest of a claim for release r under
+// binding b, with the raw requested lease_seconds (nil when omitted): the
+// one mapping from a claim to the fields its fence covers.
+func DigestOf(r lease.Release, b lease.Binding, leaseSeconds *uint64) string {
+	return Digest(ClaimRequest{
+		ReleaseSetID: r.ReleaseSetID, RuntimeClass: string(r.RuntimeClass), PolicyDigest: r.PolicyDigest,
+		Signature: r.Signature, OrganizationID: b.OrganizationID, WorkspaceID: b.WorkspaceID,
+		ThreadID: b.ThreadID, RunnerSessionID: b.RunnerSessionID, LeaseSeconds: leaseSeconds,
+	})
 }
 
 // Decision is what a fenced claim does given its fence row.

@@ -128,24 +128,15 @@ func (f fixture) claim() store.ClaimParams {
 	b := lease.Binding{OrganizationID: "org-1", WorkspaceID: "workspace-1", ThreadID: "thread-1", RunnerSessionID: "session-1"}
 	ls := uint64(120)
 	return store.ClaimParams{
-		TenantID: "tenant-a",
-		Digest: fence.Digest(fence.ClaimRequest{ReleaseSetID: f.rel.ReleaseSetID, RuntimeClass: string(f.rel.RuntimeClass),
-			PolicyDigest: f.rel.PolicyDigest, Signature: f.rel.Signature, OrganizationID: b.OrganizationID,
-			WorkspaceID: b.WorkspaceID, ThreadID: b.ThreadID, RunnerSessionID: b.RunnerSessionID, LeaseSeconds: &ls}),
+		TenantID:     "tenant-a",
+		Digest:       fence.DigestOf(f.rel, b, &ls),
 		Release:      f.rel,
 		Binding:      b,
 		LeaseSeconds: ls,
 		LeaseID:      uuid.Must(uuid.NewV7()),
 		Now:          f.now,
 		Sign: func(l lease.Lease) string {
-			return attest.Digest(f.kr.LeaseToken(attest.LeaseClaims{
-				LeaseID: l.ID.String(), CellID: l.CellID.String(), Generation: l.Generation,
-				ReleaseSetID: l.Release.ReleaseSetID, RuntimeClass: string(l.Release.RuntimeClass),
-				PolicyDigest: l.Release.PolicyDigest, OrganizationID: l.Binding.OrganizationID,
-				WorkspaceID: l.Binding.WorkspaceID, ThreadID: l.Binding.ThreadID,
-				RunnerSessionID: l.Binding.RunnerSessionID, ExpiresAt: l.ExpiresAt,
-				ReleaseSignature: l.Release.Signature,
-			}))
+			return attest.Digest(f.kr.LeaseToken(attest.ClaimsOf(l)))
 		},
 	}
 }

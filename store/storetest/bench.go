@@ -83,7 +83,7 @@ func (h *bench) claim() error {
 		LeaseID:      newID(),
 		Now:          h.now,
 		Sign: func(l lease.Lease) string {
-			return attest.Digest(h.kr.LeaseToken(claimsOf(l)))
+			return attest.Digest(h.kr.LeaseToken(attest.ClaimsOf(l)))
 		},
 	}
 	p.Digest = claimDigest(p)

@@ -47,7 +47,7 @@ func testClaimLeaseFields(e *env) {
 		ExpiresAt:  e.now.Add(300 * time.Second),
 	}
 	unsigned := want
-	want.AttestationDigest = attest.Digest(e.kr.LeaseToken(claimsOf(want)))
+	want.AttestationDigest = attest.Digest(e.kr.LeaseToken(attest.ClaimsOf(want)))
 	e.wantLease(res.Lease, want, "Claim lease")
 	if res.Replayed || res.PoolName != "" {
 		e.t.Errorf("Claim result = Replayed %v PoolName %q, want false and none", res.Replayed, res.PoolName)

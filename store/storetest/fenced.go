@@ -49,7 +49,7 @@ func testFencedReplay(e *env) {
 			e.t.Errorf("retry %d: PoolName = %q", i+1, res.PoolName)
 		}
 		// The attestation regenerates byte for byte.
-		if res.Lease != nil && attest.Digest(e.kr.LeaseToken(claimsOf(*res.Lease))) != first.Lease.AttestationDigest {
+		if res.Lease != nil && attest.Digest(e.kr.LeaseToken(attest.ClaimsOf(*res.Lease))) != first.Lease.AttestationDigest {
 			e.t.Error("the replayed lease does not regenerate the stored attestation")
 		}
 	}

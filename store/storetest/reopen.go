@@ -19,7 +19,7 @@ func ClaimWithToken(t *testing.T, s store.Store) (token, digest string) {
 	e.prepare()
 	p := e.claimParams(fenced(newID()))
 	p.Sign = func(l lease.Lease) string {
-		token = e.kr.LeaseToken(claimsOf(l))
+		token = e.kr.LeaseToken(attest.ClaimsOf(l))
 		return attest.Digest(token)
 	}
 	res, err := s.Claim(t.Context(), p)

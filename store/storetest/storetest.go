@@ -168,26 +168,8 @@ func releaseFor(kr *attest.Keyring, setID string, class lease.RuntimeClass, dige
 	}
 }
 
-// claimsOf returns the attestation claims of a lease.
-func claimsOf(l lease.Lease) attest.LeaseClaims {
-	return attest.LeaseClaims{
-		LeaseID:          l.ID.String(),
-		CellID:           l.CellID.String(),
-		Generation:       l.Generation,
-		ReleaseSetID:     l.Release.ReleaseSetID,
-		RuntimeClass:     string(l.Release.RuntimeClass),
-		PolicyDigest:     l.Release.PolicyDigest,
-		OrganizationID:   l.Binding.OrganizationID,
-		WorkspaceID:      l.Binding.WorkspaceID,
-		ThreadID:         l.Binding.ThreadID,
-		RunnerSessionID:  l.Binding.RunnerSessionID,
-		ExpiresAt:        l.ExpiresAt,
-		ReleaseSignature: l.Release.Signature,
-	}
-}
-
 // sign is the ClaimParams.Sign of the suite: the digest of the real token.
-func (e *env) sign(l lease.Lease) string { return attest.Digest(e.kr.LeaseToken(claimsOf(l))) }
+func (e *env) sign(l lease.Lease) string { return attest.Digest(e.kr.LeaseToken(attest.ClaimsOf(l))) }
 
 func newID() uuid.UUID { return uuid.Must(uuid.NewV7()) }
 
@@ -245,17 +227,7 @@ func (e *env) claimParams(opts ...func(*store.ClaimParams)) store.ClaimParams {
 
 func claimDigest(p store.ClaimParams) string {
 	ls := p.LeaseSeconds
-	return fence.Digest(fence.ClaimRequest{
-		ReleaseSetID:    p.Release.ReleaseSetID,
-		RuntimeClass:    string(p.Release.RuntimeClass),
-		PolicyDigest:    p.Release.PolicyDigest,
-		Signature:       p.Release.Signature,
-		OrganizationID:  p.Binding.OrganizationID,
-		WorkspaceID:     p.Binding.WorkspaceID,
-		ThreadID:        p.Binding.ThreadID,
-		RunnerSessionID: p.Binding.RunnerSessionID,
-		LeaseSeconds:    &ls,
-	})
+	return fence.DigestOf(p.Release, p.Binding, &ls)
 }
 
 // Claim options.
