@@ -15,6 +15,11 @@
 //		})
 //	}
 //
+// Every scenario is a subtest of its own with a fresh store from newStore,
+// and the subtests run in parallel (t.Parallel; Run returns after all of
+// them): newStore must return stores that share nothing (a new SQLite
+// file, a new Postgres schema), as the shipped backends' tests do.
+//
 // Time is injected: every scenario starts from a fixed instant and moves it
 // explicitly, so expiry is tested without sleeping. Besides the assertions of
 // each scenario, the suite watches every cell and membership the store
@@ -49,30 +54,37 @@ import (
 // closed by the suite via t.Cleanup).
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Helper()
-	for _, group := range [][]scenario{
-		basicScenarios,
-		claimScenarios,
-		fencedScenarios,
-		floorScenarios,
-		leaseScenarios,
-		releaseScenarios,
-		workerScenarios,
-		memberScenarios,
-		replenishScenarios,
-		stopScenarios,
-		miscScenarios,
-		idempotencyScenarios,
-		concurrencyScenarios,
-		badInputScenarios,
-	} {
-		for _, sc := range group {
-			t.Run(sc.name, func(t *testing.T) {
-				e := newEnv(t, newStore)
-				sc.run(e)
-			})
+	// One group, so that Run returns only after its parallel subtests.
+	t.Run("Conformance", func(t *testing.T) {
+		for _, group := range [][]scenario{
+			basicScenarios,
+			claimScenarios,
+			fencedScenarios,
+			floorScenarios,
+			leaseScenarios,
+			releaseScenarios,
+			workerScenarios,
+			memberScenarios,
+			replenishScenarios,
+			stopScenarios,
+			miscScenarios,
+			idempotencyScenarios,
+			concurrencyScenarios,
+			badInputScenarios,
+		} {
+			for _, sc := range group {
+				t.Run(sc.name, func(t *testing.T) {
+					t.Parallel()
+					e := newEnv(t, newStore)
+					sc.run(e)
+				})
+			}
 		}
-	}
-	t.Run("installation", func(t *testing.T) { checkInstallation(t, newStore) })
+		t.Run("installation", func(t *testing.T) {
+			t.Parallel()
+			checkInstallation(t, newStore)
+		})
+	})
 }
 
 // scenario is one independent subtest.
