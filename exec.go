@@ -78,11 +78,8 @@ func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 		err = driver.Verify(obj, obs, l.Release.RuntimeClass)
 	}
 	if err != nil {
-		p.log.Warn("runtime class boundary unverified", "pool", m.Pool, "cell_id", m.CellID, "error", err)
-		if qerr := p.quarantine(ctx, m, "runtime unverified before exec: "+err.Error()); qerr != nil {
-			return ExecResult{}, qerr
-		}
-		return ExecResult{}, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified, "the cell's runtime class could not be verified; the cell is quarantined", err)
+		return ExecResult{}, p.quarantine(ctx, m, "runtime unverified before exec", err, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified,
+			"the cell's runtime class could not be verified; the cell is quarantined", err))
 	}
 	timeout := req.Timeout
 	if timeout == 0 {
@@ -97,30 +94,29 @@ func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 			return ExecResult{}, err
 		case errors.Is(err, driver.ErrCellLost):
-			p.log.Warn("cell lost during exec", "pool", m.Pool, "cell_id", m.CellID, "error", err)
-			if qerr := p.quarantine(ctx, m, "cell lost during exec: "+err.Error()); qerr != nil {
-				return ExecResult{}, qerr
-			}
-			return ExecResult{}, errcode.Wrap(errcode.Conflict, "the cell died during the command; it is quarantined and the lease is over", err)
+			return ExecResult{}, p.quarantine(ctx, m, "cell lost during exec", err, errcode.Wrap(errcode.Conflict,
+				"the cell died during the command; it is quarantined and the lease is over", err))
 		}
 		return ExecResult{}, errcode.Wrap(errcode.Internal, "exec failed", err)
 	}
 	return res, nil
 }
 
-// quarantine ends a leased cell that cannot be trusted or used any more:
-// the cell is quarantined and its stop recorded in one transaction, and the
-// pool destroys it.
-func (p *Plane) quarantine(ctx context.Context, m *store.Member, reason string) error {
+// quarantine ends a leased cell that cannot be trusted or used any more,
+// for what (logged with cause): the cell is quarantined and its stop
+// recorded in one transaction, and the pool destroys it. It returns
+// answer, or the store's error when the stop could not be recorded.
+func (p *Plane) quarantine(ctx context.Context, m *store.Member, what string, cause, answer error) error {
+	p.log.Warn(what, "pool", m.Pool, "cell_id", m.CellID, "error", cause)
 	_, err := p.store.BeginStop(ctx, store.StopIntent{
 		CellID: m.CellID, From: []lease.MemberState{lease.MemberLeased}, Disposition: lease.Quarantined,
-		Quarantine: true, Reason: reason, Now: p.Now(),
+		Quarantine: true, Reason: what + ": " + cause.Error(), Now: p.Now(),
 	})
 	if err != nil && !errors.Is(err, errcode.ErrConflict) {
 		return err
 	}
 	p.pools.Trigger()
-	return nil
+	return answer
 }
 
 // checkExec refuses, with InvalidRequest and before anything reaches the
