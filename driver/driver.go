@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -74,6 +75,11 @@ type Observation struct {
 	RuntimeClass lease.RuntimeClass
 	// Ready reports that the object can run commands now.
 	Ready bool
+	// AgentDigest is the build digest ("sha256:<hex>") of the cell agent
+	// the provider mounted into this object, read back from the provider
+	// (the bundle, the Pod spec), or "" when the object runs no agent. The
+	// plane expects the agent to report exactly this digest.
+	AgentDigest string
 	// Detail explains the observation for logs (never a secret).
 	Detail string
 }
@@ -118,6 +124,19 @@ type Execer interface {
 	// Exec runs one command in the object and waits for it, within ctx and
 	// req.Timeout. A command that ran and exited non-zero is not an error.
 	Exec(ctx context.Context, obj Object, req ExecRequest) (ExecResult, error)
+}
+
+// AgentHost is implemented by providers whose cells run the cell agent
+// (package agent, CONTRACT §13). The plane reads the agent's status at
+// admission and verification, activates it with a sanitized activation on
+// the first lease operation, and routes exec, files and launch through it;
+// Execer remains only for providers without an agent.
+type AgentHost interface {
+	// Agent returns a connection to obj's agent over the channel only the
+	// provider's control side can open. It may be called for every
+	// request; a driver caches what is worth caching. A missing object is
+	// ErrNotFound.
+	Agent(ctx context.Context, obj Object) (agent.Conn, error)
 }
 
 // ExecRequest is one command.

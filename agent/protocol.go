@@ -1,0 +1,308 @@
+// Package agent is the cell agent: the credential-free launcher that runs
+// inside every cell of an agent-capable provider (CONTRACT §13), and the
+// protocol the control side speaks to it.
+//
+// The agent holds no token, key or attestation and is never sent one. It
+// starts in state Waiting, is activated once with a sanitized Activation
+// (cell, lease, generation and expiry — nothing that authorises anything
+// outside the cell), serves exec, launch and files for that one fence, and
+// ends at expiry, killing every process of the cell. Its answers are
+// tenant-influenced data: the plane proves the boundary by the provider's
+// read-back, never by the agent's word.
+//
+// Three things implement [Conn]: [Agent] (the state machine itself, used
+// in-process by the fake driver and by the agent binary), [Client] (the
+// same calls over HTTP, on whatever channel a driver opens to its cell),
+// and anything a driver author wraps around them. [NewHandler] serves a
+// Conn over HTTP; cmd/sandboxwich-agent is the static binary that serves
+// an Agent on a listener inside the cell.
+//
+// This package imports only the standard library.
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// State is an agent's life-cycle state. No transition leads back to
+// Waiting.
+type State string
+
+// Agent states (CONTRACT §13).
+const (
+	// Waiting: never activated. A ready cell's agent must be waiting.
+	Waiting State = "waiting"
+	// Active: bound to one fence until its expiry.
+	Active State = "active"
+	// Ended: expired or ended; every cell process was killed and every
+	// request is refused.
+	Ended State = "ended"
+)
+
+// Status is what the agent reports about itself. It is a report, never
+// proof: a root workload can replace the agent.
+type Status struct {
+	State State `json:"state"`
+	// Activations counts accepted activations (an exact replay does not
+	// count again): 0 while waiting, 1 once active.
+	Activations int `json:"activations"`
+	// CellID is the cell the agent was started for.
+	CellID string `json:"cell_id"`
+	// Digest is "sha256:<hex>" of the agent's own executable.
+	Digest string `json:"digest"`
+}
+
+// ProtocolVersion is the Activation version this package speaks.
+const ProtocolVersion = 1
+
+// Fence names the lease an agent serves. Every request after activation
+// carries it; another fence is refused.
+type Fence struct {
+	CellID     string `json:"cell_id"`
+	LeaseID    string `json:"lease_id"`
+	Generation int64  `json:"generation"`
+}
+
+// Activation binds a waiting agent to one lease. It is sanitized: it never
+// carries the attestation, its digest, the organization / workspace /
+// thread / session tuple or any token.
+type Activation struct {
+	Version int `json:"version"`
+	Fence
+	// ExpiresAt is the lease's expiry, for reports only: the agent enforces
+	// TTL on its own monotonic clock from activation, not the cell's wall
+	// clock.
+	ExpiresAt time.Time `json:"expires_at"`
+	// TTL is the lease's remaining life by the plane's clock, in
+	// milliseconds.
+	TTLMillis int64 `json:"ttl_ms"`
+}
+
+// User names who a process runs as inside the cell.
+type User string
+
+// Users (CONTRACT §14). The zero value means UserCell.
+const (
+	UserCell User = "cell" // uid 1000, no capabilities
+	UserRoot User = "root" // uid 0 inside the cell
+)
+
+// Limits of one request to the agent (CONTRACT §14).
+const (
+	MaxStdin     = 1 << 20   // bytes of stdin in an exec request
+	MaxFileBytes = 256 << 20 // bytes of one file written or read
+	MaxPath      = 4096      // bytes of a cwd or a path
+)
+
+// ExecRequest is one command. Argv, Env and Cwd have been validated by the
+// plane; the agent checks them again and refuses what it cannot run.
+type ExecRequest struct {
+	Fence
+	Argv []string          `json:"argv"`
+	Env  map[string]string `json:"env,omitempty"`
+	// Cwd is absolute; empty means the cell's home (/home/cell).
+	Cwd   string `json:"cwd,omitempty"`
+	User  User   `json:"user,omitempty"`
+	Stdin []byte `json:"stdin,omitempty"`
+	// TimeoutMillis bounds the command; at it the whole process tree of
+	// the command is killed. Zero means no bound beyond the lease's expiry.
+	TimeoutMillis int64 `json:"timeout_ms,omitempty"`
+	// MaxOutput caps each of stdout and stderr in bytes (both the streamed
+	// and the collected output); zero means 1 MiB.
+	MaxOutput int `json:"max_output,omitempty"`
+}
+
+// Stream names an output stream.
+type Stream string
+
+// Output streams.
+const (
+	Stdout Stream = "stdout"
+	Stderr Stream = "stderr"
+)
+
+// Output is one chunk of a command's output, in the order produced.
+type Output struct {
+	Stream Stream `json:"stream"`
+	Data   []byte `json:"data"`
+}
+
+// Reason says how a command or a launched process ended.
+type Reason string
+
+// Reasons (CONTRACT §14).
+const (
+	Exited   Reason = "exited"
+	TimedOut Reason = "timed_out"
+	Killed   Reason = "killed" // the lease expired or ended during the command
+	CellLost Reason = "cell_lost"
+)
+
+// ExecResult is a finished command. ExitCode is the child's code, or 128 +
+// the signal number when a signal ended it.
+type ExecResult struct {
+	ExitCode int `json:"exit_code"`
+	// Signal is the signal that ended the command ("KILL"), or "".
+	Signal string `json:"signal,omitempty"`
+	Reason Reason `json:"reason"`
+	// Stdout and Stderr are the collected output when the caller did not
+	// take it as it came (Conn.Exec with a nil callback), each cut at
+	// MaxOutput.
+	Stdout    []byte `json:"stdout,omitempty"`
+	Stderr    []byte `json:"stderr,omitempty"`
+	Truncated bool   `json:"truncated"`
+	// DurationMillis is how long the command ran.
+	DurationMillis int64 `json:"duration_ms"`
+}
+
+// LaunchRequest starts the lease's one resident process. Its stdout and
+// stderr go to /home/cell/.launch/stdout and …/stderr.
+type LaunchRequest struct {
+	Fence
+	Argv []string          `json:"argv"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	User User              `json:"user,omitempty"`
+}
+
+// Phase is a launched process's phase.
+type Phase string
+
+// Launch phases (CONTRACT §14).
+const (
+	Accepted Phase = "accepted"
+	Running  Phase = "running"
+	Terminal Phase = "terminal"
+)
+
+// LaunchStatus reports the launched process. PID is set once it runs;
+// ExitCode, Signal and Reason once it is terminal.
+type LaunchStatus struct {
+	Phase    Phase   `json:"phase"`
+	PID      *int    `json:"pid"`
+	ExitCode *int    `json:"exit_code"`
+	Signal   *string `json:"signal"`
+	Reason   *Reason `json:"reason"`
+	// Replay reports that the request repeated the launch already made.
+	Replay bool `json:"replay"`
+}
+
+// WriteRequest writes one file. Path is absolute and resolved by the
+// agent, inside the cell; parents are created (owned by User) and the file
+// is replaced atomically.
+type WriteRequest struct {
+	Fence
+	Path string `json:"path"`
+	// Mode is the file's permission bits; zero means 0644.
+	Mode uint32 `json:"mode,omitempty"`
+	User User   `json:"user,omitempty"`
+}
+
+// FileInfo describes a written file.
+type FileInfo struct {
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"` // hex
+}
+
+// ReadRequest reads one file.
+type ReadRequest struct {
+	Fence
+	Path string `json:"path"`
+	// MaxBytes refuses a larger file (ErrTooLarge); zero means
+	// MaxFileBytes.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	User     User  `json:"user,omitempty"`
+}
+
+// Conn is the agent protocol: what the control side asks of one cell's
+// agent. Implementations are safe for concurrent use.
+//
+// Errors the agent decides are *Error values, matched with errors.Is
+// against the sentinels below; anything else (a broken channel, a context
+// ended) means the answer is unknown.
+type Conn interface {
+	// Status reports the agent's state. It carries no fence and is
+	// answered in every state.
+	Status(ctx context.Context) (Status, error)
+	// Activate binds a waiting agent to a.Fence, or accepts an exact
+	// replay of the fence it is bound to. Another fence: ErrFenceRefused.
+	Activate(ctx context.Context, a Activation) error
+	// Exec runs one command and waits for its direct child. When out is
+	// non-nil it receives the output as it is produced (and the result
+	// carries none); an error from out stops the command.
+	Exec(ctx context.Context, req ExecRequest, out func(Output) error) (ExecResult, error)
+	// Launch starts the lease's one resident process, or reports it when
+	// req repeats the launch exactly; a different spec: ErrConflict.
+	Launch(ctx context.Context, req LaunchRequest) (LaunchStatus, error)
+	// LaunchStatus reports the launched process; ErrNotLaunched when none.
+	LaunchStatus(ctx context.Context, f Fence) (LaunchStatus, error)
+	// WriteFile streams content into req.Path. More than MaxFileBytes:
+	// ErrTooLarge, and nothing is written.
+	WriteFile(ctx context.Context, req WriteRequest, content io.Reader) (FileInfo, error)
+	// ReadFile opens req.Path and returns its content and size. The caller
+	// closes the reader.
+	ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, int64, error)
+}
+
+// Code is the machine-readable kind of an agent error.
+type Code string
+
+// Error codes of the agent protocol.
+const (
+	CodeFenceRefused    Code = "fence_refused"    // another fence than the bound one, or a second activation
+	CodeNotActive       Code = "not_active"       // a lease operation before activation
+	CodeExpired         Code = "expired"          // the lease expired; the agent ended
+	CodeInvalid         Code = "invalid_request"  // bad input; nothing was run or written
+	CodeUserUnsupported Code = "user_unsupported" // the cell cannot run as that user
+	CodeNotFound        Code = "file_not_found"
+	CodeAccessDenied    Code = "file_access_denied"
+	CodeTooLarge        Code = "too_large"
+	CodeNoSpace         Code = "insufficient_storage"
+	CodeConflict        Code = "conflict"     // a second, different launch
+	CodeNotLaunched     Code = "not_launched" // no launch yet
+)
+
+// Error is an answer of the agent that refuses a request. Message never
+// repeats file contents, env values or stdin.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return "cell agent: " + string(e.Code) + ": " + e.Message }
+
+// Is matches an *Error by Code, so errors.Is(err, agent.ErrExpired) holds
+// for any expired answer.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code && t.Message == ""
+}
+
+// Sentinels for errors.Is, one per Code.
+var (
+	ErrFenceRefused    error = &Error{Code: CodeFenceRefused}
+	ErrNotActive       error = &Error{Code: CodeNotActive}
+	ErrExpired         error = &Error{Code: CodeExpired}
+	ErrInvalid         error = &Error{Code: CodeInvalid}
+	ErrUserUnsupported error = &Error{Code: CodeUserUnsupported}
+	ErrNotFound        error = &Error{Code: CodeNotFound}
+	ErrAccessDenied    error = &Error{Code: CodeAccessDenied}
+	ErrTooLarge        error = &Error{Code: CodeTooLarge}
+	ErrNoSpace         error = &Error{Code: CodeNoSpace}
+	ErrConflict        error = &Error{Code: CodeConflict}
+	ErrNotLaunched     error = &Error{Code: CodeNotLaunched}
+)
+
+// Errorf returns an *Error of code with message.
+func Errorf(code Code, message string) error { return &Error{Code: code, Message: message} }
+
+// IsAnswer reports whether err is an answer of the agent (an *Error), as
+// opposed to a failure to reach it.
+func IsAnswer(err error) bool {
+	var e *Error
+	return errors.As(err, &e)
+}
