@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -31,6 +32,11 @@ type ExecRequest struct {
 	Argv  []string
 	Stdin []byte
 	Env   map[string]string
+	// Cwd is the absolute working directory; "" means the cell's home.
+	Cwd string
+	// User is who runs the command: agent.UserCell ("" too) or
+	// agent.UserRoot.
+	User agent.User
 	// Timeout bounds the command; zero means DefaultExecTimeout. It is
 	// capped at the lease's remaining life.
 	Timeout time.Duration

@@ -179,6 +179,12 @@ type ExecResult struct {
 	Truncated bool
 	// TimedOut reports that the command was killed at its timeout.
 	TimedOut bool
+	// Signal names the signal that ended the command ("KILL"), or "".
+	Signal string
+	// Reason says how the command ended (agent.Exited, agent.TimedOut,
+	// agent.Killed; agent.CellLost only on the wire, never with a nil
+	// error from a driver).
+	Reason   agent.Reason
 	Duration time.Duration
 }
 
