@@ -249,7 +249,8 @@ type leaseCell struct {
 }
 
 // open takes a lease record that passed its fence to the cell: a cell of
-// an external worker is errcode.ErrNotFound, a provider without the agent
+// an external worker is errcode.ErrNotFound, a released one (stopping)
+// errcode.ErrConflict, a provider without the agent
 // errcode.ErrExecUnsupported (unless execOK and the provider has its own
 // exec); then the admitted runtime is read back and verified, and the
 // agent activated with the sanitized activation — never the attestation,
@@ -262,6 +263,9 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 	m, l := rec.Member, rec.Cell.Lease
 	if m == nil {
 		return nil, errcode.New(errcode.NotFound, "cell was prepared by an external worker; act on it through its worker")
+	}
+	if m.State != lease.MemberLeased {
+		return nil, errcode.New(errcode.Conflict, "the lease was released; its cell is stopping")
 	}
 	prov := p.provider(m.Pool)
 	host, _ := prov.(driver.AgentHost)
