@@ -648,6 +648,11 @@ type liar struct {
 }
 
 func (l *liar) Exec(ctx context.Context, req agent.ExecRequest, out func(agent.Output) error) (agent.ExecResult, error) {
+	if out != nil && l.stdout != nil {
+		if err := out(agent.Output{Stream: agent.Stdout, Data: l.stdout}); err != nil {
+			return agent.ExecResult{}, err
+		}
+	}
 	res, err := l.Conn.Exec(ctx, req, out)
 	if l.reason != "" {
 		res.Reason = l.reason
@@ -684,6 +689,12 @@ func TestAgentReportsAreNotTrusted(t *testing.T) {
 	a := newLiar(t, &liar{stdout: []byte("0123456789")})
 	if res, err := a.exec("echo"); err != nil || string(res.Stdout) != "0123" || !res.Truncated {
 		t.Fatalf("exec with more output than the cap: %+v %v", res, err)
+	}
+	var streamed []byte
+	res, err := a.plane.ExecStream(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.ExecRequest{Argv: []string{"echo"}},
+		func(o sandboxwich.Output) error { streamed = append(streamed, o.Data...); return nil })
+	if err != nil || string(streamed) != "0123" || !res.Truncated || res.Stdout != nil {
+		t.Fatalf("stream with more output than the cap: %q %+v %v", streamed, res, err)
 	}
 
 	a = newLiar(t, &liar{padSize: 3})

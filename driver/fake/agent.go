@@ -86,8 +86,9 @@ func (p *AgentProvider) SetAgentFaults(f AgentFaults) {
 	p.agentFaults = f
 }
 
-// Message is one request an agent received, recorded before it was
-// served: Body is the request as JSON, Data its stdin or file content.
+// Message is one request sent to an agent, recorded as it arrived —
+// before any fault, the agent's death or its fence check: Body is the
+// request as JSON, Data its stdin or file content.
 type Message struct {
 	CellID uuid.UUID
 	Op     string // "status", "activate", "exec", "launch", "launch_status", "write_file", "read_file"
@@ -95,7 +96,7 @@ type Message struct {
 	Data   []byte
 }
 
-// Received returns every request the provider's agents received, in
+// Received returns every request sent to the provider's agents, in
 // order, including those of objects destroyed since.
 func (p *AgentProvider) Received() []Message {
 	p.mu.Lock()
