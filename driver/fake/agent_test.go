@@ -77,12 +77,15 @@ func TestAgentStates(t *testing.T) {
 	}
 	for _, bad := range []agent.Activation{
 		func() agent.Activation { a := act; a.Version = 2; return a }(),
-		func() agent.Activation { a := act; a.CellID = uuid.NewString(); return a }(),
+		func() agent.Activation { a := act; a.Generation = 0; return a }(),
 		func() agent.Activation { a := act; a.TTLMillis = 0; return a }(),
 	} {
 		if err := conn.Activate(ctx, bad); !errors.Is(err, agent.ErrInvalid) {
 			t.Fatalf("activation %+v: %v", bad, err)
 		}
+	}
+	if err := conn.Activate(ctx, activation(driver.Object{CellID: uuid.New()}, act.LeaseID, time.Minute)); !errors.Is(err, agent.ErrFenceRefused) {
+		t.Fatalf("activation for another cell: %v", err)
 	}
 	if err := conn.Activate(ctx, act); err != nil {
 		t.Fatal(err)
@@ -95,6 +98,11 @@ func TestAgentStates(t *testing.T) {
 	other := activation(obj, uuid.NewString(), time.Minute)
 	if err := conn.Activate(ctx, other); !errors.Is(err, agent.ErrFenceRefused) {
 		t.Fatalf("another fence: %v", err)
+	}
+	later := act
+	later.ExpiresAt = act.ExpiresAt.Add(time.Hour)
+	if err := conn.Activate(ctx, later); !errors.Is(err, agent.ErrFenceRefused) {
+		t.Fatalf("the fence with another expiry: %v", err)
 	}
 	if _, err := conn.Exec(ctx, agent.ExecRequest{Fence: other.Fence, Argv: []string{"echo"}}, nil); !errors.Is(err, agent.ErrFenceRefused) {
 		t.Fatalf("exec under another fence: %v", err)
@@ -204,6 +212,24 @@ func TestAgentCommandsAndFiles(t *testing.T) {
 			break
 		}
 		time.Sleep(time.Millisecond)
+	}
+	// Release joins agent.Conn with the agent's implementation.
+	releaser := conn.(interface {
+		Release(context.Context, agent.Fence) error
+	})
+	if err := releaser.Release(ctx, agent.Fence{CellID: obj.CellID.String(), LeaseID: "other", Generation: 2}); !errors.Is(err, agent.ErrFenceRefused) {
+		t.Fatalf("release under another fence: %v", err)
+	}
+	for range 2 {
+		if err := releaser.Release(ctx, act.Fence); err != nil {
+			t.Fatalf("release: %v", err)
+		}
+	}
+	if _, err := conn.Exec(ctx, agent.ExecRequest{Fence: act.Fence, Argv: []string{"echo"}}, nil); !errors.Is(err, agent.ErrExpired) {
+		t.Fatalf("exec after release: %v", err)
+	}
+	if st, _ := conn.Status(ctx); st.State != agent.Ended {
+		t.Fatalf("status after release: %+v", st)
 	}
 }
 
