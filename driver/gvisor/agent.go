@@ -26,10 +26,45 @@ const (
 	lostGrace = 3 * time.Second
 )
 
-// hostDir is the cell's host directory: created 0700 in the container's
-// bundle, removed with it, and mounted read-write at /run/sandboxwich in
-// the cell, where the agent creates its socket (runsc --host-uds=create).
+// oPath is Linux's O_PATH, which package syscall does not name.
+const oPath = 0x200000
+
+// hostDir is the cell's host directory: a small tmpfs mounted 0700 in the
+// container's bundle, removed with it, and mounted read-write at
+// /run/sandboxwich in the cell, where the agent creates its socket (runsc
+// --host-uds=create).
 func (p *Provider) hostDir(id string) string { return filepath.Join(p.bundlePath(id), hostDirName) }
+
+// Limits of a cell's host directory. A root workload can write into it, so
+// it is a tmpfs of its own rather than a directory of the host's disk: it
+// holds the agent's socket, and the record of RecordAgentMessages.
+const (
+	hostDirSize       = "64k"
+	hostDirRecordSize = "1g"
+	hostDirInodes     = "16"
+)
+
+// mountHostDir mounts the host directory's tmpfs on dir.
+func mountHostDir(dir string, record bool) error {
+	size := hostDirSize
+	if record {
+		size = hostDirRecordSize
+	}
+	err := syscall.Mount("sandboxwich-cell", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC,
+		"mode=0700,size="+size+",nr_inodes="+hostDirInodes)
+	if err != nil {
+		return fmt.Errorf("mounting the cell's host directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// removeBundle unmounts the host directory of container id, if mounted,
+// and removes its bundle.
+func (p *Provider) removeBundle(id string) error {
+	for syscall.Unmount(p.hostDir(id), syscall.MNT_DETACH) == nil {
+	}
+	return os.RemoveAll(p.bundlePath(id))
+}
 
 // dialer dials the agent socket of container id. It connects through
 // /proc/self/fd/<dir>/agent.sock, so the path of a bundle directory never
@@ -37,7 +72,7 @@ func (p *Provider) hostDir(id string) string { return filepath.Join(p.bundlePath
 func (p *Provider) dialer(id string) func(context.Context) (net.Conn, error) {
 	dir := p.hostDir(id)
 	return func(ctx context.Context) (net.Conn, error) {
-		fd, err := syscall.Open(dir, syscall.O_PATH|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		fd, err := syscall.Open(dir, oPath|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, &os.PathError{Op: "open", Path: dir, Err: err}
 		}
@@ -58,9 +93,10 @@ func (p *Provider) client(identity, id string) *agent.Client {
 
 // dropAgents forgets the agent clients of container id.
 func (p *Provider) dropAgents(id string) {
-	p.agents.Range(func(k, _ any) bool {
+	p.agents.Range(func(k, c any) bool {
 		if strings.HasPrefix(k.(string), id+"@") {
 			p.agents.Delete(k)
+			c.(*agent.Client).CloseIdleConnections()
 		}
 		return true
 	})
@@ -79,9 +115,10 @@ func (p *Provider) Agent(ctx context.Context, obj driver.Object) (agent.Conn, er
 		return nil, fmt.Errorf("gvisor: agent: identity %q: %w", obj.Identity, driver.ErrNotFound)
 	}
 	// runsc's own state file answers in microseconds; `runsc state`, a
-	// process start costing tens of milliseconds, only when it is missing.
+	// process start costing tens of milliseconds, only when it is missing
+	// or names a sandbox process that is gone.
 	st := p.r.stateFile(id)
-	if st == nil {
+	if st == nil || (st.Status == statusRunning && !p.isSandboxProcess(st.Pid, id)) {
 		var err error
 		if st, err = p.r.state(ctx, id); err != nil {
 			return nil, fmt.Errorf("gvisor: agent of %s: %w", id, err)

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,6 +251,33 @@ func TestAgentProtectedFromCellUser(t *testing.T) {
 	}
 }
 
+// TestHostDirBounded: the cell's host directory is a small tmpfs of its
+// own, so a root workload cannot fill the host's disk through it.
+func TestHostDirBounded(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	p := newProvider(t, testConfig(t))
+	c := activate(t, p, provision(t, p))
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(p.hostDir(p.containerID(c.obj.CellID)), &fs); err != nil || fs.Type != tmpfsMagic {
+		t.Errorf("the host directory: statfs type %#x, %v; want a tmpfs", fs.Type, err)
+	}
+	res := c.runAs(t, agent.UserRoot, "sh", "-c", "head -c 1048576 /dev/zero > /run/sandboxwich/fill")
+	if res.ExitCode == 0 {
+		t.Error("a root workload wrote 1 MiB into the host directory")
+	}
+	res = c.runAs(t, agent.UserRoot, "sh", "-c", "rm -f /run/sandboxwich/fill; i=0; while [ $i -lt 64 ]; do : > /run/sandboxwich/f$i || exit 1; i=$((i+1)); done")
+	if res.ExitCode == 0 {
+		t.Error("a root workload made 64 files in the host directory")
+	}
+	if st, err := c.conn.Status(context.Background()); err != nil || st.State != agent.Active {
+		t.Errorf("the agent after the attempts: %+v, %v", st, err)
+	}
+}
+
+// tmpfsMagic is statfs's f_type of a tmpfs.
+const tmpfsMagic = 0x01021994
+
 // buildHelper builds testdata/<name> as a static binary.
 func buildHelper(t *testing.T, name string) string {
 	t.Helper()
@@ -274,7 +302,13 @@ func requireLost(t *testing.T, c *cell, callErr error) {
 	if _, err := c.conn.Status(ctx); !errors.Is(err, driver.ErrCellLost) {
 		t.Errorf("Status on the old connection: %v, want driver.ErrCellLost", err)
 	}
-	if _, err := c.p.Agent(ctx, c.obj); !errors.Is(err, driver.ErrCellLost) {
+	// Agent itself may not know yet (runsc's state file says running until
+	// the sandbox has stopped); the connection's first call does.
+	if conn, err := c.p.Agent(ctx, c.obj); err == nil {
+		if _, err := conn.Status(ctx); !errors.Is(err, driver.ErrCellLost) {
+			t.Errorf("Status on a new connection: %v, want driver.ErrCellLost", err)
+		}
+	} else if !errors.Is(err, driver.ErrCellLost) {
 		t.Errorf("Agent: %v, want driver.ErrCellLost", err)
 	}
 	o, err := c.p.Inspect(ctx, c.obj)

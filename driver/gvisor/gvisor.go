@@ -438,15 +438,17 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 	if err != nil {
 		return driver.Object{}, err
 	}
-	bundle := p.bundlePath(id)
-	if err := os.RemoveAll(bundle); err != nil {
+	bundle, hostDir := p.bundlePath(id), p.hostDir(id)
+	if err := p.removeBundle(id); err != nil {
 		return driver.Object{}, err
 	}
 	if err := os.Mkdir(bundle, 0o700); err != nil {
 		return driver.Object{}, err
 	}
-	hostDir := filepath.Join(bundle, hostDirName)
 	if err := os.Mkdir(hostDir, 0o700); err != nil {
+		return driver.Object{}, err
+	}
+	if err := mountHostDir(hostDir, p.cfg.RecordAgentMessages); err != nil {
 		return driver.Object{}, err
 	}
 	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce, hostDir)); err != nil {
@@ -503,7 +505,7 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 		if _, ok := p.verified.Load(identity); ok && p.isSandboxProcess(st.Pid, id) {
 			return driver.Observation{Exists: true, Identity: identity, RuntimeClass: lease.GVisorLowerRisk, Ready: true,
 				AgentDigest: st.Annotations[agentDigestAnnotation],
-				Detail: fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid)}, nil
+				Detail:      fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid)}, nil
 		}
 	}
 	st, err := p.r.state(ctx, id)
@@ -653,7 +655,7 @@ func (p *Provider) destroyContainer(ctx context.Context, id string) error {
 	if err := p.awaitNoProcesses(ctx, id, bundle); err != nil {
 		return uncertain("%v", err)
 	}
-	if err := os.RemoveAll(bundle); err != nil {
+	if err := p.removeBundle(id); err != nil {
 		return uncertain("removing the bundle: %v", err)
 	}
 	return nil

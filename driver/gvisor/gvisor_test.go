@@ -45,6 +45,13 @@ func requireRunsc(t *testing.T) {
 		}
 		t.Skipf("runsc is not installed (%s, or scripts/install-runsc.sh)", InstallCommand)
 	}
+	requireRoot(t)
+}
+
+// requireRoot skips the test when it does not run as root, except under
+// CI=true, where it fails.
+func requireRoot(t *testing.T) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("the gVisor driver tests need root under CI=true")
@@ -243,7 +250,7 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{"/etc/shadow", "/root/.bashrc", "/root/.ssh", filepath.Join(wd, "gvisor_test.go"), wd, "/work", "/var", "/run", "/srv", "/opt", "/mnt", p.cfg.StateDir, p.cfg.BundleDir} {
+	for _, path := range []string{"/etc/shadow", "/root/.bashrc", "/root/.ssh", filepath.Join(wd, "gvisor_test.go"), wd, "/work", "/var", "/run/user", "/srv", "/opt", "/mnt", p.cfg.StateDir, p.cfg.BundleDir} {
 		if res := c.runAs(t, agent.UserRoot, "test", "-e", path); res.ExitCode == 0 {
 			t.Errorf("the cell sees %s", path)
 		}
@@ -265,27 +272,32 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	if string(res.Stdout) != "x\nx\n" || strings.Count(string(res.Stderr), "cannot create") != 3 {
 		t.Errorf("write checks: stdout %q, stderr %q", res.Stdout, res.Stderr)
 	}
-	// The agent, the cell's init, holds no host file (runsc create's
-	// stdio) that even a root workload could write to through /proc/1/fd.
-	res = c.runAs(t, agent.UserRoot, "sh", "-c", "for fd in /proc/1/fd/*; do readlink $fd; done")
-	for _, target := range strings.Fields(string(res.Stdout)) {
-		if strings.HasPrefix(target, "/") && target != "/dev/null" && !strings.HasPrefix(target, "/proc/") {
-			t.Errorf("the agent holds file %s open", target)
+	// The agent, the cell's init, is not dumpable: no workload, root
+	// included, reads its environment or file descriptors. Seen from the
+	// host (runsc exec with CAP_SYS_PTRACE), it holds no host file (runsc
+	// create's stdio) and has exactly the fixed environment.
+	for _, f := range []string{"/proc/1/environ", "/proc/1/fd", "/proc/1/mem"} {
+		if res := c.runAs(t, agent.UserRoot, "sh", "-c", "ls -l "+f+" && cat "+f); res.ExitCode == 0 {
+			t.Errorf("a root workload reads %s: %.200q", f, res.Stdout)
 		}
+	}
+	id := p.containerID(obj.CellID)
+	out, err := p.r.run(context.Background(), "exec", "--user=0:0", "--cap=CAP_SYS_PTRACE", id, "readlink", "/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/fd/2")
+	if err != nil || string(out) != "/dev/null\n/dev/null\n/dev/null\n" {
+		t.Errorf("the agent's stdio: %q, %v; want /dev/null", out, err)
+	}
+	out, err = p.r.run(context.Background(), "exec", "--user=0:0", "--cap=CAP_SYS_PTRACE", id, "cat", "/proc/1/environ")
+	env := strings.Split(strings.TrimRight(string(out), "\x00"), "\x00")
+	slices.Sort(env)
+	if err != nil || !slices.Equal(env, slices.Sorted(slices.Values(cellEnv))) {
+		t.Errorf("the agent's environment = %q, %v; want %q", env, err, cellEnv)
 	}
 	if res := c.run(t, "id", "-u"); strings.TrimSpace(string(res.Stdout)) != "1000" {
 		t.Errorf("cell processes run as uid %q, want 1000", res.Stdout)
 	}
 
-	// The agent's environment is exactly the fixed one, and nothing of the
-	// host's reaches a command either (cat is exec'd directly, no shell
-	// adds anything).
-	res = c.runAs(t, agent.UserRoot, "cat", "/proc/1/environ")
-	env := strings.Split(strings.TrimRight(string(res.Stdout), "\x00"), "\x00")
-	slices.Sort(env)
-	if !slices.Equal(env, slices.Sorted(slices.Values(cellEnv))) {
-		t.Errorf("the agent's environment = %q, want %q", env, cellEnv)
-	}
+	// Nothing of the host's environment reaches a command (cat is exec'd
+	// directly, no shell adds anything).
 	res = c.run(t, "cat", "/proc/self/environ")
 	if bytes.Contains(res.Stdout, []byte(secret)) || bytes.Contains(res.Stdout, []byte("SANDBOXWICH_")) {
 		t.Errorf("a command's environment holds the host's: %q", res.Stdout)
@@ -477,7 +489,7 @@ func fakeRunsc(t *testing.T, body string) (path, log string) {
 func fakeConfig(t *testing.T, runscPath string) Config {
 	dir := t.TempDir()
 	return Config{RunscPath: runscPath, StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Pool: "fake",
-		Installation: testInstallation}
+		Installation: testInstallation, AgentPath: testAgentPath(t)}
 }
 
 func TestDestroyUncertainWhenStateStillReportsIt(t *testing.T) {
@@ -543,22 +555,29 @@ exit 0
 }
 
 // TestCgroupFallback: when runsc cannot use cgroups, the provider retries
-// once with --ignore-cgroups and keeps that flag.
+// once with --ignore-cgroups and keeps that flag. The fake runsc runs the
+// real agent on the host for the created cell.
 func TestCgroupFallback(t *testing.T) {
 	path, log := fakeRunsc(t, `for a; do id=$a; done
 state=$(dirname "$0")/state
 case "$*" in
 *--ignore-cgroups*" create "*)
-  prev=; for a; do [ "$prev" = --bundle ] && cp "$a/config.json" "$state"; prev=$a; done; exit 0;;
+  # Created: the real agent serves the cell's socket, on the host.
+  prev=; for a; do [ "$prev" = --bundle ] && bundle=$a; prev=$a; done
+  cp "$bundle/config.json" "$state"
+  agent=$(sed -n 's/.*"source": "\(.*sandboxwich-agent\)".*/\1/p' "$state")
+  (cd "$bundle/run" && exec "$agent" -listen agent.sock -cell-id x) </dev/null >/dev/null 2>&1 &
+  echo $! > "$state.pid"; exit 0;;
 *" create "*) echo 'cannot set up cgroup for root: permission denied' >&2; exit 128;;
 *" state "*)
   [ -f "$state" ] || { echo 'loading container: file does not exist' >&2; exit 128; }
   nonce=$(sed -n 's/.*"dev.sandboxwich.nonce": "\([0-9a-f]*\)".*/\1/p' "$state")
   printf '{"id":"%s","status":"running","pid":1,"annotations":{"dev.sandboxwich.nonce":"%s"}}' "$id" "$nonce";;
-*" delete "*) rm -f "$state";;
+*" delete "*) [ -f "$state.pid" ] && kill "$(cat "$state.pid")"; rm -f "$state" "$state.pid";;
 esac
 exit 0
 `)
+	requireRoot(t) // the cell's host directory is a tmpfs mount
 	p := newProvider(t, fakeConfig(t, path))
 	obj, err := p.Provision(context.Background(), driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
 	if err != nil {
@@ -584,7 +603,8 @@ exit 0
 
 func TestNewErrors(t *testing.T) {
 	dir := t.TempDir()
-	base := Config{StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Installation: testInstallation}
+	base := Config{StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Installation: testInstallation,
+		AgentPath: testAgentPath(t)}
 
 	cfg := base
 	cfg.RunscPath = filepath.Join(dir, "no-such-runsc")
@@ -608,6 +628,7 @@ func TestNewErrors(t *testing.T) {
 			c.RootFS = link
 		},
 		"rootfs missing": func(c *Config) { c.RootFS = filepath.Join(dir, "nope") },
+		"agent missing":  func(c *Config) { c.AgentPath = filepath.Join(dir, "no-agent") },
 	} {
 		cfg := base
 		cfg.RunscPath = path
