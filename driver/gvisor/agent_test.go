@@ -495,6 +495,23 @@ func TestResolveAgent(t *testing.T) {
 		t.Error("the damaged copy was not replaced")
 	}
 
+	// A sandboxwich-agent next to the running executable comes first.
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := filepath.Join(filepath.Dir(exe), agentBinaryName)
+	other := append(readFile(t, built), 0) // another digest, still a static executable
+	if err := os.WriteFile(next, other, 0o755); err != nil {
+		t.Logf("cannot place an agent next to the test binary (%v); that case is not covered", err)
+	} else {
+		got, err := resolveAgent("", cache, log)
+		_ = os.Remove(next)
+		if want := sha256.Sum256(other); err != nil || got.digest != "sha256:"+hex.EncodeToString(want[:]) {
+			t.Errorf("resolveAgent with %s = %+v, %v; want that file's digest", next, got, err)
+		}
+	}
+
 	// Not a static executable: refused, nothing cached.
 	script := filepath.Join(t.TempDir(), "agent.sh")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755); err != nil {
@@ -519,6 +536,15 @@ func TestResolveAgent(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "agent_path") || !strings.Contains(err.Error(), "go build") {
 		t.Errorf("resolveAgent without a toolchain: %v", err)
 	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // Benchmarks of the first output of `echo hi`: through the cell's agent
@@ -551,6 +577,21 @@ func BenchmarkEchoAgent(b *testing.B) {
 		toFirst += first
 	}
 	b.ReportMetric(float64(toFirst.Microseconds())/float64(b.N)/1000, "ms-to-first-output/op")
+}
+
+// BenchmarkAgentStatus measures the channel alone: one status request.
+func BenchmarkAgentStatus(b *testing.B) {
+	p, obj := benchCell(b)
+	conn, err := p.Agent(context.Background(), obj)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := conn.Status(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 func BenchmarkEchoRunscExec(b *testing.B) {

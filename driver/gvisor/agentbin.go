@@ -136,29 +136,37 @@ func buildAgent(log *slog.Logger) (path string, cleanup func(), err error) {
 }
 
 // moduleVersion is the released version of this module the running
-// program was built with, or "" for a development build (a build inside
-// the module's checkout, or one whose version names local changes).
+// program was built with, or "" for a development build: one built in a
+// checkout (`go build` and `go run` record the VCS revision, and may
+// stamp a pseudo-version of an unpublished commit), one with local
+// changes, or one whose dependency on the module is replaced.
 func moduleVersion() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return ""
 	}
-	m := &info.Main
-	if m.Path != agentModule {
-		m = nil
-		for _, d := range info.Deps {
-			if d.Path == agentModule {
-				m = d
-				if d.Replace != nil {
-					m = d.Replace
-				}
+	if info.Main.Path == agentModule {
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" {
+				return ""
 			}
 		}
+		return releaseVersion(info.Main.Version)
 	}
-	if m == nil || m.Version == "" || m.Version == "(devel)" || strings.Contains(m.Version, "+") || m.Path != agentModule {
+	for _, d := range info.Deps {
+		if d.Path == agentModule && d.Replace == nil {
+			return releaseVersion(d.Version)
+		}
+	}
+	return ""
+}
+
+// releaseVersion is v unless it names no release.
+func releaseVersion(v string) string {
+	if v == "" || v == "(devel)" || strings.Contains(v, "+") {
 		return ""
 	}
-	return m.Version
+	return v
 }
 
 // cacheAgent checks that src is a static executable and copies it into the
