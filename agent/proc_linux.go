@@ -198,20 +198,27 @@ func (t *procTable) wait() { <-t.endDone }
 // started and every descendant of those.
 func (t *procTable) killAll() {
 	defer close(t.endDone)
-	if os.Getpid() == 1 {
-		self := os.Getpid()
-		killUntilGone(func(ps []procInfo) []int {
-			var v []int
-			for _, p := range ps {
-				if p.pid != self && !p.zombie {
-					v = append(v, p.pid)
-				}
-			}
-			return v
-		})
+	if !nsInit() {
+		t.kill(0)
 		return
 	}
-	t.kill(0)
+	killUntilGone(func(ps []procInfo) []int {
+		var v []int
+		for _, p := range ps {
+			if p.pid != 1 && !p.zombie {
+				v = append(v, p.pid)
+			}
+		}
+		return v
+	})
+}
+
+// nsInit reports whether the agent is PID 1 of its PID namespace and
+// /proc shows that namespace (so that every pid /proc lists is the
+// cell's, never the host's).
+func nsInit() bool {
+	self, err := os.Readlink("/proc/self")
+	return os.Getpid() == 1 && err == nil && self == "1"
 }
 
 // killTree kills the session led by leader (a command that timed out),
