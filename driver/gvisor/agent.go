@@ -147,8 +147,8 @@ func (p *Provider) awaitAgent(ctx context.Context, id string) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("the cell agent did not answer: %w (%w)", ctx.Err(), err)
 		}
-		if st := p.r.stateFile(id); st != nil && st.Status != statusRunning {
-			return fmt.Errorf("the container is %s before its agent answered: %w", st.Status, err)
+		if st := p.r.stateFile(id); st != nil && (st.Status != statusRunning || !p.isSandboxProcess(st.Pid, id)) {
+			return fmt.Errorf("the container's sandbox stopped before its agent answered (runsc state: %s): %w", st.Status, err)
 		}
 		select {
 		case <-ctx.Done():
