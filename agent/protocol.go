@@ -246,6 +246,10 @@ type Conn interface {
 	// ReadFile opens req.Path and returns its content and size. The caller
 	// closes the reader.
 	ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, int64, error)
+	// Release ends the agent bound to f as expiry does: every process of
+	// the cell is killed and every later request refused (ErrExpired).
+	// Releasing an ended agent again with its fence succeeds.
+	Release(ctx context.Context, f Fence) error
 }
 
 // Code is the machine-readable kind of an agent error.

@@ -37,14 +37,14 @@ var providers = map[string]providerFactory{
 	},
 	// gvisor runs each cell as a runsc container on this host.
 	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
-		if err := unknownSettings(s, "runsc", "state_dir", "bundle_dir", "rootfs", "network", "platform",
+		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
 			"memory_limit_bytes", "cpus", "pids_limit"); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
 			return nil, err
 		}
-		cfg := gvisor.Config{RunscPath: s["runsc"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
+		cfg := gvisor.Config{RunscPath: s["runsc"], AgentPath: s["agent_path"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
 			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool),
 			Installation: installation, Logger: log}
 		if v := s["memory_limit_bytes"]; v != "" {

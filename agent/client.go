@@ -1,0 +1,225 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Client speaks the protocol over HTTP to a Handler, on connections that
+// dial opens (a driver's channel to one cell: a Unix socket, a TLS
+// connection). It implements Conn. A refusal of the agent is an *Error;
+// a failure to reach it or a broken answer is any other error
+// (IsAnswer false): the answer is then unknown.
+type Client struct {
+	hc *http.Client
+}
+
+var _ Conn = (*Client)(nil)
+
+// NewClient returns a Client whose connections dial opens.
+func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
+	tr := &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		DisableCompression:  true,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &Client{hc: &http.Client{Transport: tr}}
+}
+
+// CloseIdleConnections closes the client's idle connections.
+func (c *Client) CloseIdleConnections() { c.hc.CloseIdleConnections() }
+
+const base = "http://agent"
+
+// send makes one request; a non-200 answer is its error.
+func (c *Client) send(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, base+path, body)
+	if err != nil {
+		return nil, fmt.Errorf("cell agent: %w", err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cell agent: %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, answerError(resp)
+	}
+	return resp, nil
+}
+
+// answerError reads a refusal: an *Error for a protocol code, any other
+// error otherwise.
+func answerError(resp *http.Response) error {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if err != nil {
+		return fmt.Errorf("cell agent: HTTP %d: reading the answer: %w", resp.StatusCode, err)
+	}
+	var e Error
+	if json.Unmarshal(b, &e) != nil || !knownCode(e.Code) {
+		return fmt.Errorf("cell agent: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+	}
+	return &e
+}
+
+// frameError is an error frame as an error.
+func frameError(e *Error) error {
+	if !knownCode(e.Code) {
+		return fmt.Errorf("cell agent: %s: %s", e.Code, e.Message)
+	}
+	return e
+}
+
+// call posts in as JSON (GET when in is nil) and decodes the answer into
+// out.
+func (c *Client) call(ctx context.Context, path string, in, out any) error {
+	method, ctype := http.MethodGet, ""
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("cell agent: %w", err)
+		}
+		method, ctype, body = http.MethodPost, "application/json", bytes.NewReader(b)
+	}
+	resp, err := c.send(ctx, method, path, ctype, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxJSONBody)).Decode(out); err != nil {
+		return fmt.Errorf("cell agent: %s: reading the answer: %w", path, err)
+	}
+	return nil
+}
+
+// Status reports the agent's state.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.call(ctx, "/v1/status", nil, &st)
+	return st, err
+}
+
+// Activate binds the agent to a's fence, or replays it.
+func (c *Client) Activate(ctx context.Context, a Activation) error {
+	var ok map[string]bool
+	return c.call(ctx, "/v1/activate", a, &ok)
+}
+
+// Release ends the agent bound to f.
+func (c *Client) Release(ctx context.Context, f Fence) error {
+	var ok map[string]bool
+	return c.call(ctx, "/v1/release", f, &ok)
+}
+
+// Launch starts the lease's resident process, or reports it on replay.
+func (c *Client) Launch(ctx context.Context, req LaunchRequest) (LaunchStatus, error) {
+	var st LaunchStatus
+	err := c.call(ctx, "/v1/launch", req, &st)
+	return st, err
+}
+
+// LaunchStatus reports the launched process.
+func (c *Client) LaunchStatus(ctx context.Context, f Fence) (LaunchStatus, error) {
+	var st LaunchStatus
+	err := c.call(ctx, "/v1/launch/status", f, &st)
+	return st, err
+}
+
+// Exec runs one command. With a non-nil out the output is streamed to out
+// as the agent sends it; an error from out ends the request, which stops
+// the command.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(Output) error) (ExecResult, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("cell agent: %w", err)
+	}
+	path := "/v1/exec"
+	if out == nil {
+		path += "?collect=1"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the request, and so the command, when out fails
+	resp, err := c.send(ctx, http.MethodPost, path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	maxOut := req.MaxOutput
+	if maxOut <= 0 {
+		maxOut = DefaultMaxOutput
+	}
+	// A frame is one chunk of output, or the result with at most maxOut
+	// bytes of each stream, base64-encoded.
+	limit := 2*(maxOut/3+1)*4 + 64<<10
+	r := bufio.NewReaderSize(resp.Body, 64<<10)
+	for {
+		line, err := readLine(r, limit)
+		if err != nil {
+			return ExecResult{}, fmt.Errorf("cell agent: exec: the answer ended without a result: %w", err)
+		}
+		var f execFrame
+		if err := json.Unmarshal(line, &f); err != nil {
+			return ExecResult{}, fmt.Errorf("cell agent: exec: bad frame: %w", err)
+		}
+		switch {
+		case f.Result != nil:
+			return *f.Result, nil
+		case f.Error != nil:
+			return ExecResult{}, frameError(f.Error)
+		case out != nil && f.Stream != "":
+			if err := out(Output{Stream: f.Stream, Data: f.Data}); err != nil {
+				return ExecResult{}, err
+			}
+		}
+	}
+}
+
+// WriteFile streams a header line and then content to the agent; content
+// is never held whole in memory.
+func (c *Client) WriteFile(ctx context.Context, req WriteRequest, content io.Reader) (FileInfo, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("cell agent: %w", err)
+	}
+	body := io.MultiReader(bytes.NewReader(append(b, '\n')), content)
+	resp, err := c.send(ctx, http.MethodPost, "/v1/files/write", "application/octet-stream", body)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer resp.Body.Close()
+	var fi FileInfo
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxErrorBody)).Decode(&fi); err != nil {
+		return FileInfo{}, fmt.Errorf("cell agent: files/write: reading the answer: %w", err)
+	}
+	return fi, nil
+}
+
+// ReadFile returns the file's content as the agent streams it, and its
+// size. A short body is an error from the reader (io.ErrUnexpectedEOF).
+func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, int64, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("cell agent: %w", err)
+	}
+	resp, err := c.send(ctx, http.MethodPost, "/v1/files/read", "application/json", bytes.NewReader(b))
+	if err != nil {
+		return nil, 0, err
+	}
+	if resp.ContentLength < 0 {
+		resp.Body.Close()
+		return nil, 0, fmt.Errorf("cell agent: files/read: the answer has no Content-Length")
+	}
+	return resp.Body, resp.ContentLength, nil
+}

@@ -1,0 +1,495 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// File operations and the launch run in a helper: the agent's own
+// executable (Config.Helper), re-executed with helperArg as the
+// requesting user — uid and gid set, no supplementary groups, so no
+// capability either. The kernel then checks every path component, symlink
+// and permission with that user's rights: a cell user cannot make the
+// root agent write through a symlink into /etc or read /root, and the
+// parents it creates are its own. The agent talks to the helper over two
+// pipes: requests and file content go in as length-prefixed frames on its
+// stdin (a zero-length frame commits a write; end of input without it
+// aborts), replies (one JSON line) and read content come back on fd 3.
+
+// helperArg is argv[1] of a helper process.
+const helperArg = "sandboxwich-agent-helper"
+
+// helperReq is a helper's first frame.
+type helperReq struct {
+	Op   string `json:"op"` // "write", "read" or "launch"
+	Path string `json:"path"`
+	Mode uint32 `json:"mode,omitempty"`
+	Max  int64  `json:"max,omitempty"`
+	// launch
+	Argv   []string `json:"argv,omitempty"`
+	Env    []string `json:"env,omitempty"`
+	Cwd    string   `json:"cwd,omitempty"`
+	OutDir string   `json:"out_dir,omitempty"`
+}
+
+// helperReply is a helper's answer line.
+type helperReply struct {
+	OK    bool   `json:"ok"`
+	Size  int64  `json:"size,omitempty"`
+	Errno int    `json:"errno,omitempty"`
+	Code  Code   `json:"code,omitempty"` // a decided error without errno
+	Msg   string `json:"msg,omitempty"`
+}
+
+// HelperMain runs the agent's helper and exits when the process was
+// started as one (os.Args[1] is the helper's hidden subcommand); otherwise
+// it returns at once. The agent binary calls it first in main, and so must
+// the TestMain of any test binary that creates an Agent whose Helper is
+// the test binary itself (the default, /proc/self/exe).
+func HelperMain() {
+	if len(os.Args) < 2 || os.Args[1] != helperArg {
+		return
+	}
+	os.Exit(runHelper(os.Stdin, os.NewFile(3, "reply")))
+}
+
+func runHelper(in *os.File, reply *os.File) int {
+	syscall.CloseOnExec(3)
+	r := bufio.NewReader(in)
+	b, commit, err := readFrame(r)
+	if err != nil || commit {
+		return 2
+	}
+	var req helperReq
+	if err := json.Unmarshal(b, &req); err != nil {
+		return 2
+	}
+	switch req.Op {
+	case "write":
+		return helperWrite(r, reply, req)
+	case "read":
+		return helperRead(reply, req)
+	case "launch":
+		return helperLaunch(reply, req)
+	}
+	return 2
+}
+
+// answer writes one reply line; err nil is success.
+func answer(w io.Writer, rep helperReply, err error) int {
+	if err != nil {
+		rep = helperReply{Msg: err.Error()}
+		var errno syscall.Errno
+		var e *Error
+		switch {
+		case errors.As(err, &e):
+			rep.Code, rep.Msg = e.Code, e.Message
+		case errors.As(err, &errno):
+			rep.Errno = int(errno)
+		}
+	} else {
+		rep.OK = true
+	}
+	b, _ := json.Marshal(rep)
+	_, _ = w.Write(append(b, '\n'))
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+func helperWrite(in *bufio.Reader, reply io.Writer, req helperReq) int {
+	dir := filepath.Dir(req.Path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	f, err := os.CreateTemp(dir, ".sbw-write-*")
+	if err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	tmp := f.Name()
+	fail := func(err error) int {
+		f.Close()
+		os.Remove(tmp)
+		if err == nil {
+			return 1 // aborted: nothing to answer
+		}
+		return answer(reply, helperReply{}, err)
+	}
+	answer(reply, helperReply{}, nil) // ready for the content
+	var total int64
+	for {
+		b, commit, err := readFrame(in)
+		if err != nil {
+			return fail(nil)
+		}
+		if commit {
+			break
+		}
+		if total += int64(len(b)); total > req.Max {
+			return fail(Errorf(CodeTooLarge, fmt.Sprintf("the content is larger than %d bytes", req.Max)))
+		}
+		if _, err := f.Write(b); err != nil {
+			return fail(err)
+		}
+	}
+	if err := f.Chmod(os.FileMode(req.Mode)); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return answer(reply, helperReply{}, err)
+	}
+	if err := os.Rename(tmp, req.Path); err != nil {
+		os.Remove(tmp)
+		return answer(reply, helperReply{}, err)
+	}
+	return answer(reply, helperReply{Size: total}, nil)
+}
+
+func helperRead(reply io.Writer, req helperReq) int {
+	// O_NONBLOCK: opening a FIFO must not hang; it changes nothing for a
+	// regular file.
+	fd, err := syscall.Open(req.Path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	f := os.NewFile(uintptr(fd), req.Path)
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return answer(reply, helperReply{}, err)
+	case fi.IsDir():
+		return answer(reply, helperReply{}, syscall.EISDIR)
+	case !fi.Mode().IsRegular():
+		return answer(reply, helperReply{}, Errorf(CodeInvalid, req.Path+" is not a regular file"))
+	case fi.Size() > req.Max:
+		return answer(reply, helperReply{}, Errorf(CodeTooLarge, fmt.Sprintf("%s is larger than %d bytes", req.Path, req.Max)))
+	}
+	answer(reply, helperReply{Size: fi.Size()}, nil)
+	if _, err := io.CopyN(reply, f, fi.Size()); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// helperLaunch opens the launch's output files, enters cwd and becomes
+// the workload (execve: same pid). Success is silence: fd 3 closes at the
+// exec.
+func helperLaunch(reply io.Writer, req helperReq) int {
+	if err := os.MkdirAll(req.OutDir, 0o755); err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	open := func(name string) (int, error) {
+		return syscall.Open(filepath.Join(req.OutDir, name), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC|syscall.O_CLOEXEC, 0o644)
+	}
+	stdout, err := open("stdout")
+	if err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	stderr, err := open("stderr")
+	if err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	null, err := syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	if err := syscall.Chdir(req.Cwd); err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	for _, d := range [][2]int{{null, 0}, {stdout, 1}, {stderr, 2}} {
+		if err := syscall.Dup3(d[0], d[1], 0); err != nil {
+			return answer(reply, helperReply{}, err)
+		}
+	}
+	err = syscall.Exec(req.Path, req.Argv, req.Env)
+	return answer(reply, helperReply{}, err)
+}
+
+// readFrame reads one frame: a 4-byte big-endian length, then the bytes.
+// A zero length is the commit.
+func readFrame(r *bufio.Reader) (b []byte, commit bool, err error) {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return nil, false, err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size == 0 {
+		return nil, true, nil
+	}
+	if size > maxFrame {
+		return nil, false, errors.New("frame too large")
+	}
+	b = make([]byte, size)
+	_, err = io.ReadFull(r, b)
+	return b, false, err
+}
+
+const maxFrame = 1 << 20
+
+// writeFrame writes one frame; nil b is the commit.
+func writeFrame(w io.Writer, b []byte) error {
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+// helper is a running helper process, from the agent's side.
+type helper struct {
+	pid    int
+	in     *os.File
+	replyF *os.File
+	reply  *bufio.Reader
+	exited <-chan exitStatus
+	done   bool
+}
+
+// startHelper starts a helper as c and sends it req.
+func (a *Agent) startHelper(c cred, req helperReq) (*helper, error) {
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("agent: helper: %w", err)
+	}
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return nil, fmt.Errorf("agent: helper: %w", err)
+	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		repR.Close()
+		repW.Close()
+		return nil, fmt.Errorf("agent: helper: %w", err)
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   "/",
+		Env:   []string{},
+		Files: []uintptr{inR.Fd(), null.Fd(), null.Fd(), repW.Fd()},
+		Sys:   &syscall.SysProcAttr{Credential: c.sys()},
+	}
+	pid, exited, err := a.procs.spawn(a.cfg.Helper, []string{"sandboxwich-agent", helperArg}, attr)
+	inR.Close()
+	repW.Close()
+	null.Close()
+	if err != nil {
+		inW.Close()
+		repR.Close()
+		if IsAnswer(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("agent: start helper %s: %w", a.cfg.Helper, err)
+	}
+	h := &helper{pid: pid, in: inW, replyF: repR, reply: bufio.NewReader(repR), exited: exited}
+	b, _ := json.Marshal(req)
+	if err := writeFrame(inW, b); err != nil {
+		h.close()
+		return nil, fmt.Errorf("agent: helper: %w", err)
+	}
+	return h, nil
+}
+
+// answer reads the helper's next reply; io.EOF when it closed fd 3
+// without one.
+func (h *helper) answer(path string) (helperReply, error) {
+	line, err := h.reply.ReadBytes('\n')
+	if err != nil {
+		if err == io.EOF && len(line) == 0 {
+			return helperReply{}, io.EOF
+		}
+		return helperReply{}, fmt.Errorf("agent: helper for %s: %w", path, err)
+	}
+	var rep helperReply
+	if err := json.Unmarshal(line, &rep); err != nil {
+		return helperReply{}, fmt.Errorf("agent: helper for %s: bad reply: %w", path, err)
+	}
+	if !rep.OK {
+		return rep, fileError(path, rep)
+	}
+	return rep, nil
+}
+
+// close ends the helper: its pipes are closed (a write without commit is
+// then aborted and its temporary file removed), and the agent waits for
+// its exit, killing it when it takes too long.
+func (h *helper) close() exitStatus {
+	if h.done {
+		return exitStatus{}
+	}
+	h.done = true
+	h.in.Close()
+	h.replyF.Close()
+	select {
+	case es := <-h.exited:
+		return es
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(h.pid, syscall.SIGKILL) // not reaped yet: the pid is still ours
+		return <-h.exited
+	}
+}
+
+// fileError maps a helper's failure to the protocol's errors.
+func fileError(path string, rep helperReply) error {
+	if rep.Code != "" {
+		return Errorf(rep.Code, rep.Msg)
+	}
+	errno := syscall.Errno(rep.Errno)
+	msg := fmt.Sprintf("%s: %s", path, errno.Error())
+	switch errno {
+	case syscall.ENOENT:
+		return Errorf(CodeNotFound, msg)
+	case syscall.EISDIR, syscall.ENOTDIR, syscall.ELOOP, syscall.ENAMETOOLONG, syscall.EINVAL, syscall.EEXIST, syscall.ENOTEMPTY:
+		return Errorf(CodeInvalid, msg)
+	case syscall.EACCES, syscall.EPERM, syscall.EROFS, syscall.ETXTBSY:
+		return Errorf(CodeAccessDenied, msg)
+	case syscall.ENOSPC, syscall.EDQUOT:
+		return Errorf(CodeNoSpace, msg)
+	case syscall.EFBIG:
+		return Errorf(CodeTooLarge, msg)
+	case 0:
+		return fmt.Errorf("agent: helper for %s failed: %s", path, rep.Msg)
+	}
+	return fmt.Errorf("agent: file %s: %w", path, errno)
+}
+
+// writeFile streams content to a helper running as c; see Conn.WriteFile.
+func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32, content io.Reader) (FileInfo, error) {
+	h, err := a.startHelper(c, helperReq{Op: "write", Path: path, Mode: mode, Max: MaxFileBytes})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer h.close()
+	if _, err := h.answer(path); err != nil {
+		return FileInfo{}, err
+	}
+	hash := sha256.New()
+	var size int64
+	buf := make([]byte, 64<<10)
+	for {
+		if err := ctx.Err(); err != nil {
+			return FileInfo{}, err
+		}
+		n, rerr := content.Read(buf)
+		if n > 0 {
+			if size += int64(n); size > MaxFileBytes {
+				h.close() // aborts: the helper removes its temporary file
+				return FileInfo{}, Errorf(CodeTooLarge, fmt.Sprintf("the content is larger than %d bytes; nothing was written", MaxFileBytes))
+			}
+			hash.Write(buf[:n])
+			if err := writeFrame(h.in, buf[:n]); err != nil {
+				return FileInfo{}, h.failure(path, err) // the helper gave up: its answer says why
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			h.close()
+			return FileInfo{}, fmt.Errorf("agent: write %s: reading the content: %w", path, rerr)
+		}
+	}
+	if err := writeFrame(h.in, nil); err != nil {
+		return FileInfo{}, h.failure(path, err)
+	}
+	if _, err := h.answer(path); err != nil {
+		return FileInfo{}, err
+	}
+	return FileInfo{Path: path, Size: size, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+}
+
+// failure is the helper's own answer after writing to it failed, or the
+// write error when it gave none.
+func (h *helper) failure(path string, werr error) error {
+	if _, err := h.answer(path); err != nil && err != io.EOF {
+		return err
+	}
+	return fmt.Errorf("agent: write %s: the helper stopped reading: %w", path, werr)
+}
+
+// readFile opens path in a helper running as c; see Conn.ReadFile.
+func (a *Agent) readFile(ctx context.Context, c cred, path string, limit int64) (io.ReadCloser, int64, error) {
+	h, err := a.startHelper(c, helperReq{Op: "read", Path: path, Max: limit})
+	if err != nil {
+		return nil, 0, err
+	}
+	rep, err := h.answer(path)
+	if err != nil {
+		h.close()
+		if err == io.EOF {
+			err = fmt.Errorf("agent: read %s: the helper gave no answer", path)
+		}
+		return nil, 0, err
+	}
+	return &helperReader{h: h, left: rep.Size}, rep.Size, nil
+}
+
+// helperReader is a file's content as a read helper sends it.
+type helperReader struct {
+	h    *helper
+	left int64
+}
+
+func (r *helperReader) Read(p []byte) (int, error) {
+	if r.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > r.left {
+		p = p[:r.left]
+	}
+	n, err := r.h.reply.Read(p)
+	r.left -= int64(n)
+	if err == io.EOF && r.left > 0 {
+		err = io.ErrUnexpectedEOF // the file shrank, or the helper died
+	}
+	return n, err
+}
+
+func (r *helperReader) Close() error {
+	r.h.close()
+	return nil
+}
+
+// startLaunch starts the launch's helper, which becomes the workload.
+func (a *Agent) startLaunch(sp spec) (int, <-chan exitStatus, error) {
+	if err := checkDir(sp.cwd); err != nil {
+		return 0, nil, err
+	}
+	path, ok := lookPath(sp.argv[0], sp.cwd, envValue(sp.env, "PATH"))
+	if !ok {
+		return 0, nil, Errorf(CodeInvalid, fmt.Sprintf("argv[0] %q: command not found", sp.argv[0]))
+	}
+	h, err := a.startHelper(sp.cred, helperReq{Op: "launch", Path: path, Argv: sp.argv, Env: sp.env, Cwd: sp.cwd, OutDir: filepath.Join(a.cfg.Home, ".launch")})
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, err := h.answer(path); err != io.EOF {
+		h.close()
+		if err == nil {
+			err = fmt.Errorf("agent: launch: unexpected answer")
+		}
+		return 0, nil, err
+	}
+	// fd 3 closed at the exec: the helper is the workload now.
+	h.in.Close()
+	h.replyF.Close()
+	return h.pid, h.exited, nil
+}

@@ -1,0 +1,158 @@
+// Command sandboxwich-agent is the cell agent (CONTRACT §13): the
+// credential-free launcher that runs as PID 1 inside every cell and serves
+// package agent's protocol on a Unix socket the provider's control side
+// dials. It is a static binary of the standard library and package agent
+// only:
+//
+//	CGO_ENABLED=0 go build ./cmd/sandboxwich-agent
+//
+// Usage:
+//
+//	sandboxwich-agent -listen /run/sandboxwich/agent.sock -cell-id <cell>
+//
+// Its digest ("sha256:<hex>" of its own executable, read from
+// /proc/self/exe at start) is what Status reports. As PID 1 it reaps every
+// orphan of the cell, replaces its stdio with /dev/null (the runtime hands
+// an init the host files of whoever created the container), and so logs
+// nowhere, and makes itself non-dumpable (no workload can read its /proc
+// entries or trace it); SIGTERM (or SIGINT) kills every process of the
+// cell and exits.
+//
+// -record <file> is for tests only: it appends every request the agent
+// receives (method, path and the whole body, file content included) to
+// the file, so that a test can scan everything the agent was ever sent for
+// secrets. Never use it in a deployment.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/sandboxwich/sandboxwich/agent"
+)
+
+func main() {
+	agent.HelperMain()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxwich-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	listen := flag.String("listen", "", "the Unix socket to serve on (a stale one is replaced)")
+	cellID := flag.String("cell-id", "", "the cell this agent serves")
+	home := flag.String("home", agent.DefaultHome, "the cell user's home")
+	record := flag.String("record", "", "TEST ONLY: append every request received to this file")
+	flag.Parse()
+	if *listen == "" || *cellID == "" || flag.NArg() > 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if os.Getpid() == 1 {
+		if err := becomeInit(); err != nil {
+			return err
+		}
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+
+	digest, err := selfDigest()
+	if err != nil {
+		return err
+	}
+	a, err := agent.New(agent.Config{CellID: *cellID, Digest: digest, Home: *home, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(*listen); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", *listen)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(*listen, 0o600); err != nil {
+		return err
+	}
+	h := agent.NewHandler(a)
+	if *record != "" {
+		f, err := os.OpenFile(*record, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		h = recorder(h, f)
+	}
+	srv := &http.Server{Handler: h}
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		s := <-sig
+		log.Info("signal: killing every process of the cell", "signal", s.String())
+		a.Shutdown()
+		_ = srv.Shutdown(context.Background())
+	}()
+	log.Info("cell agent serving", "cell_id", *cellID, "digest", digest, "listen", *listen, "pid", os.Getpid())
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// selfDigest is "sha256:<hex>" of the running executable.
+func selfDigest() (string, error) {
+	f, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return "", fmt.Errorf("digest: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("digest: %w", err)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// recorder appends every request to w before h serves it: a line
+// "METHOD PATH?QUERY", then the body as h reads it, then a newline. Test
+// only (-record).
+func recorder(h http.Handler, w io.Writer) http.Handler {
+	var mu sync.Mutex
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		fmt.Fprintf(w, "%s %s\n", r.Method, r.URL.RequestURI())
+		mu.Unlock()
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.TeeReader(r.Body, lockedWriter{&mu, w}), r.Body}
+		h.ServeHTTP(rw, r)
+		mu.Lock()
+		fmt.Fprintln(w)
+		mu.Unlock()
+	})
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxwich/sandboxwich/agent"
+)
+
+func need(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is required under CI=true: %v", what, err)
+		}
+		t.Skipf("no %s: %v", what, err)
+	}
+}
+
+// TestStandardLibraryOnly: the agent links the standard library and
+// package agent, nothing else (no client-go, no store).
+func TestStandardLibraryOnly(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	need(t, "go command", err)
+	out, err := exec.Command(goBin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	got := strings.Fields(string(out))
+	want := []string{"github.com/sandboxwich/sandboxwich/agent", "github.com/sandboxwich/sandboxwich/cmd/sandboxwich-agent"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("non-standard dependencies %q, want only %q", got, want)
+	}
+}
+
+// build builds the agent with CGO_ENABLED=0 and checks that the result
+// is static: no interpreter, no shared library.
+func build(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	need(t, "go command", err)
+	bin := filepath.Join(t.TempDir(), "sandboxwich-agent")
+	cmd := exec.Command(goBin, "build", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			t.Fatalf("the agent is not static: it has a %v program header", p.Type)
+		}
+	}
+	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+		t.Fatalf("the agent links %q", libs)
+	}
+	// The helper runs as the cell user: it must be able to execute it.
+	if err := os.Chmod(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+func TestStaticBuild(t *testing.T) { build(t) }
+
+// TestAsPID1 runs the binary as PID 1 of its own PID namespace (unshare
+// --pid --mount-proc), as in a cell: it reaps orphans, and release kills
+// every other process of the namespace — one that left the command's
+// session and lost its parent included. The -record file holds everything
+// the agent was sent, file content included.
+func TestAsPID1(t *testing.T) {
+	if os.Geteuid() != 0 {
+		need(t, "root", os.ErrPermission)
+	}
+	unshare, err := exec.LookPath("unshare")
+	need(t, "unshare", err)
+	if err := exec.Command(unshare, "--pid", "--fork", "--mount-proc", "true").Run(); err != nil {
+		need(t, "PID namespaces (unshare --pid)", err)
+	}
+	bin := build(t)
+	dir, err := os.MkdirTemp("", "sbw-pid1-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	home := filepath.Join(dir, "home")
+	if err := os.Mkdir(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(home, agent.CellUID, agent.CellGID); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	sock, record := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "record")
+	cmd := exec.Command(unshare, "--pid", "--fork", "--mount-proc", bin, "-listen", sock, "-cell-id", "cell-9", "-home", home, "-record", record)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs.String())
+		}
+	})
+
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var st agent.Status
+	eventually(t, "the agent serves", func() bool {
+		st, err = c.Status(ctx)
+		return err == nil
+	})
+	sum, _ := fileSHA256(bin)
+	if st.State != agent.Waiting || st.Activations != 0 || st.CellID != "cell-9" || st.Digest != "sha256:"+sum {
+		t.Fatalf("status %+v, want waiting cell-9 sha256:%s", st, sum)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket: %v %v", fi.Mode(), err)
+	}
+	pid1 := nsInit(t, cmd.Process.Pid)
+	ns := nsOf(pid1)
+
+	f := agent.Fence{CellID: "cell-9", LeaseID: "lease-9", Generation: 1}
+	if err := c.Activate(ctx, agent.Activation{Version: 1, Fence: f, ExpiresAt: time.Now().Add(time.Hour), TTLMillis: time.Hour.Milliseconds()}); err != nil {
+		t.Fatal(err)
+	}
+	// An orphan that left the session: reparented to the agent.
+	res, err := c.Exec(ctx, agent.ExecRequest{Fence: f, Argv: []string{"sh", "-c", "(setsid sleep 1000 &); echo $$"}, Env: map[string]string{"CANARY_ENV": "canary-env-4711"}}, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(res.Stdout))); pid <= 1 {
+		t.Fatalf("the command's pid in the namespace is %q", res.Stdout)
+	}
+	eventually(t, "the orphan runs under the agent", func() bool { return len(inNS(ns)) == 2 })
+	// Orphans that exit are reaped by the agent: no zombie stays.
+	if _, err := c.Exec(ctx, agent.ExecRequest{Fence: f, Argv: []string{"sh", "-c", "(sleep 0.1 &); true"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the exited orphan is reaped", func() bool { return len(inNS(ns)) == 2 })
+	if _, err := c.WriteFile(ctx, agent.WriteRequest{Fence: f, Path: filepath.Join(home, "f")}, strings.NewReader("canary-content-4711")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "release killed every other process of the namespace", func() bool {
+		ps := inNS(ns)
+		return len(ps) == 1 && ps[0] == pid1
+	})
+	rec, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"POST /v1/activate", "lease-9", "canary-env-4711", "POST /v1/files/write", "canary-content-4711", "POST /v1/release"} {
+		if !bytes.Contains(rec, []byte(want)) {
+			t.Errorf("the record lacks %q", want)
+		}
+	}
+	// SIGTERM ends the agent.
+	if err := syscall.Kill(pid1, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent did not exit at SIGTERM")
+	}
+	exited <- nil // for the cleanup
+}
+
+func fileSHA256(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), err
+}
+
+// nsInit is the host pid of the agent: the child unshare forked.
+func nsInit(t *testing.T, unsharePID int) int {
+	t.Helper()
+	var pid int
+	eventually(t, "unshare's child", func() bool {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(unsharePID) + "/task/" + strconv.Itoa(unsharePID) + "/children")
+		if err != nil {
+			return false
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 1 {
+			return false
+		}
+		pid, _ = strconv.Atoi(f[0])
+		return pid > 0
+	})
+	return pid
+}
+
+func nsOf(pid int) string {
+	l, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+	return l
+}
+
+// inNS lists the host pids of the live processes of PID namespace ns.
+func inNS(ns string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || nsOf(pid) != ns {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'Z' {
+			pids = append(pids, -pid) // a zombie counts, and never matches pid1
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("%s: still not the case after 30s", what)
+}
