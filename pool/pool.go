@@ -514,8 +514,11 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		if ctx.Err() != nil {
 			return nil // shutting down: the member stays provisioning and is resumed
 		}
+		// The pass reports the provider's error (Status.LastError) even
+		// when the stop that follows succeeds.
 		r.opt.Logger.Warn("provision failed", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
-		return r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error())
+		return errors.Join(fmt.Errorf("cell %s: provision failed: %w", m.CellID, err),
+			r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error()))
 	}
 	now := r.opt.Now()
 	_, err = r.store.AdmitMember(ctx, store.AdmitParams{
@@ -574,7 +577,7 @@ func (r *Reconciler) destroy(ctx context.Context, cfg Config, m store.Member) er
 	}
 	if err != nil {
 		r.opt.Logger.Warn("cell cleanup pending", "pool", cfg.Name, "cell_id", m.CellID, "attempts", done.Attempts, "error", err)
-		return nil
+		return fmt.Errorf("cell %s: destroy not proven: %w", m.CellID, err)
 	}
 	r.opt.Logger.Info("cell gone", "pool", cfg.Name, "cell_id", m.CellID, "state", done.State, "provider_absent", done.ProviderAbsent)
 	return nil

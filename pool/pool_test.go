@@ -111,6 +111,16 @@ func (f *fixture) counts() map[lease.MemberState]int {
 	return sts[0].Members
 }
 
+// lastError is the pool's Status.LastError, what /v1/pools reports.
+func (f *fixture) lastError() string {
+	f.t.Helper()
+	sts, err := f.pools.Status(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return sts[0].LastError
+}
+
 func (f *fixture) wantCounts(want map[lease.MemberState]int) {
 	f.t.Helper()
 	got := f.counts()
@@ -191,9 +201,16 @@ func TestProvisionFailureQuarantinesWithProof(t *testing.T) {
 	f := newFixture(t, pool.Config{Target: 2, Provider: prov})
 	f.pools.Pass(f.ctx)
 	f.wantCounts(map[lease.MemberState]int{lease.MemberQuarantined: 2})
+	// The stops were proven, and still the provider's error is reported.
+	if got := f.lastError(); strings.Count(got, "provision failed: fake: injected fault") != 2 {
+		t.Errorf("LastError after two failed provisions = %q, want both provider errors", got)
+	}
 	prov.SetFaults(fake.Faults{})
 	f.settle()
 	f.wantCounts(map[lease.MemberState]int{lease.MemberReady: 2, lease.MemberQuarantined: 2})
+	if got := f.lastError(); got != "" {
+		t.Errorf("LastError after a clean pass = %q", got)
+	}
 }
 
 func TestUncertainDestroyKeepsCapacityUntilProven(t *testing.T) {
@@ -205,6 +222,9 @@ func TestUncertainDestroyKeepsCapacityUntilProven(t *testing.T) {
 	f.settle()
 	// Both stops failed: still counted, so nothing new is provisioned.
 	f.wantCounts(map[lease.MemberState]int{lease.MemberCleanupPending: 2})
+	if got := f.lastError(); !strings.Contains(got, "destroy not proven: deletion not proven") {
+		t.Errorf("LastError after uncertain destroys = %q, want the provider's error", got)
+	}
 	for range 3 {
 		f.clock.Advance(time.Minute)
 		f.settle()
