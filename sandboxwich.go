@@ -66,7 +66,7 @@ type Plane struct {
 
 	pools    *pool.Reconciler // nil without pools
 	poolCfgs []pool.Config
-	poolOpt  pool.Options
+	poolOpts []pool.Option
 	sweep    time.Duration // 0 disables the expiry sweeper
 
 	maxPrepare time.Duration // how far ahead a prepared cell may expire
@@ -92,9 +92,12 @@ func WithPools(pools ...pool.Config) Option {
 	return func(p *Plane) { p.poolCfgs = append(p.poolCfgs, pools...) }
 }
 
-// WithPoolOptions tunes the pool reconciler. Its clock, ID source and
-// logger default to the plane's.
-func WithPoolOptions(o pool.Options) Option { return func(p *Plane) { p.poolOpt = o } }
+// WithPoolOptions tunes the pool reconciler with the pool package's own
+// options (pool.WithInterval, pool.WithLockTTL, …). Its clock, ID source,
+// logger and maximum lease are the plane's unless an option sets them.
+func WithPoolOptions(opts ...pool.Option) Option {
+	return func(p *Plane) { p.poolOpts = append(p.poolOpts, opts...) }
+}
 
 // WithSweepInterval sets how often Run quarantines expired cells of
 // external workers (default 1 s); 0 disables the expiry sweeper.
@@ -142,20 +145,9 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 			p.floors[c.Name] = c.ReadyFloor
 		}
 	}
-	o := p.poolOpt
-	if o.Now == nil {
-		o.Now = p.Now
-	}
-	if o.NewID == nil {
-		o.NewID = p.newID
-	}
-	if o.Logger == nil {
-		o.Logger = p.log
-	}
-	if o.MaxLease == 0 {
-		o.MaxLease = time.Duration(p.maxLease) * time.Second
-	}
-	r, err := pool.New(p.store, p.poolCfgs, o)
+	poolOpts := append([]pool.Option{pool.WithClock(p.Now), pool.WithIDs(p.newID), pool.WithLogger(p.log),
+		pool.WithMaxLease(time.Duration(p.maxLease) * time.Second)}, p.poolOpts...)
+	r, err := pool.New(p.store, p.poolCfgs, poolOpts...)
 	if err != nil {
 		return nil, err
 	}

@@ -133,10 +133,10 @@ func newFaultRig(t *testing.T, st store.Store, seed uint64, faults fake.Faults) 
 	cfg := pool.Config{Name: faultPool, TenantID: "acme", Release: rel, Target: faultTarget, MaxProvisioning: 3,
 		ReadyTTL: 5 * time.Minute, Provider: execFake{prov}}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
-		sandboxwich.WithPools(cfg), sandboxwich.WithPoolOptions(pool.Options{
-			VerifyInterval: time.Second, OrphanInterval: time.Nanosecond,
-			DestroyTimeout: 20 * time.Millisecond, ProvisionTimeout: 5 * time.Second,
-		}))
+		sandboxwich.WithPools(cfg), sandboxwich.WithPoolOptions(
+			pool.WithVerifyInterval(time.Second), pool.WithOrphanInterval(time.Nanosecond),
+			pool.WithDestroyTimeout(20*time.Millisecond), pool.WithProvisionTimeout(5*time.Second),
+		))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func newFixtureOn(t *testing.T, st store.Store, cfg pool.Config) *fixture {
 	cfg.TenantID = "acme"
 	cfg.Release = rel
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)), sandboxwich.WithPools(cfg),
-		sandboxwich.WithPoolOptions(pool.Options{VerifyInterval: time.Second, OrphanInterval: time.Nanosecond}))
+		sandboxwich.WithPoolOptions(pool.WithVerifyInterval(time.Second), pool.WithOrphanInterval(time.Nanosecond)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +347,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		tc.cfg.Name, tc.cfg.TenantID = "p", "acme"
 		tc.cfg.Release.RuntimeClass = lease.GVisorLowerRisk
 		tc.cfg.Provider = fake.New(fake.Config{})
-		_, err := pool.New(nil, []pool.Config{tc.cfg}, pool.Options{})
+		_, err := pool.New(nil, []pool.Config{tc.cfg})
 		if err == nil || !contains(err.Error(), tc.field) {
 			t.Errorf("%+v: error %v does not name %s", tc.cfg, err, tc.field)
 		}

@@ -113,7 +113,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
 		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds),
-		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep),
+		sandboxwich.WithPoolOptions(pool.WithInterval(c.SweepInterval)), sandboxwich.WithSweepInterval(sweep),
 		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead))
 	if err != nil {
 		st.Close()

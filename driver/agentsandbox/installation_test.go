@@ -61,7 +61,7 @@ func TestTwoInstallationsOneNamespace(t *testing.T) {
 	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithPools(pool.Config{Name: "p", TenantID: "acme", Release: rel, Target: 0, Provider: a}),
-		sandboxwich.WithPoolOptions(pool.Options{OrphanInterval: time.Nanosecond, DestroyTimeout: 30 * time.Second}))
+		sandboxwich.WithPoolOptions(pool.WithOrphanInterval(time.Nanosecond), pool.WithDestroyTimeout(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,8 +74,8 @@ func newPoolFixture(t *testing.T, env *k8stest.Env, ns string, prov driver.Provi
 	cfg := pool.Config{Name: "k8s", TenantID: "acme", Release: rel, Target: target, Provider: prov}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithPools(cfg),
-		sandboxwich.WithPoolOptions(pool.Options{VerifyInterval: time.Second, OrphanInterval: time.Nanosecond,
-			ProvisionTimeout: time.Minute, DestroyTimeout: 3 * time.Second}))
+		sandboxwich.WithPoolOptions(pool.WithVerifyInterval(time.Second), pool.WithOrphanInterval(time.Nanosecond),
+			pool.WithProvisionTimeout(time.Minute), pool.WithDestroyTimeout(3*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,8 +87,8 @@ func ServeCrash(ctx context.Context, log *slog.Logger) error {
 
 	sweep := ms("SANDBOXWICH_SWEEP_INTERVAL_MS", 200)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(cfg),
-		sandboxwich.WithPoolOptions(pool.Options{Interval: sweep, LockTTL: ms("SANDBOXWICH_RELIABILITY_LOCK_TTL_MS", 5000),
-			VerifyInterval: 2 * time.Second, OrphanInterval: 2 * time.Second}),
+		sandboxwich.WithPoolOptions(pool.WithInterval(sweep), pool.WithLockTTL(ms("SANDBOXWICH_RELIABILITY_LOCK_TTL_MS", 5000)),
+			pool.WithVerifyInterval(2*time.Second), pool.WithOrphanInterval(2*time.Second)),
 		sandboxwich.WithSweepInterval(sweep))
 	if err != nil {
 		return err
