@@ -4,42 +4,24 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
 // clock is a manual clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+type clock = testenv.Clock
 
 type fixture struct {
 	t     *testing.T
@@ -52,29 +34,16 @@ type fixture struct {
 	pools *pool.Reconciler
 }
 
-const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
-
 func newFixture(t *testing.T, cfg pool.Config) *fixture {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "pool.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	return newFixtureOn(t, st, cfg)
+	return newFixtureOn(t, testenv.SQLite(t), cfg)
 }
 
 func newFixtureOn(t *testing.T, st store.Store, cfg pool.Config) *fixture {
 	t.Helper()
-	keys, err := attest.NewKeyring([]byte(testKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest := "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-	rel := lease.Release{ReleaseSetID: "release-1", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	c := &clock{now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC)}
+	keys := testenv.Keyring(t)
+	rel := testenv.Release(keys, lease.GVisorLowerRisk)
+	c := testenv.NewClock()
 	prov, _ := cfg.Provider.(*fake.Provider)
 	if prov == nil {
 		prov = fake.New(fake.Config{Mode: "apply", Kind: "fake"})
