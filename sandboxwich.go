@@ -1,8 +1,13 @@
 // Package sandboxwich is a control plane for sterile cells: single-use
 // sandboxes for AI-agent evaluation.
 //
-// A [Plane] runs the tenant and worker operations of the contract over a
-// [store.Store] and an [attest.Keyring]:
+// Start with [New]. It returns a [Plane] over a [store.Store] — store/sqlite
+// for one process, store/postgres for replicas that share a database — and
+// the [attest.Keyring] that signs releases and lease attestations. Options
+// set its clock, logger and limits; [WithPools] gives it pools of cells
+// that [Plane.Run], called once in its own goroutine, keeps warm through
+// each pool's driver.Provider. The Plane runs the tenant and worker
+// operations of the contract:
 //
 //   - [Plane.Claim] atomically leases one never-exposed ready cell under a
 //     client-chosen claim ID fence and returns an HMAC lease attestation
@@ -11,12 +16,19 @@
 //     lease and a byte-identical attestation; it never leases twice.
 //   - [Plane.Validate] checks a presented attestation against the live lease.
 //   - [Plane.Release] records the tenant's stop of a pool cell;
-//     [Plane.LeaseStatus] reports it until the provider proved deletion.
+//     [Plane.LeaseStatus] reports it, and [Plane.WaitProviderAbsent] waits,
+//     until the provider proved deletion.
 //   - [Plane.Prepare], [Plane.Retire] and [Plane.Destroy] are the operations
 //     of external workers that manage their own provider.
 //
 // A cell never returns to inventory: every state change is a compare-and-set
 // inside one store transaction, and the schema refuses the rest.
+//
+// To serve a Plane over HTTP, mount the handler httpapi.New returns; a
+// harness that uses a remote plane speaks to it with package client
+// instead. A custom driver implements driver.Provider and proves it with
+// driver/drivertest; a custom store implements store.Store and proves it
+// with store/storetest.
 //
 // Errors are *errcode.Error values whose Code is the wire error code; test
 // them with errors.Is against the errcode sentinels (errcode.ErrNotFound,
