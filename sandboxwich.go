@@ -7,7 +7,8 @@
 // set its clock, logger and limits; [WithPools] gives it pools of cells
 // that [Plane.Run], called once in its own goroutine, keeps warm through
 // each pool's driver.Provider. The Plane runs the tenant and worker
-// operations of the contract:
+// operations of the contract (the package Example takes a worker's cell
+// through a claim, its replay, validation and destruction):
 //
 //   - [Plane.Claim] atomically leases one never-exposed ready cell under a
 //     client-chosen claim ID fence and returns an HMAC lease attestation
