@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 )
@@ -198,7 +199,7 @@ func TestAgentReceivesNoSecret(t *testing.T) {
 	att := a.claim.Attestation()
 	secrets := []string{att, strings.TrimPrefix(att, "swla1_"), "swla1_", attest.Digest(att), a.claim.Lease.AttestationDigest,
 		agentBinding.OrganizationID, agentBinding.WorkspaceID, agentBinding.ThreadID, agentBinding.RunnerSessionID,
-		a.rel.Signature, testKey}
+		a.rel.Signature, testenv.Key}
 	msgs := a.prov.Received()
 	activations := 0
 	for _, m := range msgs {

@@ -35,6 +35,7 @@ type config struct {
 	AllowInsecureNoAuth  bool
 	MetricsPublic        bool
 	SweepInterval        time.Duration
+	PoolLockTTL          time.Duration
 	DisableExpirySweeper bool
 	MaxPrepareAhead      time.Duration
 	LogLevel             string
@@ -97,6 +98,8 @@ var settings = []setting{
 		apply: func(c *config, v string) error { return parseBool(&c.MetricsPublic, v) }},
 	{key: "sweep_interval_ms", def: "1000", usage: "interval of pool reconciliation and expiry sweeps",
 		apply: func(c *config, v string) error { return parseMillis(&c.SweepInterval, v) }},
+	{key: "pool_lock_ttl_ms", def: "15000", usage: "how long a pool member stays locked by a process that died acting on it",
+		apply: func(c *config, v string) error { return parseMillis(&c.PoolLockTTL, v) }},
 	{key: "disable_expiry_sweeper", def: "false", usage: "do not quarantine expired cells of external workers",
 		apply: func(c *config, v string) error { return parseBool(&c.DisableExpirySweeper, v) }},
 	{key: "max_prepare_seconds", def: "604800", usage: "how far ahead a worker's prepare may set expires_at (1 s to 10 years)",

@@ -152,7 +152,7 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		return nil, err
 	}
 	plane, st, rel, err := poolPlane(ctx, dir, pool.Config{Name: "bench", Target: 2, Provider: prov},
-		sandboxwich.WithPoolOptions(pool.Options{Interval: 20 * time.Millisecond}))
+		sandboxwich.WithPoolOptions(pool.WithInterval(20*time.Millisecond)))
 	if err != nil {
 		return nil, err
 	}
