@@ -387,7 +387,8 @@ func (q *queries) all() []*string {
 		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
-		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.inventory, &q.evidence, &q.memberVerified, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
+		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.inventory, &q.evidence, &q.memberVerified,
+		&q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
 		&q.leaseAll, &q.leaseAllFenced,
 	}
 }
