@@ -12,6 +12,10 @@
 //   - [Plane.Validate] checks a presented attestation against the live lease.
 //   - [Plane.Release] records the tenant's stop of a pool cell;
 //     [Plane.LeaseStatus] reports it until the provider proved deletion.
+//   - [Plane.ListLeases], [Plane.Revoke], [Plane.Inventory] and
+//     [Plane.Evidence] need no attestation: a tenant's leases, the end of one
+//     whose attestation was lost, the ready inventory, and what the plane
+//     read back from a lease's cell.
 //   - [Plane.Prepare], [Plane.Retire] and [Plane.Destroy] are the operations
 //     of external workers that manage their own provider.
 //
