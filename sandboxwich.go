@@ -25,6 +25,10 @@
 //     one (package agent): each checks the lease fence, reads the runtime
 //     back from the provider and activates the agent with a sanitized
 //     activation before the agent sees the operation.
+//   - [Plane.ListLeases], [Plane.Revoke], [Plane.Inventory] and
+//     [Plane.Evidence] need no attestation: a tenant's leases, the end of one
+//     whose attestation was lost, the ready inventory, and what the plane
+//     read back from a lease's cell.
 //   - [Plane.Prepare], [Plane.Retire] and [Plane.Destroy] are the operations
 //     of external workers that manage their own provider.
 //

@@ -39,8 +39,9 @@
 //
 // # Other calls
 //
-// Reads (Lease, Pools, WorkerCell) and Validate retry like a claim, since
-// repeating them changes nothing. The other mutating calls (Release, Exec, Prepare, Retire,
+// Reads (Lease, ListLeases and Leases, Inventory, Evidence, Pools,
+// WorkerCell) and Validate retry like a claim, since repeating them changes
+// nothing. The other mutating calls (Release, Revoke, Exec, Prepare, Retire,
 // Destroy) are sent exactly once and never retried automatically: after a
 // lost response their outcome is unknown, and a blind repeat is not always
 // harmless — an exec would run its command twice, a prepare would be refused

@@ -55,6 +55,9 @@ type route struct {
 	access access
 	// body marks routes that read a JSON request body (415, 413).
 	body bool
+	// optBody marks routes whose JSON body may be left out: a request
+	// without one (Content-Length 0) needs no Content-Type.
+	optBody bool
 	// idem is how the route honours Idempotency-Key for the tenant
 	// principal (CONTRACT §10.4).
 	idem idemMode
@@ -70,6 +73,10 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/release", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).release},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}", access: accessTenant, serve: (*handler).leaseStatus},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/exec", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).exec},
+	{method: http.MethodGet, path: "/v1/sterile-cell-leases", access: accessTenant, serve: (*handler).listLeases},
+	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/revoke", access: accessTenant, optBody: true, idem: idemReplay, serve: (*handler).revoke},
+	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}/evidence", access: accessTenant, serve: (*handler).evidence},
+	{method: http.MethodGet, path: "/v1/sterile-cells/inventory", access: accessTenant, serve: (*handler).inventory},
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/prepare", access: accessWorker, body: true, serve: (*handler).prepare},
 	{method: http.MethodGet, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}", access: accessWorker, serve: (*handler).workerCell},
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}/retire", access: accessWorker, body: true, serve: (*handler).retire},

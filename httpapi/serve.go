@@ -34,7 +34,7 @@ func (h *handler) serveRoute(rt *route) http.Handler {
 			return
 		}
 		c := &call{r: r, p: p}
-		if rt.body {
+		if rt.body || (rt.optBody && r.ContentLength != 0) {
 			if c.body, err = readBody(w, r); err != nil {
 				h.writeError(w, r, err)
 				return

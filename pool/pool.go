@@ -407,13 +407,15 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 			return nil
 		}
 		return func(ctx context.Context) error {
-			if err := r.verify(ctx, cfg, m); err != nil {
+			obs, err := r.verify(ctx, cfg, m)
+			if err != nil {
 				return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, err.Error())
 			}
 			r.mu.Lock()
 			ps.verified[m.CellID] = now
 			r.mu.Unlock()
-			return nil
+			return r.store.RecordVerification(ctx, store.VerificationParams{CellID: m.CellID,
+				RuntimeClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest, Now: r.opt.Now()})
 		}
 	case lease.MemberLeased:
 		c := m.Cell
@@ -543,9 +545,10 @@ func (r *Reconciler) hold(ctx context.Context, cellID uuid.UUID) (release func()
 func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) error {
 	pctx, cancel := context.WithTimeout(ctx, r.opt.ProvisionTimeout)
 	obj, err := cfg.Provider.Provision(pctx, driver.ProvisionRequest{CellID: m.CellID, RuntimeClass: cfg.Release.RuntimeClass})
+	var obs driver.Observation
 	if err == nil {
 		m.Identity = obj.Identity
-		err = r.verify(pctx, cfg, m)
+		obs, err = r.verify(pctx, cfg, m)
 	}
 	cancel()
 	if err != nil {
@@ -563,6 +566,7 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		CellID: m.CellID, Pool: cfg.Name, WorkerID: cfg.Provider.Capabilities().Identity,
 		ProviderCellID: m.CellID.String(), Identity: obj.Identity, Release: cfg.Release,
 		ReadyDeadline: now.Add(cfg.ReadyTTL), Now: now,
+		AdmittedClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest,
 	})
 	if err == nil {
 		r.opt.Logger.Info("cell ready", "pool", cfg.Name, "cell_id", m.CellID)
@@ -571,17 +575,18 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 }
 
 // verify reads the member's object back and checks it against the pool's
-// signed runtime class, then its agent's readiness evidence.
-func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) error {
+// signed runtime class, then its agent's readiness evidence. It returns
+// what it read: the member's evidence once verified.
+func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) (driver.Observation, error) {
 	obj := driver.Object{CellID: m.CellID, Identity: m.Identity}
 	obs, err := cfg.Provider.Inspect(ctx, obj)
 	if err != nil {
-		return fmt.Errorf("inspect: %w", err)
+		return obs, fmt.Errorf("inspect: %w", err)
 	}
 	if err := driver.Verify(obj, obs, cfg.Release.RuntimeClass); err != nil {
-		return err
+		return obs, err
 	}
-	return r.verifyAgent(ctx, cfg, obj, obs)
+	return obs, r.verifyAgent(ctx, cfg, obj, obs)
 }
 
 // stop records a member's stop intent and destroys its object.

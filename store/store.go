@@ -27,7 +27,8 @@
 // # Stability
 //
 // The Store interface grows while the project adds capabilities (this wave
-// added Installation and CountReady; events and lease listing come next).
+// added Installation and CountReady, then lease listing, revocation,
+// inventory and evidence; events come next).
 // A method is added, never changed in meaning without an entry in the
 // README's changelog, and never removed without a replacement named there.
 // An outside implementation keeps up the way the shipped ones do: it
@@ -168,6 +169,45 @@ type Store interface {
 	// plane runs it only after an empty claim, to say why it was empty.
 	CountReady(ctx context.Context, p CountReadyParams) (ReadyCount, error)
 
+	// ListLeases returns a page of the tenant's leases, newest first
+	// (CONTRACT §14 listing): the cells that hold one, terminal ones
+	// included, with their membership. Leases are ordered by lease ID, a
+	// UUIDv7, so by the time they were made; p.Before continues after the
+	// last lease of the previous page (keyset pagination: a lease made
+	// meanwhile sorts before the page and never shifts the rest). Another
+	// tenant's leases are never listed. It changes nothing.
+	ListLeases(ctx context.Context, p ListLeasesParams) ([]LeaseRecord, error)
+
+	// Revoke ends a live lease of the tenant without its attestation
+	// (CONTRACT §14 revocation). A pool cell's stop is recorded as Release
+	// records it: membership leased → stopping with p.Disposition (an exact
+	// repeat while stopping changes nothing; another disposition is the
+	// cleanup fence mismatch: cleanup_pending, the cell quarantined,
+	// committed, and a conflict); the cell stays leased until the provider
+	// confirms. A cell prepared by an external worker is quarantined at
+	// once. A lease no longer live is a conflict wrapping lease.ErrNotLive
+	// (one found expired while still leased is quarantined first,
+	// committed); unknown and foreign leases are errcode.ErrNotFound.
+	Revoke(ctx context.Context, p RevokeParams) (LeaseRecord, error)
+
+	// Inventory counts the tenant's claimable cells by release (set,
+	// runtime class and policy digest): ready cells whose ready deadline is
+	// later than p.After, and the latest of those deadlines. It changes
+	// nothing.
+	Inventory(ctx context.Context, p InventoryParams) ([]InventoryEntry, error)
+
+	// Evidence returns what was read back from the provider (and agent) of
+	// the cell holding leaseID within the tenant, at admission and at its
+	// last verification (CONTRACT §15). Unknown and foreign leases are both
+	// errcode.ErrNotFound; a cell prepared by an external worker has no
+	// membership, hence an Evidence with an empty Pool.
+	Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID) (Evidence, error)
+
+	// RecordVerification records what a periodic verification of a live
+	// member read back from its provider (and agent), and when. A member
+	// no longer ready or leased is left as it is, without an error.
+	RecordVerification(ctx context.Context, p VerificationParams) error
+
 	// LockMember takes or renews the executor lock of a member for owner
 	// until the given time, so that one process at a time acts on its
 	// provider object. It reports false when another owner holds an
@@ -251,6 +291,87 @@ type ReadyCount struct {
 type LeaseRecord struct {
 	Cell   lease.Cell
 	Member *Member // nil for cells prepared by an external worker
+}
+
+// ListLeasesParams selects a page of a tenant's leases for ListLeases.
+type ListLeasesParams struct {
+	TenantID string
+	// Binding filters by binding: each non-empty field must equal the
+	// lease's; empty fields match every lease.
+	Binding lease.Binding
+	// Live, when set, keeps only leases that are (true) or are not (false)
+	// live at Now: the cell is leased and the lease has not expired, a
+	// pool cell whose stop is recorded but not yet confirmed included.
+	Live *bool
+	Now  time.Time
+	// Before, unless uuid.Nil, keeps only leases that sort after it in
+	// the listing's order (IDs below it): the last lease of the previous
+	// page.
+	Before uuid.UUID
+	// Limit is the largest number of leases returned (at least 1).
+	Limit int
+}
+
+// RevokeParams ends a tenant's live lease without its attestation.
+type RevokeParams struct {
+	TenantID string
+	LeaseID  uuid.UUID
+	// Disposition is the stop a pool cell records; a cell of an external
+	// worker is always quarantined.
+	Disposition lease.Disposition
+	Now         time.Time
+}
+
+// InventoryParams selects a tenant's inventory.
+type InventoryParams struct {
+	TenantID string
+	// After is the time a ready cell must outlive to count: now plus the
+	// shortest lease.
+	After time.Time
+}
+
+// InventoryEntry is one release of a tenant's inventory.
+type InventoryEntry struct {
+	ReleaseSetID string
+	RuntimeClass lease.RuntimeClass
+	PolicyDigest string
+	// Ready counts the release's ready cells that outlive
+	// InventoryParams.After.
+	Ready int
+	// LatestDeadline is the latest ready deadline among them: a claim now
+	// finds a cell for any lease that ends before it.
+	LatestDeadline time.Time
+}
+
+// Evidence is what the plane read back from a pool cell's provider (and
+// agent) when the member was admitted and when it was last verified. Never
+// an attestation or a digest of one.
+type Evidence struct {
+	CellID uuid.UUID
+	// Pool is the member's pool; "" for a cell prepared by an external
+	// worker, of which nothing was read back.
+	Pool string
+	// RuntimeClass is the runtime class the provider demonstrably
+	// admitted, as last read back; "" when none was recorded (a member
+	// admitted before this was kept).
+	RuntimeClass lease.RuntimeClass
+	// AgentDigest is the cell agent's build digest ("sha256:<hex>") the
+	// provider reported, as last read back; "" when the cell runs none.
+	AgentDigest string
+	// AdmittedAt and VerifiedAt are when the member was admitted and last
+	// verified; zero when not recorded.
+	AdmittedAt time.Time
+	VerifiedAt time.Time
+}
+
+// VerificationParams records a successful periodic verification.
+type VerificationParams struct {
+	CellID uuid.UUID
+	// RuntimeClass and AgentDigest are what the verification read back
+	// (driver.Observation).
+	RuntimeClass lease.RuntimeClass
+	AgentDigest  string
+	Now          time.Time
 }
 
 // LeaseCheck is a lease fence check.
@@ -361,6 +482,11 @@ type AdmitParams struct {
 	Release        lease.Release
 	ReadyDeadline  time.Time
 	Now            time.Time
+	// AdmittedClass and AgentDigest are what the verification before
+	// admission read back from the provider (driver.Observation): the
+	// member's evidence, admitted and verified at Now.
+	AdmittedClass lease.RuntimeClass
+	AgentDigest   string
 }
 
 // StopIntent records that a member's provider object is to be destroyed.

@@ -1,8 +1,8 @@
 package main
 
 // The client subcommands: claim, validate, release, lease, exec and pools
-// for tenants and operators; prepare, cell, retire and destroy for external
-// workers. They talk to a running server through package client.
+// for tenants and operators (inventory, leases, evidence and revoke are in
+// lease_cmds.go); prepare, cell, retire and destroy for external workers. They talk to a running server through package client.
 //
 // Secrets never travel through argv: the bearer token comes from
 // SANDBOXWICH_TOKEN or --token-file, the operator token from

@@ -602,7 +602,7 @@ func TestCLIHelpOrder(t *testing.T) {
 			names = append(names, f[0])
 		}
 	}
-	want := "serve migrate dev sign-release bench claim validate exec lease release pools prepare cell retire destroy"
+	want := "serve migrate dev sign-release bench inventory claim validate exec lease leases evidence release revoke pools prepare cell retire destroy"
 	if strings.Join(names, " ") != want {
 		t.Errorf("help lists %q, want %q", strings.Join(names, " "), want)
 	}

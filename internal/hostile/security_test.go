@@ -60,6 +60,8 @@ func TestSecurityCrossTenantIndistinguishable(t *testing.T) {
 		{"POST", "/validate", pf, true},
 		{"POST", "/release", with(pf, "disposition", "destroyed"), false},
 		{"POST", "/exec", with(pf, "argv", []string{"true"}), false},
+		{"POST", "/revoke", nil, false},
+		{"GET", "/evidence", nil, false},
 	}
 	strip := func(r resp) string {
 		h := r.header.Clone()

@@ -90,6 +90,26 @@ func (s *meteredStore) Release(ctx context.Context, p store.ReleaseParams) (stor
 	return s.inner.Release(ctx, p)
 }
 
+func (s *meteredStore) ListLeases(ctx context.Context, p store.ListLeasesParams) ([]store.LeaseRecord, error) {
+	s.count("ListLeases")
+	return s.inner.ListLeases(ctx, p)
+}
+
+func (s *meteredStore) Revoke(ctx context.Context, p store.RevokeParams) (store.LeaseRecord, error) {
+	s.count("Revoke")
+	return s.inner.Revoke(ctx, p)
+}
+
+func (s *meteredStore) Inventory(ctx context.Context, p store.InventoryParams) ([]store.InventoryEntry, error) {
+	s.count("Inventory")
+	return s.inner.Inventory(ctx, p)
+}
+
+func (s *meteredStore) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID) (store.Evidence, error) {
+	s.count("Evidence")
+	return s.inner.Evidence(ctx, tenantID, leaseID)
+}
+
 // External workers' cells.
 
 func (s *meteredStore) Prepare(ctx context.Context, p store.PrepareParams) (lease.Cell, error) {
@@ -118,6 +138,11 @@ func (s *meteredStore) ExpireUnmanaged(ctx context.Context, now time.Time) (int,
 }
 
 // Pool members.
+
+func (s *meteredStore) RecordVerification(ctx context.Context, p store.VerificationParams) error {
+	s.count("RecordVerification")
+	return s.inner.RecordVerification(ctx, p)
+}
 
 func (s *meteredStore) CreateMember(ctx context.Context, p store.CreateMemberParams) (store.Member, error) {
 	s.count("CreateMember")

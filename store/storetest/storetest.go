@@ -75,6 +75,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 			idempotencyScenarios,
 			concurrencyScenarios,
 			badInputScenarios,
+			listScenarios, revokeScenarios, inventoryScenarios,
 		} {
 			for _, sc := range group {
 				t.Run(sc.name, func(t *testing.T) {

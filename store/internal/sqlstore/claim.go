@@ -573,23 +573,32 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) (store.Lease
 		if err := s.applyFence(ctx, tx, &rec, p.LeaseCheck); err != nil {
 			return err
 		}
-		m := rec.Member
-		if m == nil {
+		if rec.Member == nil {
 			return errcode.New(errcode.NotFound, "lease has no pool membership; its worker destroys the cell")
 		}
-		switch {
-		case m.State == lease.MemberLeased:
-			return s.recordStop(ctx, tx, m, &rec.Cell, p.Disposition, "released by tenant", p.Now)
-		case m.State == lease.MemberStopping && m.RequestedDisposition == p.Disposition:
-			return nil // exact retry: the stop is already recorded
-		case m.State == lease.MemberStopping:
-			if err := s.cleanupPending(ctx, tx, m, &rec.Cell, "release retried with another disposition", p.Now); err != nil {
-				return err
-			}
-			return commitThen{errcode.New(errcode.Conflict,
-				"disposition differs from the recorded stop; the cell is quarantined")}
-		}
-		return errcode.New(errcode.Conflict, "lease membership is "+string(m.State))
+		return s.stopLeased(ctx, tx, &rec, p.Disposition, "released by tenant", p.Now)
 	})
 	return rec, s.fail(ctx, "release", err)
+}
+
+// stopLeased records the tenant's stop of the live lease of a pool cell,
+// for Release and Revoke alike: membership leased → stopping with
+// disposition d; an exact repeat while stopping changes nothing; a repeat
+// with another disposition is a cleanup fence mismatch (cleanup_pending,
+// the cell quarantined, committed, and a conflict).
+func (s *Store) stopLeased(ctx context.Context, tx txn, rec *store.LeaseRecord, d lease.Disposition, reason string, now time.Time) error {
+	m := rec.Member
+	switch {
+	case m.State == lease.MemberLeased:
+		return s.recordStop(ctx, tx, m, &rec.Cell, d, reason, now)
+	case m.State == lease.MemberStopping && m.RequestedDisposition == d:
+		return nil // exact retry: the stop is already recorded
+	case m.State == lease.MemberStopping:
+		if err := s.cleanupPending(ctx, tx, m, &rec.Cell, "stop requested again with another disposition", now); err != nil {
+			return err
+		}
+		return commitThen{errcode.New(errcode.Conflict,
+			"disposition differs from the recorded stop; the cell is quarantined")}
+	}
+	return errcode.New(errcode.Conflict, "lease membership is "+string(m.State))
 }

@@ -90,7 +90,8 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 			}
 			return err
 		}
-		n, err := affected(tx.exec(ctx, s.q.memberAdmit, p.Identity, us(p.Now), c.ID.String(), p.Pool))
+		n, err := affected(tx.exec(ctx, s.q.memberAdmit, p.Identity, nullString(string(p.AdmittedClass)),
+			nullString(p.AgentDigest), us(p.Now), us(p.Now), us(p.Now), c.ID.String(), p.Pool))
 		if err != nil {
 			return err
 		}

@@ -210,6 +210,7 @@ type queries struct {
 	memberCleanup, memberDone, memberLock, memberUnlock                           string
 	memberCounts, cellCounts                                                      string
 	readyCount                                                                    string
+	inventory, evidence, memberVerified                                           string
 
 	idemUpsert, idemGet, idemFinish, idemDrop string
 
@@ -299,7 +300,8 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE NOT EXISTS (SELECT 1 FROM cells WHERE id = ?)`,
 		memberLive: `SELECT count(*), count(CASE WHEN state = 'provisioning' THEN 1 END) FROM pool_members
 			WHERE pool_name = ? AND state IN ('provisioning', 'ready', 'leased', 'stopping', 'cleanup_pending')`,
-		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, updated_us = ?
+		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, admitted_class = ?, agent_digest = ?,
+			admitted_us = ?, verified_us = ?, updated_us = ?
 			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
 		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
 			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us)
@@ -323,6 +325,20 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		readyCount: `SELECT count(*), count(CASE WHEN c.ready_deadline_us > CAST(? AS BIGINT) THEN 1 END) FROM cells c
 			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)
 			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'`,
+		// inventory groups what a claim matches on, but the signature: one
+		// release, whoever signed it.
+		inventory: `SELECT c.release_set_id AS release_set_id, c.runtime_class AS runtime_class, c.policy_digest AS policy_digest,
+				count(*) AS ready, max(c.ready_deadline_us) AS latest_us
+			FROM cells c WHERE c.tenant_id = CAST(? AS TEXT) AND c.state = 'ready' AND c.ready_deadline_us > CAST(? AS BIGINT)
+			GROUP BY c.release_set_id, c.runtime_class, c.policy_digest
+			ORDER BY c.release_set_id, c.runtime_class, c.policy_digest`,
+		evidence: `SELECT c.id, m.pool_name, m.admitted_class, m.agent_digest, m.admitted_us, m.verified_us
+			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id AND m.pool_name = c.pool_name
+			WHERE c.lease_id = ? AND c.tenant_id = ?`,
+		// A verification records what it read back; a later one of another
+		// replica, whose clock may lag, never moves verified_us back.
+		memberVerified: `UPDATE pool_members SET admitted_class = ?, agent_digest = ?, verified_us = ?
+			WHERE cell_id = ? AND state IN ('ready', 'leased') AND (verified_us IS NULL OR verified_us <= ?)`,
 
 		idemUpsert: `INSERT INTO idempotency_records (tenant_id, idem_key, fingerprint, done, status, body, created_us, expires_us)
 			VALUES (?, ?, ?, FALSE, 0, '', ?, ?)
@@ -372,7 +388,8 @@ func (q *queries) all() []*string {
 		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
-		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
+		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.inventory, &q.evidence, &q.memberVerified,
+		&q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
 		&q.leaseAll, &q.leaseAllFenced,
 	}
 }

@@ -1,0 +1,80 @@
+package wire
+
+import (
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// The bodies of lease listing, revocation and inventory (CONTRACT §14) and
+// of the evidence route (§15). None carries an attestation or its digest.
+
+// LeaseSummary is one lease of GET /v1/sterile-cell-leases: its status
+// without provider_mode, with its binding, expiry and release set.
+type LeaseSummary struct {
+	LeaseID        uuid.UUID          `json:"lease_id"`
+	CellID         uuid.UUID          `json:"cell_id"`
+	Generation     uint64             `json:"generation"`
+	State          lease.State        `json:"state"`
+	Disposition    *lease.Disposition `json:"disposition"`
+	ProviderAbsent bool               `json:"provider_absent"`
+	CleanupPending bool               `json:"cleanup_pending"`
+	Binding
+	ExpiresAt    Time   `json:"expires_at"`
+	ReleaseSetID string `json:"release_set_id"`
+}
+
+// LeasesResponse answers GET /v1/sterile-cell-leases, newest lease first.
+// NextCursor is null on the last page; otherwise pass it as the cursor
+// query parameter to read the next one.
+type LeasesResponse struct {
+	OK         bool           `json:"ok"`
+	Leases     []LeaseSummary `json:"leases"`
+	NextCursor *string        `json:"next_cursor"`
+}
+
+// RevokeRequest is the optional body of POST
+// /v1/sterile-cell-leases/{id}/revoke. An empty Disposition means
+// quarantined.
+type RevokeRequest struct {
+	Disposition lease.Disposition `json:"disposition,omitempty"`
+}
+
+// InventoryEntry is one release of GET /v1/sterile-cells/inventory.
+type InventoryEntry struct {
+	ReleaseSetID string             `json:"release_set_id"`
+	RuntimeClass lease.RuntimeClass `json:"runtime_class"`
+	PolicyDigest string             `json:"policy_digest"`
+	// Ready counts the ready cells a claim of the release could take now.
+	Ready int `json:"ready"`
+	// MaxLeaseSeconds is the longest lease_seconds a claim now finds a
+	// cell for; 0 when none is ready.
+	MaxLeaseSeconds uint64 `json:"max_lease_seconds"`
+}
+
+// InventoryResponse answers GET /v1/sterile-cells/inventory.
+type InventoryResponse struct {
+	OK        bool             `json:"ok"`
+	Inventory []InventoryEntry `json:"inventory"`
+}
+
+// Evidence is what the plane read back from a pool cell's provider and
+// agent at admission and at its last verification. Fields it did not
+// record are null.
+type Evidence struct {
+	CellID         uuid.UUID           `json:"cell_id"`
+	Pool           string              `json:"pool"`
+	Provider       *string             `json:"provider"`
+	ProviderMode   *string             `json:"provider_mode"`
+	RuntimeClass   *lease.RuntimeClass `json:"runtime_class"`
+	ImageDigest    *string             `json:"image_digest"`
+	AgentDigest    *string             `json:"agent_digest"`
+	AdmittedAt     *Time               `json:"admitted_at"`
+	LastVerifiedAt *Time               `json:"last_verified_at"`
+}
+
+// EvidenceResponse answers GET /v1/sterile-cell-leases/{id}/evidence.
+type EvidenceResponse struct {
+	OK       bool     `json:"ok"`
+	Evidence Evidence `json:"evidence"`
+}
