@@ -40,6 +40,27 @@ const (
 	// RequestHeaderTooLarge (431) is CONTRACT §17's: a request header over
 	// the documented limit.
 	RequestHeaderTooLarge Code = "request_header_too_large"
+
+	// The codes of CONTRACT §14 and §17 for operations that reach the cell
+	// agent.
+
+	// CellAgentUnverified (409): the cell's agent did not report what the
+	// plane expects, or refused the lease's activation; the cell is
+	// quarantined.
+	CellAgentUnverified Code = "cell_agent_unverified"
+	// ImageDigestUnverified (409): the admitted image digest no longer
+	// matches the pinned one; the cell is quarantined.
+	ImageDigestUnverified Code = "image_digest_unverified"
+	// UserUnsupported (422): the cell cannot run a process as the
+	// requested user.
+	UserUnsupported Code = "user_unsupported"
+	// FileNotFound (404): the path does not exist in the cell.
+	FileNotFound Code = "file_not_found"
+	// FileAccessDenied (403): permission denied, or a read-only file
+	// system, in the cell.
+	FileAccessDenied Code = "file_access_denied"
+	// InsufficientStorage (507): no space left in the cell.
+	InsufficientStorage Code = "insufficient_storage"
 )
 
 // HTTPStatus is the status a code is answered with. InvalidRequest is 422
@@ -49,17 +70,18 @@ func (c Code) HTTPStatus() int {
 	switch c {
 	case BadRequest, InvalidIdempotencyKey:
 		return http.StatusBadRequest
-	case InvalidRequest:
+	case InvalidRequest, UserUnsupported:
 		return http.StatusUnprocessableEntity
 	case Unauthorized:
 		return http.StatusUnauthorized
-	case AuthorizationDenied:
+	case AuthorizationDenied, FileAccessDenied:
 		return http.StatusForbidden
-	case NotFound:
+	case NotFound, FileNotFound:
 		return http.StatusNotFound
 	case MethodNotAllowed:
 		return http.StatusMethodNotAllowed
-	case Conflict, ClaimContended, RuntimeClassBoundaryUnverified, IdempotencyKeyReused, IdempotencyInProgress:
+	case Conflict, ClaimContended, RuntimeClassBoundaryUnverified, IdempotencyKeyReused, IdempotencyInProgress,
+		CellAgentUnverified, ImageDigestUnverified:
 		return http.StatusConflict
 	case PayloadTooLarge:
 		return http.StatusRequestEntityTooLarge
@@ -69,6 +91,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusNotImplemented
 	case RequestHeaderTooLarge:
 		return http.StatusRequestHeaderFieldsTooLarge
+	case InsufficientStorage:
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}
@@ -137,4 +161,10 @@ var (
 	ErrIdempotencyInProgress          = &Error{Code: IdempotencyInProgress}
 	ErrExecUnsupported                = &Error{Code: ExecUnsupported}
 	ErrRequestHeaderTooLarge          = &Error{Code: RequestHeaderTooLarge}
+	ErrCellAgentUnverified            = &Error{Code: CellAgentUnverified}
+	ErrImageDigestUnverified          = &Error{Code: ImageDigestUnverified}
+	ErrUserUnsupported                = &Error{Code: UserUnsupported}
+	ErrFileNotFound                   = &Error{Code: FileNotFound}
+	ErrFileAccessDenied               = &Error{Code: FileAccessDenied}
+	ErrInsufficientStorage            = &Error{Code: InsufficientStorage}
 )

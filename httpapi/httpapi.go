@@ -22,6 +22,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -71,7 +72,13 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MetricsPublic serves /metrics without a token.
 	MetricsPublic bool
+	// StreamKeepAlive is the interval of the keep-alive comments of a
+	// streamed exec (default DefaultStreamKeepAlive, 15 s).
+	StreamKeepAlive time.Duration
 }
+
+// DefaultStreamKeepAlive is the default of Config.StreamKeepAlive.
+const DefaultStreamKeepAlive = 15 * time.Second
 
 // handler is the http.Handler returned by New.
 type handler struct {
@@ -83,6 +90,8 @@ type handler struct {
 	promh   http.Handler
 	public  bool
 	mux     *http.ServeMux
+	// keepAlive is the interval of an event stream's keep-alive comments.
+	keepAlive time.Duration
 }
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
@@ -100,6 +109,11 @@ func New(cfg Config) (http.Handler, error) {
 		log:    cfg.Logger,
 		reg:    cfg.Registry,
 		public: cfg.MetricsPublic,
+
+		keepAlive: cfg.StreamKeepAlive,
+	}
+	if h.keepAlive <= 0 {
+		h.keepAlive = DefaultStreamKeepAlive
 	}
 	if h.log == nil {
 		h.log = slog.Default()
