@@ -59,7 +59,7 @@ func (c *Client) ExecStream(ctx context.Context, leaseID uuid.UUID, proof wire.L
 	if cmd.IdempotencyKey != "" {
 		return ExecResult{}, errors.New("client: a streamed exec takes no idempotency key: it is never replayed")
 	}
-	req, err := cmd.request(proof)
+	req, err := cmd.Request(proof)
 	if err != nil {
 		return ExecResult{}, err
 	}

@@ -739,7 +739,7 @@ func TestRunDecodes(t *testing.T) {
 	f := newFake(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 		sig := "KILL"
 		writeJSON(w, 200, wire.ExecResponse{
-			ExecExit: wire.ExecExit{OK: true, ExitCode: 137, Truncated: true, DurationMS: 1500, TimedOut: true, Signal: &sig, Reason: wire.ReasonTimedOut},
+			ExecExit:     wire.ExecExit{OK: true, ExitCode: 137, Truncated: true, DurationMS: 1500, TimedOut: true, Signal: &sig, Reason: wire.ReasonTimedOut},
 			StdoutBase64: base64.StdEncoding.EncodeToString([]byte("out\x00")), StderrBase64: base64.StdEncoding.EncodeToString([]byte("err"))})
 	})
 	res, err := f.client().Run(context.Background(), testLease().LeaseID, wire.LeaseProof{LeaseAttestation: testAttestation, Generation: 2},

@@ -205,8 +205,9 @@ type Command struct {
 	IdempotencyKey string
 }
 
-// request is the wire request of cmd.
-func (cmd Command) request(proof wire.LeaseProof) (wire.ExecRequest, error) {
+// Request returns the wire request of cmd under proof, as Run and
+// ExecStream send it (for [Client.Exec]).
+func (cmd Command) Request(proof wire.LeaseProof) (wire.ExecRequest, error) {
 	req := wire.ExecRequest{LeaseProof: proof, Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User}
 	if len(cmd.Stdin) > 0 {
 		req.StdinBase64 = base64.StdEncoding.EncodeToString(cmd.Stdin)
@@ -245,7 +246,7 @@ type ExecResult struct {
 // the answer. It is sent once and never retried; with cmd.IdempotencyKey
 // the caller can repeat it safely.
 func (c *Client) Run(ctx context.Context, leaseID uuid.UUID, proof wire.LeaseProof, cmd Command) (ExecResult, error) {
-	req, err := cmd.request(proof)
+	req, err := cmd.Request(proof)
 	if err != nil {
 		return ExecResult{}, err
 	}
