@@ -70,6 +70,7 @@ type Plane struct {
 	sweep    time.Duration // 0 disables the expiry sweeper
 
 	maxPrepare time.Duration // how far ahead a prepared cell may expire
+	maxOutput  int           // cap of each exec output stream, in bytes
 }
 
 // Option configures a Plane.
@@ -120,6 +121,7 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 		sweep:      time.Second,
 		maxLease:   MaxLeaseSeconds,
 		maxPrepare: DefaultMaxPrepareAhead,
+		maxOutput:  MaxExecOutput,
 	}
 	for _, o := range opts {
 		o(p)
@@ -130,6 +132,9 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	}
 	if p.maxPrepare <= 0 {
 		return nil, errors.New("sandboxwich: WithMaxPrepareAhead needs a positive duration")
+	}
+	if p.maxOutput < 1 || p.maxOutput > MaxExecOutputLimit {
+		return nil, fmt.Errorf("sandboxwich: the exec output cap must be 1 to %d bytes, not %d", MaxExecOutputLimit, p.maxOutput)
 	}
 	if len(p.poolCfgs) == 0 {
 		return p, nil

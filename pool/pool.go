@@ -530,14 +530,17 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 }
 
 // verify reads the member's object back and checks it against the pool's
-// signed runtime class.
+// signed runtime class, then its agent's readiness evidence.
 func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) error {
 	obj := driver.Object{CellID: m.CellID, Identity: m.Identity}
 	obs, err := cfg.Provider.Inspect(ctx, obj)
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	return driver.Verify(obj, obs, cfg.Release.RuntimeClass)
+	if err := driver.Verify(obj, obs, cfg.Release.RuntimeClass); err != nil {
+		return err
+	}
+	return r.verifyAgent(ctx, cfg, obj, obs)
 }
 
 // stop records a member's stop intent and destroys its object.

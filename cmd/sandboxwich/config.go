@@ -43,6 +43,7 @@ type config struct {
 	TLSCertFile          string
 	TLSKeyFile           string
 	MaxLeaseSeconds      uint64
+	ExecMaxOutputBytes   int
 	Pools                []poolConfig
 }
 
@@ -112,6 +113,18 @@ var settings = []setting{
 		apply: func(c *config, v string) error { c.TLSKeyFile = v; return nil }},
 	{key: "max_lease_seconds", def: strconv.Itoa(sandboxwich.MaxLeaseSeconds), usage: "longest lease a claim gets (1–86400)",
 		apply: func(c *config, v string) error { return parseMaxLease(&c.MaxLeaseSeconds, v) }},
+	{key: "exec_max_output_bytes", def: strconv.Itoa(sandboxwich.MaxExecOutput), usage: "cap of each of an exec's stdout and stderr (1 to 67108864 bytes)",
+		apply: func(c *config, v string) error { return parseExecMaxOutput(&c.ExecMaxOutputBytes, v) }},
+}
+
+// parseExecMaxOutput reads SANDBOXWICH_EXEC_MAX_OUTPUT_BYTES (CONTRACT §17).
+func parseExecMaxOutput(dst *int, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > sandboxwich.MaxExecOutputLimit {
+		return fmt.Errorf("%q is not a number of bytes from 1 to %d", v, sandboxwich.MaxExecOutputLimit)
+	}
+	*dst = n
+	return nil
 }
 
 // parseMaxLease reads SANDBOXWICH_MAX_LEASE_SECONDS (CONTRACT §14).

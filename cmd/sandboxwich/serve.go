@@ -112,7 +112,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		sweep = 0
 	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
-		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds),
+		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds), sandboxwich.WithExecMaxOutput(c.ExecMaxOutputBytes),
 		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep),
 		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead))
 	if err != nil {
