@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -79,12 +80,26 @@ func (h *handler) exec(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	res, err := h.plane.Exec(c.ctx(), c.p.tenant, id, pr, req)
+	res, err := execOutcome(h.plane.Exec(c.ctx(), c.p.tenant, id, pr, req))
 	if err != nil {
 		return 0, nil, err
 	}
 	return http.StatusOK, execAnswer(res), nil
 }
+
+// execOutcome turns a command whose cell died (the plane has quarantined
+// the cell and ended the lease) into the answer CONTRACT §14 gives it:
+// reason cell_lost, exit_code 137 as for a killed process, no signal, and
+// no output beyond what a stream already delivered.
+func execOutcome(res sandboxwich.ExecResult, err error) (sandboxwich.ExecResult, error) {
+	if errors.Is(err, driver.ErrCellLost) {
+		return sandboxwich.ExecResult{ExitCode: cellLostExitCode, Reason: agent.CellLost}, nil
+	}
+	return res, err
+}
+
+// cellLostExitCode is the exit_code of a command whose cell died.
+const cellLostExitCode = 137
 
 // execAnswer is a JSON exec's answer. Its idempotency record keeps at most
 // maxStoredExecStream bytes of each stream.
@@ -165,7 +180,7 @@ func (h *handler) execStream(c *call, w http.ResponseWriter) {
 		return
 	}
 	s := newEventStream(w, h.keepAlive)
-	res, err := h.plane.ExecStream(c.ctx(), c.p.tenant, id, pr, req, func(o sandboxwich.Output) error {
+	res, err := execOutcome(h.plane.ExecStream(c.ctx(), c.p.tenant, id, pr, req, func(o sandboxwich.Output) error {
 		var event string
 		switch o.Stream {
 		case agent.Stdout:
@@ -179,7 +194,7 @@ func (h *handler) execStream(c *call, w http.ResponseWriter) {
 			return s.commit()
 		}
 		return s.send(event, wire.ExecOutput{DataBase64: base64.StdEncoding.EncodeToString(o.Data)})
-	})
+	}))
 	committed := s.stop()
 	switch {
 	case err != nil && !committed:
@@ -320,7 +335,7 @@ func (h *handler) upload(c *call, w http.ResponseWriter) (sandboxwich.FileInfo, 
 func nextPart(mr *multipart.Reader, name string) (*multipart.Part, error) {
 	part, err := mr.NextPart()
 	switch {
-	case errors.Is(err, io.EOF):
+	case err == io.EOF: //nolint:errorlint // only the unwrapped EOF is the body's clean end; a wrapped one is a malformed body
 		return nil, invalid("the multipart body has no " + name + " part")
 	case err != nil:
 		return nil, bodyError(err)
