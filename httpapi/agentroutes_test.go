@@ -682,7 +682,6 @@ func TestFiles(t *testing.T) {
 	})
 }
 
-
 // TestFileWriteRefusals: a body that is not the two parts of a file write
 // is refused before anything reaches the cell.
 func TestFileWriteRefusals(t *testing.T) {
