@@ -411,8 +411,8 @@ func retryAfter(v string, now time.Time) int {
 
 // retryableStatus reports whether an error answer means the request was not
 // carried out, or carried out in a way that a fenced or read-only repeat
-// resolves: 5xx (not 501, not a server without auth), 429, and a contended
-// claim.
+// resolves: 5xx (not 501, not a server without auth, not a cell out of
+// space), 429, and a contended claim.
 func retryableStatus(e *Error) bool {
 	switch {
 	case e.Status == http.StatusTooManyRequests:
@@ -420,7 +420,7 @@ func retryableStatus(e *Error) bool {
 	case e.Status == http.StatusConflict:
 		return e.Code == errcode.ClaimContended
 	case e.Status >= 500:
-		return e.Status != http.StatusNotImplemented && e.Code != errcode.AuthNotConfigured
+		return e.Status != http.StatusNotImplemented && e.Code != errcode.AuthNotConfigured && e.Code != errcode.InsufficientStorage
 	}
 	return false
 }
