@@ -93,7 +93,7 @@ func (p *Plane) LaunchStatusOf(ctx context.Context, tenantID string, leaseID uui
 		return LaunchStatus{}, err
 	}
 	if l := rec.Cell.Lease; rec.Cell.State != lease.Leased || l == nil || !p.Now().Before(l.ExpiresAt) {
-		return LaunchStatus{}, errNotLive
+		return LaunchStatus{}, errNotLive()
 	}
 	c, err := p.open(ctx, rec, false)
 	if err != nil {

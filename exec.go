@@ -120,7 +120,7 @@ func (p *Plane) exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 	}
 	timeout = min(timeout, c.lease.ExpiresAt.Sub(p.Now()))
 	if timeout < time.Millisecond {
-		return ExecResult{}, errNotLive
+		return ExecResult{}, errNotLive()
 	}
 	if c.conn == nil {
 		return p.providerExec(ctx, c, req, timeout, out)
@@ -177,6 +177,7 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 	defer cancel()
 	var sink func(agent.Output) error
 	var outErr error
+	cut := false
 	if out != nil {
 		// The agent's output is tenant-influenced: the cap holds here too.
 		left := map[agent.Stream]int{agent.Stdout: p.maxOutput, agent.Stderr: p.maxOutput}
@@ -187,7 +188,7 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 				return outErr
 			}
 			if len(o.Data) > n {
-				o.Data = o.Data[:n]
+				o.Data, cut = o.Data[:n], true
 			}
 			left[o.Stream] = n - len(o.Data)
 			if len(o.Data) == 0 {
@@ -213,7 +214,10 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 		return ExecResult{}, p.agentUnverified(ctx, c.member, fmt.Errorf("exec answered reason %q", ar.Reason))
 	}
 	res := ExecResult{ExitCode: ar.ExitCode, Signal: ar.Signal, Reason: ar.Reason, TimedOut: ar.Reason == agent.TimedOut,
-		Truncated: ar.Truncated, Stdout: ar.Stdout, Stderr: ar.Stderr, Duration: time.Duration(ar.DurationMillis) * time.Millisecond}
+		Truncated: ar.Truncated || cut, Stdout: ar.Stdout, Stderr: ar.Stderr, Duration: time.Duration(ar.DurationMillis) * time.Millisecond}
+	if out != nil { // streamed: the result carries none, whatever the agent says
+		res.Stdout, res.Stderr = nil, nil
+	}
 	for _, b := range []*[]byte{&res.Stdout, &res.Stderr} {
 		if len(*b) > p.maxOutput {
 			*b, res.Truncated = (*b)[:p.maxOutput], true
@@ -232,7 +236,7 @@ const (
 
 // errNotLive answers an operation on a lease whose life ended while it was
 // checked.
-var errNotLive = errcode.New(errcode.Conflict, "the lease is no longer live")
+func errNotLive() error { return errcode.New(errcode.Conflict, "the lease is no longer live") }
 
 // leaseCell is the cell of a live lease, its runtime verified and, for a
 // provider with the agent, its agent activated: what a lease operation
@@ -249,7 +253,8 @@ type leaseCell struct {
 }
 
 // open takes a lease record that passed its fence to the cell: a cell of
-// an external worker is errcode.ErrNotFound, a provider without the agent
+// an external worker is errcode.ErrNotFound, a released one (stopping)
+// errcode.ErrConflict, a provider without the agent
 // errcode.ErrExecUnsupported (unless execOK and the provider has its own
 // exec); then the admitted runtime is read back and verified, and the
 // agent activated with the sanitized activation — never the attestation,
@@ -262,6 +267,9 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 	m, l := rec.Member, rec.Cell.Lease
 	if m == nil {
 		return nil, errcode.New(errcode.NotFound, "cell was prepared by an external worker; act on it through its worker")
+	}
+	if m.State != lease.MemberLeased {
+		return nil, errcode.New(errcode.Conflict, "the lease was released; its cell is stopping")
 	}
 	prov := p.provider(m.Pool)
 	host, _ := prov.(driver.AgentHost)
@@ -291,7 +299,7 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 	}
 	ttl := l.ExpiresAt.Sub(p.Now())
 	if ttl < time.Millisecond {
-		return nil, errNotLive
+		return nil, errNotLive()
 	}
 	c.fence = agent.Fence{CellID: m.CellID.String(), LeaseID: l.ID.String(), Generation: int64(l.Generation)}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)

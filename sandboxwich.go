@@ -12,6 +12,12 @@
 //   - [Plane.Validate] checks a presented attestation against the live lease.
 //   - [Plane.Release] records the tenant's stop of a pool cell;
 //     [Plane.LeaseStatus] reports it until the provider proved deletion.
+//   - [Plane.Exec], [Plane.ExecStream], [Plane.Launch],
+//     [Plane.LaunchStatusOf], [Plane.WriteFile] and [Plane.ReadFile] act
+//     inside a leased cell, through its cell agent when the provider runs
+//     one (package agent): each checks the lease fence, reads the runtime
+//     back from the provider and activates the agent with a sanitized
+//     activation before the agent sees the operation.
 //   - [Plane.Prepare], [Plane.Retire] and [Plane.Destroy] are the operations
 //     of external workers that manage their own provider.
 //

@@ -1,6 +1,7 @@
 package pool_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -50,6 +51,7 @@ type fixture struct {
 	plane *sandboxwich.Plane
 	rel   lease.Release
 	pools *pool.Reconciler
+	logs  *logBuffer // the plane's and the pools' log, as text
 }
 
 const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
@@ -75,22 +77,48 @@ func newFixtureOn(t *testing.T, st store.Store, cfg pool.Config) *fixture {
 	rel := lease.Release{ReleaseSetID: "release-1", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest}
 	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
 	c := &clock{now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC)}
-	prov, _ := cfg.Provider.(*fake.Provider)
-	if prov == nil {
+	var prov *fake.Provider
+	switch p := cfg.Provider.(type) {
+	case nil:
 		prov = fake.New(fake.Config{Mode: "apply", Kind: "fake"})
 		cfg.Provider = prov
+	case *fake.Provider:
+		prov = p
+	case *fake.AgentProvider:
+		prov = p.Provider
+	case noDigest:
+		prov = p.Provider
 	}
 	if cfg.Name == "" {
 		cfg.Name = "p1"
 	}
 	cfg.TenantID = "acme"
 	cfg.Release = rel
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)), sandboxwich.WithPools(cfg),
+	logs := new(logBuffer)
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.NewTextHandler(logs, nil))), sandboxwich.WithPools(cfg),
 		sandboxwich.WithPoolOptions(pool.Options{VerifyInterval: time.Second, OrphanInterval: time.Nanosecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, ctx: context.Background(), clock: c, prov: prov, st: st, plane: plane, rel: rel, pools: plane.Pools()}
+	return &fixture{t: t, ctx: context.Background(), clock: c, prov: prov, st: st, plane: plane, rel: rel, pools: plane.Pools(), logs: logs}
+}
+
+// logBuffer is a goroutine-safe log sink.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // settle runs passes until nothing more is created (at most n).

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -86,16 +87,17 @@ func (p *AgentProvider) SetAgentFaults(f AgentFaults) {
 	p.agentFaults = f
 }
 
-// Message is one request an agent received, recorded before it was
-// served: Body is the request as JSON, Data its stdin or file content.
+// Message is one request sent to an agent, recorded as it arrived —
+// before any fault, the agent's death or its fence check: Body is the
+// request as JSON, Data its stdin or file content.
 type Message struct {
 	CellID uuid.UUID
-	Op     string // "status", "activate", "exec", "launch", "launch_status", "write_file", "read_file"
+	Op     string // "status", "activate", "exec", "launch", "launch_status", "write_file", "read_file", "release"
 	Body   []byte
 	Data   []byte
 }
 
-// Received returns every request the provider's agents received, in
+// Received returns every request sent to the provider's agents, in
 // order, including those of objects destroyed since.
 func (p *AgentProvider) Received() []Message {
 	p.mu.Lock()
@@ -113,6 +115,7 @@ type cellAgent struct {
 	state       agent.State
 	activations int
 	fence       agent.Fence
+	expiresAt   time.Time // the activation's, compared in a replay
 	expires     time.Time // by p.cfg.Now
 	files       map[string][]byte
 	launch      *launched
@@ -165,11 +168,32 @@ func (a *cellAgent) receive(ctx context.Context, op string, req any, data []byte
 // expire ends an active agent whose TTL passed; the caller holds a.mu.
 func (a *cellAgent) expire() {
 	if a.state == agent.Active && !a.p.cfg.Now().Before(a.expires) {
-		a.state = agent.Ended
-		if l := a.launch; l != nil && l.status.Phase != agent.Terminal {
-			l.status = terminal(137, "KILL", agent.Killed, l.status.PID)
-		}
+		a.end()
 	}
+}
+
+// end ends the agent, killing the launched workload; the caller holds a.mu.
+func (a *cellAgent) end() {
+	a.state = agent.Ended
+	if l := a.launch; l != nil && l.status.Phase != agent.Terminal {
+		l.status = terminal(137, "KILL", agent.Killed, l.status.PID)
+	}
+}
+
+// Release implements agent.Conn: it ends the agent as expiry does; again
+// with the same fence it succeeds.
+func (a *cellAgent) Release(ctx context.Context, fence agent.Fence) error {
+	f, err := a.receive(ctx, "release", fence, nil)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.fenced(f, fence); err != nil && !(errors.Is(err, agent.ErrExpired) && fence == a.fence) {
+		return err
+	}
+	a.end()
+	return nil
 }
 
 // fenced admits a fenced request; the caller holds a.mu.
@@ -212,16 +236,17 @@ func (a *cellAgent) Activate(ctx context.Context, act agent.Activation) error {
 	defer a.mu.Unlock()
 	a.expire()
 	switch {
-	case act.Version != agent.ProtocolVersion || act.CellID != a.cellID.String() || act.LeaseID == "" || act.TTLMillis <= 0:
+	case act.Version != agent.ProtocolVersion || act.LeaseID == "" || act.Generation < 1 || act.TTLMillis <= 0:
 		return agent.Errorf(agent.CodeInvalid, "malformed activation")
-	case f.RefuseFence, a.state != agent.Waiting && act.Fence != a.fence:
+	case f.RefuseFence, act.CellID != a.cellID.String(),
+		a.state != agent.Waiting && (act.Fence != a.fence || !act.ExpiresAt.Equal(a.expiresAt)):
 		return agent.Errorf(agent.CodeFenceRefused, "bound to another fence")
 	case a.state == agent.Ended:
 		return agent.Errorf(agent.CodeExpired, "the lease expired")
 	case a.state == agent.Active: // an exact replay
 		return nil
 	}
-	a.state, a.activations, a.fence = agent.Active, 1, act.Fence
+	a.state, a.activations, a.fence, a.expiresAt = agent.Active, 1, act.Fence, act.ExpiresAt
 	a.expires = a.p.cfg.Now().Add(time.Duration(act.TTLMillis) * time.Millisecond)
 	return nil
 }
