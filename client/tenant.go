@@ -236,8 +236,9 @@ type ExecResult struct {
 	TimedOut bool
 	// Signal names the signal that ended the command ("KILL"), or is "".
 	Signal string
-	// Reason is wire.ReasonExited, ReasonTimedOut, ReasonKilled (the lease
-	// ended during the command) or ReasonCellLost.
+	// Reason is wire.ReasonExited, ReasonTimedOut or ReasonKilled (the
+	// lease ended during the command). A cell that died is an error
+	// instead: errcode.ErrConflict, the lease is over.
 	Reason   string
 	Duration time.Duration
 }

@@ -19,7 +19,6 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -80,26 +79,12 @@ func (h *handler) exec(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	res, err := execOutcome(h.plane.Exec(c.ctx(), c.p.tenant, id, pr, req))
+	res, err := h.plane.Exec(c.ctx(), c.p.tenant, id, pr, req)
 	if err != nil {
 		return 0, nil, err
 	}
 	return http.StatusOK, execAnswer(res), nil
 }
-
-// execOutcome turns a command whose cell died (the plane has quarantined
-// the cell and ended the lease) into the answer CONTRACT §14 gives it:
-// reason cell_lost, exit_code 137 as for a killed process, no signal, and
-// no output beyond what a stream already delivered.
-func execOutcome(res sandboxwich.ExecResult, err error) (sandboxwich.ExecResult, error) {
-	if errors.Is(err, driver.ErrCellLost) {
-		return sandboxwich.ExecResult{ExitCode: cellLostExitCode, Reason: agent.CellLost}, nil
-	}
-	return res, err
-}
-
-// cellLostExitCode is the exit_code of a command whose cell died.
-const cellLostExitCode = 137
 
 // execAnswer is a JSON exec's answer. Its idempotency record keeps at most
 // maxStoredExecStream bytes of each stream.
@@ -180,7 +165,7 @@ func (h *handler) execStream(c *call, w http.ResponseWriter) {
 		return
 	}
 	s := newEventStream(w, h.keepAlive)
-	res, err := execOutcome(h.plane.ExecStream(c.ctx(), c.p.tenant, id, pr, req, func(o sandboxwich.Output) error {
+	res, err := h.plane.ExecStream(c.ctx(), c.p.tenant, id, pr, req, func(o sandboxwich.Output) error {
 		var event string
 		switch o.Stream {
 		case agent.Stdout:
@@ -194,7 +179,7 @@ func (h *handler) execStream(c *call, w http.ResponseWriter) {
 			return s.commit()
 		}
 		return s.send(event, wire.ExecOutput{DataBase64: base64.StdEncoding.EncodeToString(o.Data)})
-	}))
+	})
 	committed := s.stop()
 	switch {
 	case err != nil && !committed:
@@ -438,10 +423,12 @@ func (h *handler) openFile(c *call) (io.ReadCloser, int64, error) {
 	}
 	var maxBytes int64
 	if req.MaxBytes != nil {
-		if *req.MaxBytes == 0 {
-			return nil, 0, invalid("max_bytes must be at least 1")
+		// The plane reads zero as its default; on the wire it would mean
+		// "nothing", so it is refused rather than reinterpreted.
+		if *req.MaxBytes == 0 || *req.MaxBytes > MaxFileBytes {
+			return nil, 0, invalid("max_bytes must be 1 to 268435456")
 		}
-		maxBytes = int64(min(*req.MaxBytes, MaxFileBytes))
+		maxBytes = int64(*req.MaxBytes)
 	}
 	return h.plane.ReadFile(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof),
 		sandboxwich.ReadFileRequest{Path: req.Path, MaxBytes: maxBytes, User: agent.User(req.User)})

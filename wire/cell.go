@@ -15,7 +15,11 @@ const (
 	ReasonTimedOut = "timed_out"
 	// ReasonKilled: the lease was released or expired during the command.
 	ReasonKilled = "killed"
-	// ReasonCellLost: the cell died; it is quarantined.
+	// ReasonCellLost is the contract's name for a cell that died during
+	// the command. The reference server never answers it as a reason: the
+	// cell is quarantined and the exec is 409 conflict (an error event when
+	// streamed), so that a client reading only exit_code cannot take it
+	// for a finished command.
 	ReasonCellLost = "cell_lost"
 )
 

@@ -161,8 +161,7 @@ type ExecExit struct {
 	TimedOut bool `json:"timed_out"`
 	// Signal names the signal that ended the command ("KILL"), or is nil.
 	Signal *string `json:"signal"`
-	// Reason is one of ReasonExited, ReasonTimedOut, ReasonKilled,
-	// ReasonCellLost.
+	// Reason is ReasonExited, ReasonTimedOut or ReasonKilled.
 	Reason string `json:"reason"`
 }
 
