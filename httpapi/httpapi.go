@@ -11,7 +11,10 @@
 // Errors are always the JSON envelope {"ok":false,"code":"…","message":"…"}
 // with the status of the code (package errcode), including unknown paths
 // (404 not_found), wrong methods (405 method_not_allowed, with Allow) and
-// headers over [MaxHeaderBytes] (431 request_header_too_large).
+// headers over [MaxHeaderBytes] (431 request_header_too_large) — except
+// once a streamed exec (Accept: text/event-stream) has committed its
+// answer: a failure after that is an error event with the same code and
+// message, and the stream ends.
 // Every response carries x-request-id; a valid W3C traceparent is echoed.
 //
 // Secrets (bearer tokens, the operator token, lease attestations, request
