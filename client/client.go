@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -38,6 +39,10 @@ const maxRetryAfter = time.Minute
 
 // OperatorHeader is the header that carries the operator token.
 const OperatorHeader = "x-sandboxwich-operator-token"
+
+// IdempotencyKeyHeader is the header of an idempotency key
+// ([Command.IdempotencyKey]).
+const IdempotencyKeyHeader = "Idempotency-Key"
 
 const modulePath = "github.com/sandboxwich/sandboxwich"
 
@@ -199,6 +204,10 @@ type request struct {
 	body   any    // nil for no body
 	// retry marks a call that may be repeated: a read, or a fenced claim.
 	retry bool
+	// accept is the Accept header; empty means application/json.
+	accept string
+	// idempotencyKey, when set, is sent as Idempotency-Key.
+	idempotencyKey string
 }
 
 // do runs r and decodes a 2xx answer into out.
@@ -217,12 +226,19 @@ func (c *Client) do(ctx context.Context, r request, out any) error {
 // send runs r with the given body bytes, which stay the same on every
 // attempt, retrying when r.retry allows it.
 func (c *Client) send(ctx context.Context, r request, body []byte, out any) error {
+	return c.retry(ctx, r.retry, func() (bool, time.Duration, error) { return c.attempt(ctx, r, body, out) })
+}
+
+// retry runs attempt until it succeeds or fails for good; when again is
+// set, a retryable failure is tried again after a backoff (or the
+// answer's Retry-After) until the attempts run out or ctx ends.
+func (c *Client) retry(ctx context.Context, again bool, attempt func() (retryable bool, wait time.Duration, err error)) error {
 	attempts := 1
-	if r.retry {
+	if again {
 		attempts = c.attempts
 	}
 	for n := 1; ; n++ {
-		retryable, wait, err := c.attempt(ctx, r, body, out)
+		retryable, wait, err := attempt()
 		if err == nil || !retryable {
 			return err
 		}
@@ -265,24 +281,63 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// attempt sends one request. It reports whether a failure may be retried,
+// attempt sends one request with a JSON body (nil for none) and decodes
+// its 2xx answer into out. It reports whether a failure may be retried,
 // and how long the server asked to wait (Retry-After), if it did.
 func (c *Client) attempt(ctx context.Context, r request, body []byte, out any) (retryable bool, wait time.Duration, err error) {
-	if err := ctx.Err(); err != nil {
-		return false, 0, err
-	}
 	var rd io.Reader
+	contentType := ""
 	if body != nil {
-		rd = bytes.NewReader(body)
+		rd, contentType = bytes.NewReader(body), "application/json"
 	}
-	req, err := http.NewRequestWithContext(ctx, r.method, c.base+"/v1"+r.path, rd)
+	resp, retryable, wait, err := c.open(ctx, r, rd, contentType)
 	if err != nil {
-		return false, 0, fmt.Errorf("client: %w", err)
+		return retryable, wait, err
 	}
-	req.Header.Set("Accept", "application/json")
+	defer resp.Body.Close()
+	data, err := readAnswer(resp)
+	if err != nil {
+		return ctx.Err() == nil && !errors.Is(err, errTooLarge), 0, err
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return false, 0, fmt.Errorf("client: %s %s: decoding the %d response: %w", r.method, resp.Request.URL.Path, resp.StatusCode, err)
+		}
+	}
+	return false, 0, nil
+}
+
+// errTooLarge marks an answer larger than MaxResponseBytes.
+var errTooLarge = errors.New("response larger than " + strconv.Itoa(MaxResponseBytes) + " bytes")
+
+// readAnswer reads a JSON answer of at most MaxResponseBytes.
+func readAnswer(resp *http.Response) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("client: %s %s: reading the response: %w", resp.Request.Method, resp.Request.URL.Path, err)
+	case len(data) > MaxResponseBytes:
+		return nil, fmt.Errorf("client: %s %s: %w", resp.Request.Method, resp.Request.URL.Path, errTooLarge)
+	}
+	return data, nil
+}
+
+// open sends one request whose body (nil for none) has contentType and
+// returns its 2xx response with the body unread; the caller closes it. A
+// non-2xx answer is read and returned as an *Error. It reports whether a
+// failure may be retried, and the answer's Retry-After.
+func (c *Client) open(ctx context.Context, r request, body io.Reader, contentType string) (resp *http.Response, retryable bool, wait time.Duration, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, r.method, c.base+"/v1"+r.path, body)
+	if err != nil {
+		return nil, false, 0, fmt.Errorf("client: %w", err)
+	}
+	req.Header.Set("Accept", cmp.Or(r.accept, "application/json"))
 	req.Header.Set("User-Agent", c.userAgent)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
@@ -290,36 +345,30 @@ func (c *Client) attempt(ctx context.Context, r request, body []byte, out any) (
 	if c.operatorToken != "" {
 		req.Header.Set(OperatorHeader, c.operatorToken)
 	}
-	resp, err := c.hc.Do(req)
+	if r.idempotencyKey != "" {
+		req.Header.Set(IdempotencyKeyHeader, r.idempotencyKey)
+	}
+	resp, err = c.hc.Do(req)
 	if err != nil {
 		// The request may or may not have reached the server.
 		if cerr := ctx.Err(); cerr != nil {
 			if !errors.Is(err, cerr) {
 				err = fmt.Errorf("%w: %w", cerr, err)
 			}
-			return false, 0, err
+			return nil, false, 0, err
 		}
-		return true, 0, err
+		return nil, true, 0, err
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		return resp, false, 0, nil
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
-	if err != nil {
-		err = fmt.Errorf("client: %s %s: reading the response: %w", r.method, req.URL.Path, err)
-		return ctx.Err() == nil, 0, err
+	data, err := readAnswer(resp)
+	if err != nil && !errors.Is(err, errTooLarge) {
+		return nil, ctx.Err() == nil, 0, err
 	}
-	if len(data) > MaxResponseBytes {
-		return false, 0, fmt.Errorf("client: %s %s: response larger than %d bytes", r.method, req.URL.Path, MaxResponseBytes)
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		e := apiError(resp, data)
-		return retryableStatus(e), time.Duration(e.RetryAfter) * time.Second, e
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return false, 0, fmt.Errorf("client: %s %s: decoding the %d response: %w", r.method, req.URL.Path, resp.StatusCode, err)
-		}
-	}
-	return false, 0, nil
+	e := apiError(resp, data)
+	return nil, retryableStatus(e), time.Duration(e.RetryAfter) * time.Second, e
 }
 
 // apiError builds the *Error of a non-2xx answer.
@@ -362,8 +411,8 @@ func retryAfter(v string, now time.Time) int {
 
 // retryableStatus reports whether an error answer means the request was not
 // carried out, or carried out in a way that a fenced or read-only repeat
-// resolves: 5xx (not 501, not a server without auth), 429, and a contended
-// claim.
+// resolves: 5xx (not 501, not a server without auth, not a cell out of
+// space), 429, and a contended claim.
 func retryableStatus(e *Error) bool {
 	switch {
 	case e.Status == http.StatusTooManyRequests:
@@ -371,7 +420,7 @@ func retryableStatus(e *Error) bool {
 	case e.Status == http.StatusConflict:
 		return e.Code == errcode.ClaimContended
 	case e.Status >= 500:
-		return e.Status != http.StatusNotImplemented && e.Code != errcode.AuthNotConfigured
+		return e.Status != http.StatusNotImplemented && e.Code != errcode.AuthNotConfigured && e.Code != errcode.InsufficientStorage
 	}
 	return false
 }

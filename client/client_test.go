@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -736,26 +737,32 @@ func TestWaitProviderAbsent(t *testing.T) {
 
 func TestRunDecodes(t *testing.T) {
 	f := newFake(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-		writeJSON(w, 200, wire.ExecResponse{OK: true, ExitCode: 3, StdoutBase64: base64.StdEncoding.EncodeToString([]byte("out\x00")),
-			StderrBase64: base64.StdEncoding.EncodeToString([]byte("err")), Truncated: true, DurationMS: 1500})
+		sig := "KILL"
+		writeJSON(w, 200, wire.ExecResponse{
+			ExecExit:     wire.ExecExit{OK: true, ExitCode: 137, Truncated: true, DurationMS: 1500, TimedOut: true, Signal: &sig, Reason: wire.ReasonTimedOut},
+			StdoutBase64: base64.StdEncoding.EncodeToString([]byte("out\x00")), StderrBase64: base64.StdEncoding.EncodeToString([]byte("err"))})
 	})
 	res, err := f.client().Run(context.Background(), testLease().LeaseID, wire.LeaseProof{LeaseAttestation: testAttestation, Generation: 2},
-		Command{Argv: []string{"sh", "-c", "cat"}, Stdin: []byte("in"), Env: map[string]string{"A": "b"}, Timeout: 1500 * time.Millisecond})
+		Command{Argv: []string{"sh", "-c", "cat"}, Stdin: []byte("in"), Env: map[string]string{"A": "b"}, Timeout: 1500 * time.Millisecond,
+			Cwd: "/tmp", User: wire.UserRoot, IdempotencyKey: "run-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ExecResult{ExitCode: 3, Stdout: []byte("out\x00"), Stderr: []byte("err"), Truncated: true, Duration: 1500 * time.Millisecond}
-	if res.ExitCode != want.ExitCode || !bytes.Equal(res.Stdout, want.Stdout) || !bytes.Equal(res.Stderr, want.Stderr) ||
-		res.Truncated != want.Truncated || res.Duration != want.Duration {
-		t.Errorf("Run = %+v", res)
+	want := ExecResult{ExitCode: 137, Stdout: []byte("out\x00"), Stderr: []byte("err"), Truncated: true, TimedOut: true,
+		Signal: "KILL", Reason: wire.ReasonTimedOut, Duration: 1500 * time.Millisecond}
+	if !reflect.DeepEqual(res, want) {
+		t.Errorf("Run = %+v, want %+v", res, want)
 	}
 	var req wire.ExecRequest
 	if err := json.Unmarshal(f.requests()[0].Body, &req); err != nil {
 		t.Fatal(err)
 	}
 	if req.StdinBase64 != "aW4=" || req.TimeoutSeconds == nil || *req.TimeoutSeconds != 2 || req.Env["A"] != "b" ||
-		len(req.Argv) != 3 || req.LeaseAttestation != testAttestation {
+		len(req.Argv) != 3 || req.LeaseAttestation != testAttestation || req.Cwd != "/tmp" || req.User != "root" {
 		t.Errorf("exec request = %s", f.requests()[0].Body)
+	}
+	if k := f.requests()[0].Header.Get(IdempotencyKeyHeader); k != "run-1" {
+		t.Errorf("Idempotency-Key %q", k)
 	}
 	if _, err := DecodeExec(wire.ExecResponse{StdoutBase64: "!!"}); err == nil {
 		t.Error("DecodeExec accepted bad base64")

@@ -1,6 +1,8 @@
 // Package client is the Go client of the Sandboxwich /v1 HTTP API: claim a
-// sterile cell, validate, exec in and release its lease, read lease status and
-// pools, and (for external workers) prepare, read, retire and destroy cells.
+// sterile cell, validate, exec in (with the output streamed as it comes, or
+// at the end), launch its resident workload, write and read its files and
+// release its lease, read lease status and pools, and (for external
+// workers) prepare, read, retire and destroy cells.
 //
 // Start with [New]: the server's base URL and a tenant token ([WithToken]).
 // [Client.Claim] leases a cell and returns a [Claim], whose [Claim.Proof] is
@@ -39,16 +41,23 @@
 //
 // # Other calls
 //
-// Reads (Lease, ListLeases and Leases, Inventory, Evidence, Pools,
-// WorkerCell) and Validate retry like a claim, since repeating them changes
-// nothing. The other mutating calls (Release, Revoke, Exec, Prepare, Retire,
-// Destroy) are sent exactly once and never retried automatically: after a
-// lost response their outcome is unknown, and a blind repeat is not always
-// harmless — an exec would run its command twice, a prepare would be refused
-// as a reused cell ID, and a release repeated after the stop completed fails
-// the lease fence ("no longer live") although the first one succeeded. Resolve
+// Reads (Lease, ListLeases and Leases, Inventory, Evidence, LaunchStatus,
+// Pools, WorkerCell), Validate and ReadFile retry like a claim, since
+// repeating them changes nothing (ReadFile until the content starts).
+// Launch retries too: the server launches once per lease and answers an
+// exact repeat with the launch already made, so a retry after a lost answer
+// never starts a second workload. The other mutating calls (Release,
+// Revoke, Exec, Run, ExecStream, WriteFile, Prepare, Retire, Destroy) are
+// sent exactly once and never retried automatically: after a lost response
+// their outcome is unknown, and a blind repeat is not always harmless — an
+// exec would run its command twice, a file's content reader is consumed by
+// the first attempt, a prepare would be refused as a reused cell ID, and a
+// release repeated after the stop completed fails the lease fence ("no
+// longer live") although the first one succeeded. Resolve
 // such an ambiguity with a read ([Client.Lease] for a release,
-// [Client.WorkerCell] for the worker calls) and decide.
+// [Client.WorkerCell] for the worker calls) and decide; give [Client.Run]
+// a [Command.IdempotencyKey] to repeat a command safely (a streamed exec
+// cannot be replayed, so ExecStream refuses one).
 //
 // # Worker calls
 //

@@ -63,6 +63,10 @@ func codeForStatus(status int) errcode.Code {
 		return errcode.UnsupportedMediaType
 	case http.StatusUnprocessableEntity:
 		return errcode.InvalidRequest
+	case http.StatusRequestHeaderFieldsTooLarge:
+		return errcode.RequestHeaderTooLarge
+	case http.StatusInsufficientStorage:
+		return errcode.InsufficientStorage
 	}
 	return errcode.Internal
 }

@@ -131,3 +131,49 @@ func ExampleError() {
 		}
 	}
 }
+
+// A harness copies its inputs into a leased cell, streams a command's
+// output to its own as the command writes it, and copies a result back.
+func ExampleClient_ExecStream() {
+	ctx := context.Background()
+	c, err := client.New("http://127.0.0.1:3217", client.WithToken(os.Getenv("SANDBOXWICH_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var claim client.Claim // from Client.Claim
+	id, proof := claim.Lease.LeaseID, claim.Proof()
+
+	in, err := os.Open("dataset.tar")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer in.Close()
+	// Streamed as it is read, never held in memory; sent once.
+	if _, err := c.WriteFile(ctx, id, proof, client.FileWrite{Path: "/home/cell/dataset.tar"}, in); err != nil {
+		log.Fatal(err)
+	}
+
+	res, err := c.ExecStream(ctx, id, proof, client.Command{Argv: []string{"sh", "-c", "tar xf dataset.tar && ./run"}, Timeout: time.Minute},
+		func(o client.Output) error {
+			w := os.Stdout
+			if o.Stream == client.Stderr {
+				w = os.Stderr
+			}
+			_, err := w.Write(o.Data)
+			return err // an error stops the command
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("exit", res.ExitCode, res.Reason)
+
+	out, size, err := c.ReadFile(ctx, id, proof, client.FileRead{Path: "/home/cell/result.json"})
+	if errors.Is(err, errcode.ErrFileNotFound) {
+		log.Fatal("the run wrote no result")
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer out.Close()
+	fmt.Println("result of", size, "bytes")
+}

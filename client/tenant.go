@@ -171,12 +171,16 @@ func (c *Client) WaitProviderAbsent(ctx context.Context, leaseID uuid.UUID, poll
 // (POST /v1/sterile-cell-leases/{id}/exec); [Client.Run] decodes it. Exec is
 // sent once and never retried: a repeat would run the command again.
 func (c *Client) Exec(ctx context.Context, leaseID uuid.UUID, req wire.ExecRequest) (wire.ExecResponse, error) {
+	return c.exec(ctx, leaseID, req, "")
+}
+
+func (c *Client) exec(ctx context.Context, leaseID uuid.UUID, req wire.ExecRequest, key string) (wire.ExecResponse, error) {
 	var resp wire.ExecResponse
-	err := c.do(ctx, request{method: http.MethodPost, path: leasePath(leaseID, "/exec"), body: req}, &resp)
+	err := c.do(ctx, request{method: http.MethodPost, path: leasePath(leaseID, "/exec"), body: req, idempotencyKey: key}, &resp)
 	return resp, err
 }
 
-// Command is one command for [Client.Run].
+// Command is one command for [Client.Run] and [Client.ExecStream].
 type Command struct {
 	// Argv is the program and its arguments (1 to 256 strings).
 	Argv []string
@@ -184,36 +188,70 @@ type Command struct {
 	Stdin []byte
 	// Env adds environment variables (at most 64).
 	Env map[string]string
+	// Cwd is the absolute working directory in the cell; empty means the
+	// cell's home.
+	Cwd string
+	// User runs the command as wire.UserCell (empty too) or wire.UserRoot.
+	User string
 	// Timeout bounds the command, rounded up to whole seconds; zero means
 	// the server's default (60 s). The server caps it at the lease's
 	// remaining life.
 	Timeout time.Duration
+	// IdempotencyKey, when set, is sent as the Idempotency-Key of Run: a
+	// repeat of the same command with the same key (by the tenant token;
+	// operators are not deduplicated) returns the first answer instead of
+	// running the command again, so the caller can retry a lost answer.
+	// ExecStream refuses it: a stream is never replayed.
+	IdempotencyKey string
 }
 
-// ExecResult is a finished command, decoded.
-type ExecResult struct {
-	ExitCode       int
-	Stdout, Stderr []byte
-	// Truncated reports that an output stream hit the server's cap.
-	Truncated bool
-	Duration  time.Duration
-}
-
-// Run runs cmd in the cell of a live lease, like [Client.Exec], and decodes
-// the answer. It is sent once and never retried.
-func (c *Client) Run(ctx context.Context, leaseID uuid.UUID, proof wire.LeaseProof, cmd Command) (ExecResult, error) {
-	req := wire.ExecRequest{LeaseProof: proof, Argv: cmd.Argv, Env: cmd.Env}
+// Request returns the wire request of cmd under proof, as Run and
+// ExecStream send it (for [Client.Exec]).
+func (cmd Command) Request(proof wire.LeaseProof) (wire.ExecRequest, error) {
+	req := wire.ExecRequest{LeaseProof: proof, Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User}
 	if len(cmd.Stdin) > 0 {
 		req.StdinBase64 = base64.StdEncoding.EncodeToString(cmd.Stdin)
 	}
 	if cmd.Timeout < 0 {
-		return ExecResult{}, errors.New("client: negative command timeout")
+		return req, errors.New("client: negative command timeout")
 	}
 	if cmd.Timeout > 0 {
 		s := uint64((cmd.Timeout + time.Second - 1) / time.Second)
 		req.TimeoutSeconds = &s
 	}
-	resp, err := c.Exec(ctx, leaseID, req)
+	return req, nil
+}
+
+// ExecResult is a finished command, decoded.
+type ExecResult struct {
+	// ExitCode is the child's code, or 128 + the signal number when a
+	// signal ended it (137 at a timeout).
+	ExitCode int
+	// Stdout and Stderr are the output of Run; ExecStream hands it to its
+	// callback instead.
+	Stdout, Stderr []byte
+	// Truncated reports that an output stream hit the server's cap.
+	Truncated bool
+	// TimedOut reports that the command was killed at its timeout.
+	TimedOut bool
+	// Signal names the signal that ended the command ("KILL"), or is "".
+	Signal string
+	// Reason is wire.ReasonExited, ReasonTimedOut or ReasonKilled (the
+	// lease ended during the command). A cell that died is an error
+	// instead: errcode.ErrConflict, the lease is over.
+	Reason   string
+	Duration time.Duration
+}
+
+// Run runs cmd in the cell of a live lease, like [Client.Exec], and decodes
+// the answer. It is sent once and never retried; with cmd.IdempotencyKey
+// the caller can repeat it safely.
+func (c *Client) Run(ctx context.Context, leaseID uuid.UUID, proof wire.LeaseProof, cmd Command) (ExecResult, error) {
+	req, err := cmd.Request(proof)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	resp, err := c.exec(ctx, leaseID, req, cmd.IdempotencyKey)
 	if err != nil {
 		return ExecResult{}, err
 	}
@@ -230,8 +268,19 @@ func DecodeExec(r wire.ExecResponse) (ExecResult, error) {
 	if err != nil {
 		return ExecResult{}, fmt.Errorf("client: exec response: stderr_base64: %w", err)
 	}
-	return ExecResult{ExitCode: r.ExitCode, Stdout: stdout, Stderr: stderr, Truncated: r.Truncated,
-		Duration: time.Duration(r.DurationMS) * time.Millisecond}, nil
+	res := exitResult(r.ExecExit)
+	res.Stdout, res.Stderr = stdout, stderr
+	return res, nil
+}
+
+// exitResult decodes how a command ended.
+func exitResult(e wire.ExecExit) ExecResult {
+	res := ExecResult{ExitCode: e.ExitCode, Truncated: e.Truncated, TimedOut: e.TimedOut, Reason: e.Reason,
+		Duration: time.Duration(e.DurationMS) * time.Millisecond}
+	if e.Signal != nil {
+		res.Signal = *e.Signal
+	}
+	return res
 }
 
 // Pools returns every pool with its member counts (GET /v1/pools). It needs

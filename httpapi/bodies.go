@@ -5,7 +5,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
-// The request bodies of CONTRACT §5–7, decoded into their wire types. Each
+// The request bodies of CONTRACT §5–7 and §14, decoded into their wire types. Each
 // decoder returns the first shape error: 400 for malformed JSON, 422 for a
 // missing or null required field, a wrong type, an unknown enum value, a bad
 // UUID or timestamp, or an integer that is negative or not an integer.
@@ -13,6 +13,7 @@ import (
 var (
 	runtimeClasses = []string{string(lease.KataMicroVM), string(lease.GVisorLowerRisk)}
 	dispositions   = []string{string(lease.Destroyed), string(lease.Quarantined)}
+	users          = []string{wire.UserCell, wire.UserRoot}
 )
 
 // decodeBody parses body and applies read to its top-level object.
@@ -82,6 +83,8 @@ func readExec(o *object) wire.ExecRequest {
 		StdinBase64:    o.optStr("stdin_base64"),
 		Env:            o.optStrMap("env"),
 		TimeoutSeconds: o.optUint("timeout_seconds"),
+		Cwd:            o.optStr("cwd"),
+		User:           o.optEnum("user", users...),
 	}
 }
 

@@ -16,21 +16,26 @@ import (
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
-// MaxBodyBytes bounds every request body (413 payload_too_large beyond).
+// MaxBodyBytes bounds every JSON request body but exec's (413
+// payload_too_large beyond).
 const MaxBodyBytes = 1 << 20
 
-// readBody checks the content type (415) and reads at most MaxBodyBytes
+// MaxExecBodyBytes bounds an exec request body, so that stdin_base64 can
+// carry the full 1 MiB of stdin (CONTRACT §14).
+const MaxExecBodyBytes = 2 << 20
+
+// readBody checks the content type (415) and reads at most limit bytes
 // (413).
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if !jsonContentType(r.Header.Get("Content-Type")) {
 		return nil, errMediaType
 	}
-	if r.ContentLength > MaxBodyBytes {
-		return nil, errTooLarge
+	if r.ContentLength > limit {
+		return nil, tooLarge("the request body", limit)
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		return nil, errTooLarge
+		return nil, tooLarge("the request body", limit)
 	}
 	if err != nil {
 		return nil, malformed("the request body could not be read")
@@ -211,6 +216,15 @@ func (o *object) enum(name string, allowed ...string) string {
 		}
 	}
 	o.fail(name, "must be one of "+strings.Join(allowed, ", "))
+	return ""
+}
+
+// optEnum reads an optional string that must be one of allowed ("" when
+// missing).
+func (o *object) optEnum(name string, allowed ...string) string {
+	if _, ok := o.value(name); ok {
+		return o.enum(name, allowed...)
+	}
 	return ""
 }
 

@@ -11,7 +11,10 @@
 // Errors are always the JSON envelope {"ok":false,"code":"…","message":"…"}
 // with the status of the code (package errcode), including unknown paths
 // (404 not_found), wrong methods (405 method_not_allowed, with Allow) and
-// headers over [MaxHeaderBytes] (431 request_header_too_large).
+// headers over [MaxHeaderBytes] (431 request_header_too_large) — except
+// once a streamed exec (Accept: text/event-stream) has committed its
+// answer: a failure after that is an error event with the same code and
+// message, and the stream ends.
 // Every response carries x-request-id; a valid W3C traceparent is echoed.
 //
 // Secrets (bearer tokens, the operator token, lease attestations, request
@@ -22,6 +25,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -71,7 +75,13 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MetricsPublic serves /metrics without a token.
 	MetricsPublic bool
+	// StreamKeepAlive is the interval of the keep-alive comments of a
+	// streamed exec (default DefaultStreamKeepAlive, 15 s).
+	StreamKeepAlive time.Duration
 }
+
+// DefaultStreamKeepAlive is the default of Config.StreamKeepAlive.
+const DefaultStreamKeepAlive = 15 * time.Second
 
 // handler is the http.Handler returned by New.
 type handler struct {
@@ -83,6 +93,8 @@ type handler struct {
 	promh   http.Handler
 	public  bool
 	mux     *http.ServeMux
+	// keepAlive is the interval of an event stream's keep-alive comments.
+	keepAlive time.Duration
 }
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
@@ -100,6 +112,11 @@ func New(cfg Config) (http.Handler, error) {
 		log:    cfg.Logger,
 		reg:    cfg.Registry,
 		public: cfg.MetricsPublic,
+
+		keepAlive: cfg.StreamKeepAlive,
+	}
+	if h.keepAlive <= 0 {
+		h.keepAlive = DefaultStreamKeepAlive
 	}
 	if h.log == nil {
 		h.log = slog.Default()

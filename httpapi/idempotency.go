@@ -36,6 +36,8 @@ var (
 		"Idempotency-Key was already used for a different request")
 	errIdemInProgress = errcode.New(errcode.IdempotencyInProgress,
 		"a request with this Idempotency-Key is still in progress; retry later")
+	errIdemRefused = errcode.New(errcode.InvalidIdempotencyKey,
+		"Idempotency-Key is not accepted here: a streamed exec and file transfers are never replayed")
 )
 
 // idempotencyKey returns the request's trimmed Idempotency-Key; ok is false
@@ -128,8 +130,12 @@ func (h *handler) settle(rt *route, c *call, key string, rep reply) {
 		h.dropIdempotent(c, key)
 		return
 	}
+	body := rep.body
+	if rep.stored != nil {
+		body = rep.stored
+	}
 	err := h.plane.Idempotency().FinishIdempotent(context.WithoutCancel(c.ctx()), store.IdempotencyResult{
-		TenantID: c.p.tenant, Key: key, Status: rep.status, Body: rep.body,
+		TenantID: c.p.tenant, Key: key, Status: rep.status, Body: body,
 		ExpiresAt: h.plane.Now().Add(idempotencyTTL),
 	})
 	if err != nil {

@@ -4,16 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
 
+	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -78,17 +81,82 @@ func TestOpenAPIRoutes(t *testing.T) {
 	if !slices.Equal(documented, served) {
 		t.Errorf("documented routes\n%s\nserved routes\n%s", strings.Join(documented, "\n"), strings.Join(served, "\n"))
 	}
-	// Every route with a body documents it, and every body route requires
-	// application/json.
+	// Every route with a body documents it with its one media type:
+	// application/json, or multipart/form-data for uploads. The
+	// Idempotency-Key parameter is documented as honoured or as refused,
+	// as the route treats it.
 	for _, rt := range routes {
 		op := d.Paths.Find(rt.path).GetOperation(rt.method)
-		if hasBody := op.RequestBody != nil; hasBody != (rt.body || rt.optBody) ||
-			(hasBody && op.RequestBody.Value.Required != rt.body) {
-			t.Errorf("%s: documented body %v, served body %v (optional %v)", rt.pattern(), hasBody, rt.body, rt.optBody)
+		if hasBody := op.RequestBody != nil; hasBody != (rt.body || rt.optBody || rt.upload) ||
+			(hasBody && op.RequestBody.Value.Required != (rt.body || rt.upload)) {
+			t.Errorf("%s: documented body %v, served body %v (optional %v)", rt.pattern(), hasBody, rt.body || rt.upload, rt.optBody)
 		}
-		hasKey := slices.ContainsFunc(op.Parameters, func(p *openapi3.ParameterRef) bool { return p.Value.Name == IdempotencyKeyHeader })
-		if hasKey != (rt.idem != idemNone) {
-			t.Errorf("%s: documented Idempotency-Key %v", rt.pattern(), hasKey)
+		if op.RequestBody != nil {
+			want := "application/json"
+			if rt.upload {
+				want = "multipart/form-data"
+			}
+			if got := slices.Collect(maps.Keys(op.RequestBody.Value.Content)); !slices.Equal(got, []string{want}) {
+				t.Errorf("%s: documented body media types %v, want %s", rt.pattern(), got, want)
+			}
+		}
+		var keyRef string
+		for _, p := range op.Parameters {
+			if p.Value.Name == IdempotencyKeyHeader {
+				keyRef = p.Ref
+			}
+		}
+		want := map[idemMode]string{idemNone: "", idemReplay: "#/components/parameters/IdempotencyKey",
+			idemErrorsOnly: "#/components/parameters/IdempotencyKey", idemRefused: "#/components/parameters/IdempotencyKeyRefused"}[rt.idem]
+		if keyRef != want {
+			t.Errorf("%s: documented Idempotency-Key %q, want %q", rt.pattern(), keyRef, want)
+		}
+		// A route that only streams its answer never stores one.
+		if rt.stream != nil && rt.serve == nil && rt.idem != idemRefused {
+			t.Errorf("%s streams its answer but does not refuse Idempotency-Key", rt.pattern())
+		}
+		// Every documented error status but readiness's 503 is one of the
+		// shared responses.
+		for status, r := range op.Responses.Map() {
+			if status[0] >= '4' && status != "503" && !strings.HasPrefix(r.Ref, "#/components/responses/") {
+				t.Errorf("%s: response %s is not a shared error response", rt.pattern(), status)
+			}
+		}
+	}
+}
+
+// TestOpenAPIErrorCodes: every wire code is in the ErrorResponse enum and
+// named by the shared response of its status, and that status is the one
+// the handler answers it with.
+func TestOpenAPIErrorCodes(t *testing.T) {
+	d := loadDoc(t)
+	enum := d.Components.Schemas["ErrorResponse"].Value.Properties["code"].Value.Enum
+	for code, resp := range map[errcode.Code]string{
+		errcode.BadRequest: "BadRequest", errcode.InvalidIdempotencyKey: "BadRequest",
+		errcode.InvalidRequest: "Unprocessable", errcode.UserUnsupported: "Unprocessable",
+		errcode.Unauthorized: "Unauthorized", errcode.AuthorizationDenied: "Forbidden", errcode.FileAccessDenied: "Forbidden",
+		errcode.NotFound: "NotFound", errcode.FileNotFound: "NotFound", errcode.MethodNotAllowed: "MethodNotAllowed",
+		errcode.Conflict: "Conflict", errcode.ClaimContended: "Conflict", errcode.RuntimeClassBoundaryUnverified: "Conflict",
+		errcode.CellAgentUnverified: "Conflict", errcode.ImageDigestUnverified: "Conflict",
+		errcode.IdempotencyKeyReused: "Conflict", errcode.IdempotencyInProgress: "Conflict",
+		errcode.PayloadTooLarge: "PayloadTooLarge", errcode.UnsupportedMediaType: "UnsupportedMediaType",
+		errcode.RequestHeaderTooLarge: "RequestHeaderTooLarge", errcode.Internal: "Internal", errcode.AuthNotConfigured: "Internal",
+		errcode.ExecUnsupported: "NotImplemented", errcode.InsufficientStorage: "InsufficientStorage",
+	} {
+		if !slices.Contains(enum, any(string(code))) {
+			t.Errorf("%s is not in the ErrorResponse code enum", code)
+		}
+		r := d.Components.Responses[resp]
+		if r == nil {
+			t.Errorf("no response %s", resp)
+			continue
+		}
+		desc := *r.Value.Description
+		if !strings.Contains(desc, string(code)) {
+			t.Errorf("response %s does not name %s: %q", resp, code, desc)
+		}
+		if status := strconv.Itoa(code.HTTPStatus()); !strings.HasPrefix(desc, status) {
+			t.Errorf("%s is answered %s, but documented in %q", code, status, desc)
 		}
 	}
 }
@@ -131,6 +199,10 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		"RetireRequest": wire.RetireRequest{}, "DestroyRequest": wire.DestroyRequest{},
 		"Pool": wire.Pool{}, "PoolsResponse": wire.PoolsResponse{}, "ErrorResponse": wire.ErrorResponse{},
 		"Health": health{}, "HealthComponent": healthComponent{},
+		"ExecExit": wire.ExecExit{}, "ExecOutput": wire.ExecOutput{}, "StreamError": wire.StreamError{},
+		"LaunchRequest": wire.LaunchRequest{}, "Launch": wire.Launch{}, "LaunchResponse": wire.LaunchResponse{},
+		"FileWriteRequest": wire.FileWriteRequest{}, "FileWriteResponse": wire.FileWriteResponse{},
+		"FileReadRequest": wire.FileReadRequest{},
 	} {
 		ref := d.Components.Schemas[name]
 		if ref == nil {

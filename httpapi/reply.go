@@ -35,10 +35,14 @@ var (
 	errAuthNotConfigured = errcode.New(errcode.AuthNotConfigured,
 		"no authentication is configured: set tenant tokens, a shared token or worker tokens")
 	errMediaType = errcode.New(errcode.UnsupportedMediaType, "the request body must be application/json")
-	errTooLarge  = errcode.New(errcode.PayloadTooLarge, "the request body is larger than 1 MiB")
 
 	errHeaderTooLarge = errcode.New(errcode.RequestHeaderTooLarge, "the request header is larger than 64 KiB")
 )
+
+// tooLarge is the 413 of what exceeded limit bytes.
+func tooLarge(what string, limit int64) error {
+	return errcode.New(errcode.PayloadTooLarge, what+" is larger than "+strconv.FormatInt(limit>>20, 10)+" MiB")
+}
 
 // internalMessage is the only message a 500 internal answer carries.
 const internalMessage = "internal server error"
@@ -49,6 +53,9 @@ type reply struct {
 	status int
 	body   []byte
 	header http.Header // extra headers (Allow, Retry-After); may be nil
+	// stored, when set, is the body an idempotency record keeps instead
+	// of body (a JSON exec's output cut to its stored cap).
+	stored []byte
 }
 
 // jsonReply encodes v as the body of a reply.
@@ -64,22 +71,34 @@ func jsonReply(status int, v any) (reply, error) {
 // code, and internal ones, become 500 internal with a generic message; their
 // cause is logged.
 func (h *handler) errorReply(r *http.Request, err error) reply {
+	return envelope(h.wireError(r, err))
+}
+
+// wireError is the status, code and message err is answered with. Errors
+// without a wire code, and internal ones, are 500 internal with a generic
+// message; their cause is logged.
+func (h *handler) wireError(r *http.Request, err error) (int, errcode.Code, string) {
 	var se *statusError
 	var ce *errcode.Error
 	switch {
 	case errors.As(err, &se):
-		return envelope(se.status, se.err.Code, se.err.Message)
+		return se.status, se.err.Code, se.err.Message
 	case errors.As(err, &ce) && ce.Code != errcode.Internal:
-		return envelope(ce.Code.HTTPStatus(), ce.Code, ce.Message)
+		return ce.Code.HTTPStatus(), ce.Code, ce.Message
 	}
 	h.logInternal(r, err)
-	return internalReply()
+	return http.StatusInternalServerError, errcode.Internal, internalMessage
 }
 
 // internalReply is the answer to every internal error.
 func internalReply() reply {
 	return envelope(http.StatusInternalServerError, errcode.Internal, internalMessage)
 }
+
+// storedAnswer is implemented by answers whose idempotency record is cut
+// down: storedForm returns the value to store, or nil to store the answer
+// as sent.
+type storedAnswer interface{ storedForm() any }
 
 // envelope encodes the error envelope.
 func envelope(status int, code errcode.Code, msg string) reply {

@@ -40,6 +40,9 @@ const (
 	// stored (the claim: its claim_id fence makes a re-execution return the
 	// same lease, and its body holds an attestation).
 	idemErrorsOnly
+	// idemRefused: the route streams its answer, which is never stored; a
+	// key is refused with 400 invalid_idempotency_key (the file routes).
+	idemRefused
 )
 
 // jsonFunc serves a JSON route: it returns the success status and body, or
@@ -58,12 +61,22 @@ type route struct {
 	// optBody marks routes whose JSON body may be left out: a request
 	// without one (Content-Length 0) needs no Content-Type.
 	optBody bool
+	// maxBody bounds that body; zero means MaxBodyBytes.
+	maxBody int64
+	// upload marks a route whose multipart/form-data body its stream
+	// function reads itself, part by part.
+	upload bool
 	// idem is how the route honours Idempotency-Key for the tenant
 	// principal (CONTRACT §10.4).
 	idem idemMode
 	// serve answers JSON routes; raw answers the others.
 	serve jsonFunc
 	raw   func(h *handler, w http.ResponseWriter, r *http.Request)
+	// stream writes the route's own answer (an event stream, a file's
+	// bytes) after the body was read; an Idempotency-Key is refused. On a
+	// route that also has serve, it answers the requests that accept
+	// text/event-stream.
+	stream func(h *handler, c *call, w http.ResponseWriter)
 }
 
 // routes is the route table: every route the handler serves, once.
@@ -72,7 +85,11 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/validate", access: accessLease, body: true, serve: (*handler).validate},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/release", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).release},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}", access: accessTenant, serve: (*handler).leaseStatus},
-	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/exec", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).exec},
+	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/exec", access: accessTenant, body: true, maxBody: MaxExecBodyBytes, idem: idemReplay, serve: (*handler).exec, stream: (*handler).execStream},
+	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/launch", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).launch},
+	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}/launch", access: accessTenant, serve: (*handler).launchStatus},
+	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/files/write", access: accessTenant, upload: true, idem: idemRefused, stream: (*handler).writeFile},
+	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/files/read", access: accessTenant, body: true, idem: idemRefused, stream: (*handler).readFile},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases", access: accessTenant, serve: (*handler).listLeases},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/revoke", access: accessTenant, optBody: true, idem: idemReplay, serve: (*handler).revoke},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}/evidence", access: accessTenant, serve: (*handler).evidence},
@@ -86,6 +103,19 @@ var routes = []route{
 	{method: http.MethodGet, path: "/healthz", access: accessProbe, raw: (*handler).healthz},
 	{method: http.MethodGet, path: "/readyz", access: accessProbe, raw: (*handler).readyz},
 	{method: http.MethodGet, path: "/metrics", access: accessMetrics, raw: (*handler).serveMetrics},
+}
+
+// bodyLimit is the largest JSON body the route reads.
+func (rt *route) bodyLimit() int64 {
+	if rt.maxBody > 0 {
+		return rt.maxBody
+	}
+	return MaxBodyBytes
+}
+
+// streams reports whether the route's stream function answers r.
+func (rt *route) streams(r *http.Request) bool {
+	return rt.stream != nil && (rt.serve == nil || acceptsEventStream(r.Header.Values("Accept")))
 }
 
 // pattern is the route's label in logs and metrics: method and canonical

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 )
 
@@ -16,7 +17,8 @@ func (c *call) ctx() context.Context { return c.r.Context() }
 
 // serveRoute returns the handler of one route: authentication and
 // authorization (401/404), content type (415), body size (413),
-// Idempotency-Key, then the route itself.
+// Idempotency-Key (refused where the route streams its answer), then the
+// route itself.
 func (h *handler) serveRoute(rt *route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		setRoute(r.Context(), rt.pattern())
@@ -35,10 +37,20 @@ func (h *handler) serveRoute(rt *route) http.Handler {
 		}
 		c := &call{r: r, p: p}
 		if rt.body || (rt.optBody && r.ContentLength != 0) {
-			if c.body, err = readBody(w, r); err != nil {
+			if c.body, err = readBody(w, r, rt.bodyLimit()); err != nil {
 				h.writeError(w, r, err)
 				return
 			}
+		}
+		if rt.streams(r) {
+			// A response the route writes itself is never stored, so it
+			// could never be replayed: a key there is refused, not ignored.
+			if _, ok, err := idempotencyKey(r); err != nil || ok {
+				h.writeError(w, r, errIdemRefused)
+				return
+			}
+			rt.stream(h, c, w)
+			return
 		}
 		h.write(w, h.run(rt, c))
 	})
@@ -62,11 +74,17 @@ func (h *handler) run(rt *route, c *call) reply {
 // invoke calls the route and encodes its answer.
 func (h *handler) invoke(rt *route, c *call) reply {
 	status, v, err := rt.serve(h, c)
-	if err == nil {
-		var rep reply
-		if rep, err = jsonReply(status, v); err == nil {
-			return rep
+	if err != nil {
+		return h.errorReply(c.r, err)
+	}
+	rep, err := jsonReply(status, v)
+	if sa, ok := v.(storedAnswer); ok && err == nil {
+		if sv := sa.storedForm(); sv != nil {
+			rep.stored, err = json.Marshal(sv)
 		}
 	}
-	return h.errorReply(c.r, err)
+	if err != nil {
+		return h.errorReply(c.r, err)
+	}
+	return rep
 }

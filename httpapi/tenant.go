@@ -1,10 +1,8 @@
 package httpapi
 
 import (
-	"encoding/base64"
 	"errors"
 	"net/http"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -12,10 +10,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
-
-// maxTimeoutSeconds bounds timeout_seconds before it becomes a Duration;
-// the plane caps it further at the lease's remaining life.
-const maxTimeoutSeconds = 24 * 60 * 60
 
 // claim serves POST /v1/sterile-cells/claim (CONTRACT §5).
 func (h *handler) claim(c *call) (int, any, error) {
@@ -130,38 +124,4 @@ func wireStatus(st sandboxwich.LeaseStatus) wire.LeaseStatus {
 		CleanupPending: st.CleanupPending,
 		ProviderMode:   string(st.ProviderMode),
 	}
-}
-
-// exec serves POST /v1/sterile-cell-leases/{lease_id}/exec.
-func (h *handler) exec(c *call) (int, any, error) {
-	id, err := pathUUID(c.r, "lease_id")
-	if err != nil {
-		return 0, nil, err
-	}
-	req, err := decodeBody(c.body, readExec)
-	if err != nil {
-		return 0, nil, err
-	}
-	stdin, err := base64.StdEncoding.DecodeString(req.StdinBase64)
-	if err != nil {
-		return 0, nil, invalid("stdin_base64 must be standard base64")
-	}
-	var timeout time.Duration
-	if req.TimeoutSeconds != nil {
-		timeout = time.Duration(min(*req.TimeoutSeconds, maxTimeoutSeconds)) * time.Second
-	}
-	res, err := h.plane.Exec(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof), sandboxwich.ExecRequest{
-		Argv: req.Argv, Stdin: stdin, Env: req.Env, Timeout: timeout,
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	return http.StatusOK, wire.ExecResponse{
-		OK:           true,
-		ExitCode:     res.ExitCode,
-		StdoutBase64: base64.StdEncoding.EncodeToString(res.Stdout),
-		StderrBase64: base64.StdEncoding.EncodeToString(res.Stderr),
-		Truncated:    res.Truncated,
-		DurationMS:   res.Duration.Milliseconds(),
-	}, nil
 }

@@ -133,16 +133,36 @@ type ExecRequest struct {
 	StdinBase64    string            `json:"stdin_base64,omitempty"`
 	Env            map[string]string `json:"env,omitempty"`
 	TimeoutSeconds *uint64           `json:"timeout_seconds,omitempty"`
+	// Cwd is the absolute working directory in the cell; empty means the
+	// cell's home.
+	Cwd string `json:"cwd,omitempty"`
+	// User is UserCell (empty too) or UserRoot.
+	User string `json:"user,omitempty"`
 }
 
-// ExecResponse answers an exec.
+// ExecResponse answers an exec: how the command ended, and its output.
 type ExecResponse struct {
-	OK           bool   `json:"ok"`
-	ExitCode     int    `json:"exit_code"`
+	ExecExit
 	StdoutBase64 string `json:"stdout_base64"`
 	StderrBase64 string `json:"stderr_base64"`
-	Truncated    bool   `json:"truncated"`
-	DurationMS   int64  `json:"duration_ms"`
+}
+
+// ExecExit is how a command ended: the exec answer without its output, and
+// the data of a streamed exec's exit event.
+type ExecExit struct {
+	OK bool `json:"ok"`
+	// ExitCode is the child's code, or 128 + the signal number when a
+	// signal ended it (137 at a timeout).
+	ExitCode int `json:"exit_code"`
+	// Truncated reports that stdout or stderr hit its cap.
+	Truncated  bool  `json:"truncated"`
+	DurationMS int64 `json:"duration_ms"`
+	// TimedOut reports that the command was killed at its timeout.
+	TimedOut bool `json:"timed_out"`
+	// Signal names the signal that ended the command ("KILL"), or is nil.
+	Signal *string `json:"signal"`
+	// Reason is ReasonExited, ReasonTimedOut or ReasonKilled.
+	Reason string `json:"reason"`
 }
 
 // PrepareRequest is the body of POST /v1/workers/{id}/sterile-cells/prepare.

@@ -1,8 +1,10 @@
 package main
 
-// The client subcommands: claim, validate, release, lease, exec and pools
-// for tenants and operators (inventory, leases, evidence and revoke are in
-// lease_cmds.go); prepare, cell, retire and destroy for external workers. They talk to a running server through package client.
+// The client subcommands: claim, validate, release, lease and pools for
+// tenants and operators (exec, cp and launch are in cell_cmds.go;
+// inventory, leases, evidence and revoke in lease_cmds.go); prepare, cell,
+// retire and destroy for external workers. They talk to a running server
+// through package client.
 //
 // Secrets never travel through argv: the bearer token comes from
 // SANDBOXWICH_TOKEN or --token-file, the operator token from
@@ -16,7 +18,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -536,101 +537,6 @@ func cliLease(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	return f.output(wire.StatusResponse{OK: true, Status: st}, cliStatusKV(st))
-}
-
-// cliMaxStdin is the largest stdin exec sends (CONTRACT §6).
-const cliMaxStdin = 1 << 20
-
-func cliExec(ctx context.Context, e env, args []string) error {
-	f := newCLIFlags(e, "exec")
-	pf := cliProofFlags(f.fs)
-	stdinFile := f.fs.String("stdin-file", "", "send this file as the command's stdin; - reads this process's stdin (at most 1 MiB)")
-	timeoutSeconds := cliUint(f.fs, "timeout-seconds", "command timeout in seconds (server default 60, capped at the lease's remaining life)")
-	cmdEnv := map[string]string{}
-	f.fs.Func("env", "KEY=VALUE to set in the command's environment, or KEY to pass this process's value (repeatable)", func(v string) error {
-		k, val, ok := strings.Cut(v, "=")
-		if k == "" {
-			return errors.New("want KEY=VALUE or KEY")
-		}
-		if !ok {
-			val = e.getenv(k)
-		}
-		cmdEnv[k] = val
-		return nil
-	})
-	if err := f.parse(args, true); err != nil {
-		return err
-	}
-	argv := f.fs.Args()
-	if len(argv) == 0 {
-		return fmt.Errorf("%w: no command: exec [flags] -- program [args…]", errUsage)
-	}
-	proof, err := pf.proof()
-	if err != nil {
-		return err
-	}
-	req := wire.ExecRequest{LeaseProof: proof, Argv: argv, TimeoutSeconds: *timeoutSeconds}
-	if len(cmdEnv) > 0 {
-		req.Env = cmdEnv
-	}
-	if *stdinFile != "" {
-		var r io.Reader = e.stdin
-		if *stdinFile != "-" {
-			file, err := os.Open(*stdinFile)
-			if err != nil {
-				return fmt.Errorf("--stdin-file: %w", err)
-			}
-			defer file.Close()
-			r = file
-		}
-		data, err := io.ReadAll(io.LimitReader(r, cliMaxStdin+1))
-		if err != nil {
-			return fmt.Errorf("--stdin-file: %w", err)
-		}
-		if len(data) > cliMaxStdin {
-			return fmt.Errorf("--stdin-file: stdin is larger than 1 MiB")
-		}
-		if len(data) > 0 {
-			req.StdinBase64 = base64.StdEncoding.EncodeToString(data)
-		}
-	}
-	// Give a long command its time unless --timeout was set explicitly.
-	if *timeoutSeconds != nil && !f.set("timeout") {
-		f.timeout = max(f.timeout, time.Duration(**timeoutSeconds)*time.Second+30*time.Second)
-	}
-	resp, err := call(ctx, f, func(ctx context.Context, c *client.Client) (wire.ExecResponse, error) {
-		return c.Exec(ctx, *pf.leaseID, req)
-	})
-	if err != nil {
-		return err
-	}
-	if f.json {
-		if err := cliJSON(e.stdout, resp); err != nil {
-			return err
-		}
-	} else {
-		res, err := client.DecodeExec(resp)
-		if err != nil {
-			return err
-		}
-		if _, err := e.stdout.Write(res.Stdout); err != nil {
-			return err
-		}
-		if _, err := e.stderr.Write(res.Stderr); err != nil {
-			return err
-		}
-		if res.Truncated {
-			fmt.Fprintln(e.stderr, "sandboxwich exec: output truncated by the server")
-		}
-	}
-	switch {
-	case resp.ExitCode == 0:
-		return nil
-	case resp.ExitCode > 0 && resp.ExitCode < 256:
-		return exitCode(resp.ExitCode)
-	default:
-		return exitCode(1)
-	}
 }
 
 func cliPools(ctx context.Context, e env, args []string) error {

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -355,10 +356,21 @@ func TestCLIExecStreamsAndExitCode(t *testing.T) {
 		if err := json.NewDecoder(r.Body).Decode(&got); err != nil {
 			t.Error(err)
 		}
+		exit := wire.ExecExit{OK: true, ExitCode: 7, Truncated: true, DurationMS: 12, Reason: wire.ReasonExited}
+		if r.Header.Get("Accept") == "text/event-stream" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, ev := range []struct{ name, data string }{{"stdout", "out\x00"}, {"stderr", "err"}, {"stdout", "raw"}} {
+				b, _ := json.Marshal(wire.ExecOutput{DataBase64: base64.StdEncoding.EncodeToString([]byte(ev.data))})
+				fmt.Fprintf(w, "event: %s\ndata: %s\n\n: keep-alive\n\n", ev.name, b)
+			}
+			b, _ := json.Marshal(exit)
+			fmt.Fprintf(w, "event: exit\ndata: %s\n\n", b)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(wire.ExecResponse{OK: true, ExitCode: 7,
+		_ = json.NewEncoder(w).Encode(wire.ExecResponse{ExecExit: exit,
 			StdoutBase64: base64.StdEncoding.EncodeToString([]byte("out\x00raw")),
-			StderrBase64: base64.StdEncoding.EncodeToString([]byte("err")), Truncated: true, DurationMS: 12})
+			StderrBase64: base64.StdEncoding.EncodeToString([]byte("err"))})
 	}))
 	defer srv.Close()
 	te := newCLITestEnv(srv.URL)
@@ -577,8 +589,8 @@ func TestCLIExitStatuses(t *testing.T) {
 
 func TestCLIExecExitStatus(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(wire.ExecResponse{OK: true, ExitCode: 42})
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: exit\ndata: {\"ok\":true,\"exit_code\":42,\"reason\":\"exited\"}\n\n")
 	}))
 	defer srv.Close()
 	te := newCLITestEnv(srv.URL)
@@ -602,7 +614,7 @@ func TestCLIHelpOrder(t *testing.T) {
 			names = append(names, f[0])
 		}
 	}
-	want := "serve migrate dev sign-release bench inventory claim validate exec lease leases evidence release revoke pools prepare cell retire destroy"
+	want := "serve migrate dev sign-release bench inventory claim validate exec cp launch launch-status lease leases evidence release revoke pools prepare cell retire destroy"
 	if strings.Join(names, " ") != want {
 		t.Errorf("help lists %q, want %q", strings.Join(names, " "), want)
 	}

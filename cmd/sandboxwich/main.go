@@ -6,9 +6,10 @@
 //	sandboxwich claim …    client commands against a running server
 //
 // Run `sandboxwich help` for every command. Exit status: 0 success, 1 a
-// failure, 2 a usage error, 3 a claim that leased nothing; exec exits with
-// its command's status and uses 125 for its own failures, as docker run
-// does. With --json a failure is {"ok":false,"code","message"} on stdout.
+// failure, 2 a usage error, 3 a claim that leased nothing; exec (and launch
+// and launch-status with --wait) exit with the command's status and use 125
+// for their own failures, as docker run does. With --json a failure is
+// {"ok":false,"code","message"} on stdout.
 package main
 
 import (
@@ -69,7 +70,10 @@ var commands = []command{
 	{name: "inventory", summary: "show the tenant's ready cells by release and the longest lease a claim gets", run: cliInventory},
 	{name: "claim", summary: "claim a sterile cell (attestation goes to a new 0600 file)", run: cliClaim},
 	{name: "validate", summary: "check a lease attestation against the live lease", run: cliValidate},
-	{name: "exec", summary: "run a command in a leased cell: exec [flags] -- argv…", run: cliExec, workload: true},
+	{name: "exec", summary: "run a command in a leased cell, its output streamed as it comes: exec [flags] -- argv…", run: cliExec, workload: true},
+	{name: "cp", summary: "copy a file into or out of a leased cell: cp [flags] LOCAL cell:/abs/path, or cell:/abs/path LOCAL (- is stdin/stdout)", run: cliCp},
+	{name: "launch", summary: "start the lease's resident workload (optionally --wait for its exit): launch [flags] -- argv…", run: cliLaunch, workload: true},
+	{name: "launch-status", summary: "show the lease's launched workload (optionally --wait for its exit)", run: cliLaunchStatus, workload: true},
 	{name: "lease", summary: "show the status of a lease", run: cliLease},
 	{name: "leases", summary: "list the tenant's leases, newest first (filters, --live, --all)", run: cliLeases},
 	{name: "evidence", summary: "show what the server read back from a lease's cell (runtime class, agent digest)", run: cliEvidence},
@@ -179,7 +183,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "sandboxwich: control plane for sterile cells (single-use sandboxes for agent evaluation)")
 	fmt.Fprintln(w, "\nUsage: sandboxwich <command> [flags]\n\nCommands:")
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun `sandboxwich help <command>` for a command's flags, `sandboxwich --version` for the build.")
 }

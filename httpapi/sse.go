@@ -1,0 +1,111 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// eventStream writes a text/event-stream answer: each event flushed as it
+// is sent, and a keep-alive comment every interval until stop. The
+// response is committed (200 and the stream's headers) by the first event
+// or keep-alive, whichever comes first; until then the route can still
+// answer an ordinary JSON error instead.
+type eventStream struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+
+	mu        sync.Mutex
+	committed bool
+	err       error // the first write error: the client is gone
+
+	quit chan struct{}
+	done chan struct{}
+}
+
+// keepAliveComment is the keep-alive line of an event stream.
+const keepAliveComment = ": keep-alive\n\n"
+
+// newEventStream starts an event stream on w with a keep-alive comment
+// every interval.
+func newEventStream(w http.ResponseWriter, interval time.Duration) *eventStream {
+	s := &eventStream{w: w, rc: http.NewResponseController(w), quit: make(chan struct{}), done: make(chan struct{})}
+	go s.keepAlive(interval)
+	return s
+}
+
+func (s *eventStream) keepAlive(interval time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-t.C:
+			s.mu.Lock()
+			err := s.write([]byte(keepAliveComment))
+			s.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}
+}
+
+// stop ends the keep-alive comments and reports whether the response was
+// committed. Events can still be sent after it.
+func (s *eventStream) stop() (committed bool) {
+	close(s.quit)
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.committed
+}
+
+// send writes one event whose data is v in JSON, and flushes it.
+func (s *eventStream) send(event string, v any) error {
+	data, err := json.Marshal(v) // one line: JSON has no raw newline
+	if err != nil {
+		return err
+	}
+	b := fmt.Appendf(nil, "event: %s\ndata: %s\n\n", event, data)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.write(b)
+}
+
+// commit commits the response without writing an event.
+func (s *eventStream) commit() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.write(nil)
+}
+
+// write commits the response if needed, writes b and flushes. s.mu is
+// held.
+func (s *eventStream) write(b []byte) error {
+	if s.err != nil {
+		return s.err
+	}
+	if !s.committed {
+		s.committed = true
+		hd := s.w.Header()
+		hd.Set("Content-Type", "text/event-stream")
+		hd.Set("Cache-Control", "no-store")
+		hd.Set("X-Accel-Buffering", "no") // ask proxies not to buffer
+		s.w.WriteHeader(http.StatusOK)
+	}
+	if len(b) > 0 {
+		if _, err := s.w.Write(b); err != nil {
+			s.err = err
+			return err
+		}
+	}
+	if err := s.rc.Flush(); err != nil {
+		s.err = err
+	}
+	return s.err
+}
