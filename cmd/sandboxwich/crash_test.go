@@ -146,6 +146,13 @@ func TestCrashRecoveryGVisor(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
+	// The cell agent next to the binary, as a release installs them (the
+	// server runs without HOME, so it could not build one).
+	agentBuild := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "sandboxwich-agent"), "../sandboxwich-agent")
+	agentBuild.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := agentBuild.CombinedOutput(); err != nil {
+		t.Fatalf("build the agent: %v\n%s", err, out)
+	}
 	if err := attest.GenerateKeyFile(filepath.Join(dir, "key")); err != nil {
 		t.Fatal(err)
 	}

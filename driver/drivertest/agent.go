@@ -155,6 +155,7 @@ func (s *suite) testAgentLifecycle(t *testing.T, p driver.Provider, h driver.Age
 		}
 	})
 	t.Run("Exec", func(t *testing.T) {
+		s.needsShell(t)
 		res := agentRun(t, c, agent.ExecRequest{Fence: f, Argv: []string{"echo", "hi"}})
 		if res.ExitCode != 0 || string(res.Stdout) != "hi\n" || res.Reason != agent.Exited {
 			t.Errorf("echo hi = exit %d, stdout %q, reason %q; want 0, \"hi\\n\", exited", res.ExitCode, res.Stdout, res.Reason)
@@ -175,6 +176,7 @@ func (s *suite) testAgentLifecycle(t *testing.T, p driver.Provider, h driver.Age
 		}
 	})
 	t.Run("CwdAndUser", func(t *testing.T) {
+		s.needsShell(t)
 		if res := agentRun(t, c, agent.ExecRequest{Fence: f, Argv: []string{"pwd"}}); string(res.Stdout) != "/home/cell\n" {
 			t.Errorf("default cwd %q, want /home/cell", res.Stdout)
 		}
@@ -194,6 +196,7 @@ func (s *suite) testAgentLifecycle(t *testing.T, p driver.Provider, h driver.Age
 		}
 	})
 	t.Run("Files", func(t *testing.T) {
+		s.needsShell(t)
 		content := make([]byte, 1<<20+7)
 		for i := range content {
 			content[i] = byte(rand.IntN(256))
@@ -231,6 +234,7 @@ func (s *suite) testAgentLifecycle(t *testing.T, p driver.Provider, h driver.Age
 		}
 	})
 	t.Run("Launch", func(t *testing.T) {
+		s.needsShell(t)
 		if _, err := c.LaunchStatus(ctx(t), f); !errors.Is(err, agent.ErrNotLaunched) {
 			t.Errorf("LaunchStatus before a launch: %v, want ErrNotLaunched", err)
 		}
@@ -291,6 +295,7 @@ func (s *suite) testAgentLifecycle(t *testing.T, p driver.Provider, h driver.Age
 // ends, refuses every request, and (where the harness can count) kills
 // what a command left running.
 func (s *suite) testAgentExpiry(t *testing.T, p driver.Provider, h driver.AgentHost) {
+	s.needsShell(t)
 	obj := s.provision(t, p)
 	c := connect(t, h, obj)
 	counter, counts := s.h.(ProcessCounter)
@@ -412,4 +417,13 @@ func (e *agentExecer) Exec(ctx context.Context, obj driver.Object, req driver.Ex
 		// The agent counts whole milliseconds; a quick command is 0.
 		Duration: max(time.Duration(res.DurationMillis)*time.Millisecond, time.Since(start)),
 	}, nil
+}
+
+// needsShell skips a case that runs real commands (sh, id, stat) for a
+// NoShell harness.
+func (s *suite) needsShell(t *testing.T) {
+	t.Helper()
+	if _, ok := s.h.(NoShell); ok {
+		t.Skip("the harness's cells run no shell")
+	}
 }

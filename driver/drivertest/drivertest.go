@@ -377,15 +377,25 @@ func (s *suite) testListAfterRestart(t *testing.T) {
 	}
 }
 
+// NoShell is an optional interface of a Harness whose cells run no POSIX
+// shell and no coreutils (an in-memory agent such as driver/fake's): the
+// cases that run `sh -c`, `id` or `stat` through its agent are skipped; its
+// status, activation, refusal, release and destroy cases still run.
+type NoShell interface {
+	// NoShell marks the harness.
+	NoShell()
+}
+
 // execer returns p as a driver.Execer, or, for a driver.AgentHost that is
 // not one, an Execer running commands through the cell's agent; otherwise
-// it skips the test.
-func execer(t *testing.T, p driver.Provider) driver.Execer {
+// (or for a NoShell harness's agent) it skips the test.
+func (s *suite) execer(t *testing.T, p driver.Provider) driver.Execer {
 	t.Helper()
 	if e, ok := p.(driver.Execer); ok {
 		return e
 	}
 	if h, ok := p.(driver.AgentHost); ok {
+		s.needsShell(t)
 		return &agentExecer{h: h, acts: make(map[driver.Object]agent.Activation)}
 	}
 	t.Skip("provider is neither a driver.Execer nor a driver.AgentHost")
@@ -427,7 +437,7 @@ func sleepMarker(secs int) []byte { return []byte(fmt.Sprintf("sleep\x00%d\x00",
 
 func (s *suite) testExec(t *testing.T) {
 	p := s.provider(t)
-	e := execer(t, p)
+	e := s.execer(t, p)
 	obj := s.provision(t, p)
 	// The subtests share one cell and run one after another.
 	t.Run("Stdin", func(t *testing.T) {
@@ -550,7 +560,7 @@ func waitGone(t *testing.T, e driver.Execer, obj driver.Object, marker []byte) {
 
 func (s *suite) testExecIsolation(t *testing.T) {
 	p := s.provider(t)
-	e := execer(t, p)
+	e := s.execer(t, p)
 	// Provision the two cells in parallel: it halves the wait.
 	var objs [2]driver.Object
 	var errs [2]error
@@ -639,7 +649,7 @@ func (s *suite) testCancellation(t *testing.T) {
 	}
 	t.Run("Exec", func(t *testing.T) {
 		p := s.provider(t)
-		e := execer(t, p)
+		e := s.execer(t, p)
 		obj := s.provision(t, p)
 
 		c, cancel := context.WithCancel(context.Background())

@@ -29,6 +29,9 @@ func (h agentHarness) MakeProvider(context.Context, *testing.T) (driver.Provider
 }
 func (h agentHarness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
 
+// NoShell: the fake agent runs a few builtins, not `sh -c` scripts.
+func (agentHarness) NoShell() {}
+
 // TestConformance proves the fake against the suite every driver passes,
 // for both classes it serves and in apply mode too (the mode tests use to
 // stand in for a real provider).

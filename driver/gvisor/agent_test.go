@@ -30,7 +30,7 @@ import (
 // binary, the way a Provider with an empty AgentPath builds it (from the
 // module's source, found from the package's directory).
 var testAgent = sync.OnceValues(func() (agentBinary, error) {
-	return resolveAgent("", "", slog.New(slog.DiscardHandler))
+	return resolveAgent("", agentCacheDir(os.TempDir()), slog.New(slog.DiscardHandler))
 })
 
 // testAgentPath returns the cached agent binary, failing the test if it

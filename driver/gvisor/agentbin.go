@@ -44,26 +44,21 @@ type agentBinary struct {
 }
 
 // agentCacheDir is the content-addressed cache of agent binaries:
-// os.UserCacheDir()/sandboxwich/agent. Each binary is
-// <cache>/sha256-<hex>/sandboxwich-agent, read-only. It returns "" when no
-// cache directory can be determined.
-func agentCacheDir() string {
+// os.UserCacheDir()/sandboxwich/agent, or, for a process without a user
+// cache directory (no HOME, as under a bare service manager), the
+// provider's private bundle directory. Each binary is
+// <cache>/sha256-<hex>/sandboxwich-agent, read-only.
+func agentCacheDir(bundleDir string) string {
 	dir, err := os.UserCacheDir()
 	if err != nil {
-		return ""
+		return filepath.Join(bundleDir, "agent-cache")
 	}
 	return filepath.Join(dir, "sandboxwich", "agent")
 }
 
 // resolveAgent finds the agent binary a Provider mounts (see Config.AgentPath)
-// and returns its cached, content-addressed copy. cacheDir "" means
-// agentCacheDir().
+// and returns its copy in the content-addressed cacheDir.
 func resolveAgent(configured, cacheDir string, log *slog.Logger) (agentBinary, error) {
-	if cacheDir == "" {
-		if cacheDir = agentCacheDir(); cacheDir == "" {
-			return agentBinary{}, errors.New("gvisor: cell agent: no user cache directory for the agent cache (set HOME or XDG_CACHE_HOME)")
-		}
-	}
 	if configured != "" {
 		return cacheAgent(configured, cacheDir)
 	}

@@ -47,7 +47,8 @@
 // When none works, New fails with an error naming agent_path and the build
 // command. The binary found is checked (a static ELF executable of this
 // architecture) and copied into a content-addressed cache,
-// os.UserCacheDir()/sandboxwich/agent/sha256-<hex>/sandboxwich-agent (a
+// os.UserCacheDir()/sandboxwich/agent/sha256-<hex>/sandboxwich-agent (or,
+// without a user cache directory, under the bundle directory; a
 // read-only file), and that copy is what every cell mounts, so replacing
 // the original never changes a running cell's agent. Its digest,
 // "sha256:<hex>" of the mounted file, is computed once in New, written into

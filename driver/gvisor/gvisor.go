@@ -198,7 +198,7 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("gvisor: hostname: %w", err)
 	}
 	p.identity = "gvisor:" + host
-	if p.agent, err = resolveAgent(cfg.AgentPath, "", p.log); err != nil {
+	if p.agent, err = resolveAgent(cfg.AgentPath, agentCacheDir(cfg.BundleDir), p.log); err != nil {
 		return nil, err
 	}
 	if p.hostKernel, err = hostKernelRelease(); err != nil {
