@@ -720,6 +720,10 @@ var scenarios = []scenario{
 		// A root-owned directory: the cell user cannot write into it.
 		_, err := e.write(filepath.Join(dir, "x"), UserCell, strings.NewReader("x"))
 		wantCode(e.t, "cell write into a root dir", err, ErrAccessDenied)
+		// Refused before the content is read: the answer still arrives
+		// while the client is sending a large body.
+		_, err = e.write(filepath.Join(dir, "x"), UserCell, content(32<<20, 3))
+		wantCode(e.t, "cell write of 32 MiB into a root dir", err, ErrAccessDenied)
 		// A symlink to the root directory: the same.
 		link := filepath.Join(e.home, "link-to-root-dir")
 		if err := os.Symlink(dir, link); err != nil {
