@@ -2,6 +2,8 @@ package sandboxwich
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 
@@ -9,24 +11,39 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // Lease operations that reach the cell agent (CONTRACT §13, §14). Each one
-// checks the request, then the lease fence, then reads the admitted runtime
-// back from the provider, then activates the cell's agent with the
-// sanitized activation (an exact replay after the first), and only then
-// acts. A provider without an agent answers files and launch with
-// errcode.ErrExecUnsupported; exec falls back to the provider's own exec.
+// checks the request (errcode.ErrInvalidRequest, before anything reaches
+// the store), then the lease fence, then refuses a cell of an external
+// worker (errcode.ErrNotFound) and a provider without the agent
+// (errcode.ErrExecUnsupported; exec alone falls back to the provider's own
+// exec), then reads the admitted runtime back from the provider
+// (errcode.ErrRuntimeClassBoundaryUnverified, the cell quarantined), then
+// activates the cell's agent with the sanitized activation — cell, lease,
+// generation, expiry and the lease's remaining life by the plane's clock;
+// never the attestation, its digest, the binding or a token — and only
+// then sends the operation, carrying the same fence.
+//
+// The activation is sent before every operation, an exact replay after the
+// first, which the agent accepts: the plane keeps no record of which cells
+// it activated, so a restarted plane or another replica acts the same.
+//
+// The agent's answers are reports, never proof. A refused fence, or any
+// answer a sterile cell's agent never gives, quarantines the cell and is
+// errcode.ErrCellAgentUnverified; an agent that does not answer (the cell
+// died) quarantines the cell and is errcode.ErrConflict wrapping
+// driver.ErrCellLost; an agent that reports the lease expired is
+// errcode.ErrConflict. Refusals of the request itself map to
+// errcode.ErrInvalidRequest, errcode.ErrUserUnsupported,
+// errcode.ErrFileNotFound, errcode.ErrFileAccessDenied,
+// errcode.ErrPayloadTooLarge and errcode.ErrInsufficientStorage. An
+// operation cut short by ctx returns ctx's error and leaves the cell as it
+// is.
 
 // Output is one chunk of a streamed command's output.
 type Output = agent.Output
-
-// ExecStream runs a command like Exec and hands its output to out as it is
-// produced; the result then carries no output. An error from out stops
-// the command and is returned.
-func (p *Plane) ExecStream(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req ExecRequest, out func(Output) error) (ExecResult, error) {
-	return ExecResult{}, errcode.New(errcode.Internal, "not implemented yet")
-}
 
 // LaunchRequest starts a lease's one resident workload.
 type LaunchRequest struct {
@@ -42,22 +59,82 @@ type LaunchStatus = agent.LaunchStatus
 
 // Launch starts the lease's resident workload; created is false when req
 // repeated the launch already made (an exact replay). A different spec is
-// errcode.ErrConflict.
+// errcode.ErrConflict. The request is checked as Exec's argv, env, cwd and
+// user are.
 func (p *Plane) Launch(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req LaunchRequest) (st LaunchStatus, created bool, err error) {
-	return LaunchStatus{}, false, errcode.New(errcode.Internal, "not implemented yet")
+	if err := checkCommand(req.Argv, req.Env, req.Cwd, req.User); err != nil {
+		return LaunchStatus{}, false, err
+	}
+	c, err := p.openFenced(ctx, tenantID, leaseID, pr)
+	if err != nil {
+		return LaunchStatus{}, false, err
+	}
+	actx, cancel := context.WithTimeout(ctx, agentTimeout)
+	defer cancel()
+	st, err = c.conn.Launch(actx, agent.LaunchRequest{Fence: c.fence, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User})
+	if err == nil {
+		err = p.checkLaunch(ctx, c, st)
+	}
+	if err != nil {
+		return LaunchStatus{}, false, p.agentError(ctx, c.member, err)
+	}
+	return st, !st.Replay, nil
 }
 
-// LaunchStatusOf reports a lease's launched workload to its tenant (no
-// fence: the route is tenant-scoped). errcode.ErrNotFound when none.
+// LaunchStatusOf reports a lease's launched workload to its tenant. It
+// takes no proof (the route is tenant-scoped): the fence sent to the agent
+// is the store's record of the lease, which must be live (else
+// errcode.ErrConflict; unknown or foreign: errcode.ErrNotFound). Like every
+// operation it verifies the runtime and activates the agent first.
+// errcode.ErrNotFound when the lease launched nothing.
 func (p *Plane) LaunchStatusOf(ctx context.Context, tenantID string, leaseID uuid.UUID) (LaunchStatus, error) {
-	return LaunchStatus{}, errcode.New(errcode.Internal, "not implemented yet")
+	rec, err := p.store.Lease(ctx, tenantID, leaseID)
+	if err != nil {
+		return LaunchStatus{}, err
+	}
+	if l := rec.Cell.Lease; rec.Cell.State != lease.Leased || l == nil || !p.Now().Before(l.ExpiresAt) {
+		return LaunchStatus{}, errNotLive()
+	}
+	c, err := p.open(ctx, rec, false)
+	if err != nil {
+		return LaunchStatus{}, err
+	}
+	actx, cancel := context.WithTimeout(ctx, agentTimeout)
+	defer cancel()
+	st, err := c.conn.LaunchStatus(actx, c.fence)
+	if err == nil {
+		err = p.checkLaunch(ctx, c, st)
+	}
+	if err != nil {
+		return LaunchStatus{}, p.agentError(ctx, c.member, err)
+	}
+	return st, nil
+}
+
+// checkLaunch refuses a launch status no agent reports: an unknown phase,
+// a running workload without its pid, or a terminal one without its exit.
+func (p *Plane) checkLaunch(ctx context.Context, c *leaseCell, st LaunchStatus) error {
+	ok := false
+	switch st.Phase {
+	case agent.Accepted:
+		ok = st.PID == nil && st.ExitCode == nil && st.Reason == nil
+	case agent.Running:
+		ok = st.PID != nil && st.ExitCode == nil && st.Reason == nil
+	case agent.Terminal:
+		ok = st.ExitCode != nil && st.Reason != nil
+	}
+	if !ok {
+		return p.agentUnverified(ctx, c.member, fmt.Errorf("launch status %+v is not one an agent reports", st))
+	}
+	return nil
 }
 
 // WriteFileRequest writes one file into a leased cell.
 type WriteFileRequest struct {
 	// Path is absolute, resolved inside the cell.
 	Path string
-	// Mode is the file's permission bits; zero means 0644.
+	// Mode is the file's permission bits (fs.ModePerm at most; no type or
+	// special bits); zero means 0644.
 	Mode fs.FileMode
 	User agent.User
 }
@@ -67,21 +144,116 @@ type FileInfo = agent.FileInfo
 
 // WriteFile streams content into a file of the leased cell: parents are
 // created, the file is replaced atomically, and more than 256 MiB is
-// errcode.ErrPayloadTooLarge with nothing written.
+// errcode.ErrPayloadTooLarge with nothing written. The path must be
+// absolute, at most MaxPath bytes, without NUL; the user cell or root.
+// An error reading content is returned as it is.
 func (p *Plane) WriteFile(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req WriteFileRequest, content io.Reader) (FileInfo, error) {
-	return FileInfo{}, errcode.New(errcode.Internal, "not implemented yet")
+	if err := checkPath("path", req.Path); err != nil {
+		return FileInfo{}, err
+	}
+	if req.Mode&^fs.ModePerm != 0 {
+		return FileInfo{}, errcode.New(errcode.InvalidRequest, "mode must hold permission bits only (0000 to 0777)")
+	}
+	if err := checkUser(req.User); err != nil {
+		return FileInfo{}, err
+	}
+	c, err := p.openFenced(ctx, tenantID, leaseID, pr)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	src := &sourceReader{r: content}
+	info, err := c.conn.WriteFile(ctx, agent.WriteRequest{Fence: c.fence, Path: req.Path, Mode: uint32(req.Mode), User: req.User}, src)
+	switch {
+	case src.err != nil:
+		return FileInfo{}, src.err
+	case err != nil:
+		return FileInfo{}, p.agentError(ctx, c.member, err)
+	}
+	return info, nil
+}
+
+// sourceReader remembers the error of the reader it reads, so that a
+// caller's failing upload is told from a failing agent.
+type sourceReader struct {
+	r   io.Reader
+	err error
+}
+
+func (s *sourceReader) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	if err != nil && err != io.EOF {
+		s.err = err
+	}
+	return n, err
 }
 
 // ReadFileRequest reads one file of a leased cell.
 type ReadFileRequest struct {
 	Path string
-	// MaxBytes refuses a larger file; zero means 256 MiB.
+	// MaxBytes refuses a larger file; zero means 256 MiB, the most it may
+	// be.
 	MaxBytes int64
 	User     agent.User
 }
 
 // ReadFile opens a file of the leased cell and returns its content and
-// size; the caller closes the reader.
+// size; the caller closes the reader. A file larger than MaxBytes is
+// errcode.ErrPayloadTooLarge. The reader yields exactly size bytes: one
+// the agent ends early fails with io.ErrUnexpectedEOF, and it never reads
+// past size.
 func (p *Plane) ReadFile(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req ReadFileRequest) (io.ReadCloser, int64, error) {
-	return nil, 0, errcode.New(errcode.Internal, "not implemented yet")
+	if err := checkPath("path", req.Path); err != nil {
+		return nil, 0, err
+	}
+	if req.MaxBytes < 0 || req.MaxBytes > agent.MaxFileBytes {
+		return nil, 0, errcode.New(errcode.InvalidRequest, "max_bytes must be 0 to 268435456")
+	}
+	if err := checkUser(req.User); err != nil {
+		return nil, 0, err
+	}
+	maxBytes := req.MaxBytes
+	if maxBytes == 0 {
+		maxBytes = agent.MaxFileBytes
+	}
+	c, err := p.openFenced(ctx, tenantID, leaseID, pr)
+	if err != nil {
+		return nil, 0, err
+	}
+	rc, size, err := c.conn.ReadFile(ctx, agent.ReadRequest{Fence: c.fence, Path: req.Path, MaxBytes: maxBytes, User: req.User})
+	if err != nil {
+		return nil, 0, p.agentError(ctx, c.member, err)
+	}
+	if size < 0 || size > maxBytes {
+		_ = rc.Close()
+		return nil, 0, p.agentUnverified(ctx, c.member, fmt.Errorf("read answered %d bytes for a limit of %d", size, maxBytes))
+	}
+	return &exactReader{r: io.LimitReader(rc, size), c: rc, left: size}, size, nil
+}
+
+// exactReader yields exactly left bytes of r.
+type exactReader struct {
+	r    io.Reader
+	c    io.Closer
+	left int64
+}
+
+func (e *exactReader) Read(b []byte) (int, error) {
+	n, err := e.r.Read(b)
+	e.left -= int64(n)
+	if errors.Is(err, io.EOF) && e.left > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func (e *exactReader) Close() error { return e.c.Close() }
+
+// openFenced checks the lease fence and opens the lease's cell for an
+// operation only the agent serves.
+func (p *Plane) openFenced(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof) (*leaseCell, error) {
+	rec, err := p.store.CheckLease(ctx, p.check(tenantID, leaseID, pr))
+	if err != nil {
+		return nil, err
+	}
+	return p.open(ctx, rec, false)
 }

@@ -3,6 +3,8 @@ package sandboxwich
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -16,16 +18,29 @@ import (
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
-// Exec limits (CONTRACT §6).
+// Exec limits (CONTRACT §6, §14).
 const (
 	MaxExecArgs        = 256
-	MaxExecStdin       = 1 << 20
+	MaxExecStdin       = agent.MaxStdin
 	MaxExecEnv         = 64
 	DefaultExecTimeout = driver.DefaultExecTimeout
-	// MaxExecOutput caps each of stdout and stderr; longer output is cut
-	// and reported as truncated.
-	MaxExecOutput = 1 << 20
+	// MaxExecOutput is the default cap of each of stdout and stderr;
+	// longer output is cut and reported as truncated. WithExecMaxOutput
+	// changes it, up to MaxExecOutputLimit.
+	MaxExecOutput      = 1 << 20
+	MaxExecOutputLimit = 64 << 20
+	// MaxPath is the longest cwd or file path, in bytes.
+	MaxPath = agent.MaxPath
 )
+
+// WithExecMaxOutput sets the cap of each of an exec's stdout and stderr, in
+// bytes (default MaxExecOutput); New refuses a cap outside 1 to
+// MaxExecOutputLimit.
+func WithExecMaxOutput(n int) Option { return func(p *Plane) { p.maxOutput = n } }
+
+// ExecMaxOutput returns the cap of each of an exec's stdout and stderr, in
+// bytes.
+func (p *Plane) ExecMaxOutput() int { return p.maxOutput }
 
 // ExecRequest is one command to run in a leased cell.
 type ExecRequest struct {
@@ -42,20 +57,52 @@ type ExecRequest struct {
 	Timeout time.Duration
 }
 
-// ExecResult is a finished command.
+// ExecResult is a finished command. Reason is agent.Exited,
+// agent.TimedOut or agent.Killed; a cell that died during the command is
+// an error instead (see Exec).
 type ExecResult = driver.ExecResult
 
-// Exec runs a command in the cell of a live lease. Order of checks: the
-// request itself (errcode.ErrInvalidRequest: argv of 1 to 256 strings with
-// a non-empty argv[0], no NUL byte in any argv string, env key or value,
-// env keys matching [A-Za-z_][A-Za-z0-9_]*, the limits above), then the
-// lease fence (not found, conflict), then a cell of an external worker (not
-// found: there is no provider here), then a provider without exec
-// (errcode.ErrExecUnsupported). Before the command runs, the plane reads the
-// admitted runtime back from the provider; if it no longer matches the
-// signed runtime class, the cell is quarantined, its stop recorded, and
-// errcode.ErrRuntimeClassBoundaryUnverified returned.
+// Exec runs a command in the cell of a live lease and returns its
+// collected output, each stream cut at the plane's cap
+// (WithExecMaxOutput).
+//
+// Order of checks: the request itself (errcode.ErrInvalidRequest: argv of
+// 1 to 256 strings with a non-empty argv[0], no NUL byte in any argv
+// string, env key or value, or cwd; env keys matching
+// [A-Za-z_][A-Za-z0-9_]*; cwd absolute and at most MaxPath bytes; user
+// cell or root; the limits above), then the lease fence (not found,
+// conflict), then a cell of an external worker (not found: there is no
+// provider here), then a provider with neither an agent nor exec
+// (errcode.ErrExecUnsupported). Then the plane reads the admitted runtime
+// back from the provider; if it no longer matches the signed runtime
+// class, the cell is quarantined, its stop recorded, and
+// errcode.ErrRuntimeClassBoundaryUnverified returned. Then, when the
+// provider runs the cell agent (driver.AgentHost), the agent is activated
+// and runs the command (see the package's agent operations); otherwise the
+// provider's own exec (driver.Execer) runs it, which knows no cwd and no
+// user: a cwd is refused there with errcode.ErrInvalidRequest and user
+// root with errcode.ErrUserUnsupported.
+//
+// A cell that dies during the command, or whose agent cannot be reached,
+// is quarantined with its stop recorded, and the answer is
+// errcode.ErrConflict wrapping driver.ErrCellLost: the lease is over (the
+// wire's "cell_lost"). When ctx ends first the error is ctx's and the cell
+// is left as it is.
 func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req ExecRequest) (ExecResult, error) {
+	return p.exec(ctx, tenantID, leaseID, pr, req, nil)
+}
+
+// ExecStream runs a command like Exec and hands its output to out as it is
+// produced, in order, each stream cut at the plane's cap; the result then
+// carries no output. An error from out stops the command and is returned
+// as it is (the cell is not blamed for it). A provider without the agent
+// runs the command with its own exec, so its output arrives, stdout then
+// stderr, once the command ended. A nil out is Exec.
+func (p *Plane) ExecStream(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req ExecRequest, out func(Output) error) (ExecResult, error) {
+	return p.exec(ctx, tenantID, leaseID, pr, req, out)
+}
+
+func (p *Plane) exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req ExecRequest, out func(Output) error) (ExecResult, error) {
 	if err := checkExec(req); err != nil {
 		return ExecResult{}, err
 	}
@@ -63,49 +110,289 @@ func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 	if err != nil {
 		return ExecResult{}, err
 	}
-	m := rec.Member
-	if m == nil {
-		return ExecResult{}, errcode.New(errcode.NotFound, "cell was prepared by an external worker; exec through its worker")
-	}
-	var prov driver.Provider
-	if p.pools != nil {
-		if cfg, ok := p.pools.Pool(m.Pool); ok {
-			prov = cfg.Provider
-		}
-	}
-	execer, ok := prov.(driver.Execer)
-	if !ok {
-		return ExecResult{}, errcode.New(errcode.ExecUnsupported, "the cell's provider does not support exec")
-	}
-	obj := driver.Object{CellID: m.CellID, Identity: m.Identity}
-	l := rec.Cell.Lease
-	obs, err := prov.Inspect(ctx, obj)
-	if err == nil {
-		err = driver.Verify(obj, obs, l.Release.RuntimeClass)
-	}
+	c, err := p.open(ctx, rec, true)
 	if err != nil {
-		return ExecResult{}, p.quarantine(ctx, m, "runtime unverified before exec", err, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified,
-			"the cell's runtime class could not be verified; the cell is quarantined", err))
+		return ExecResult{}, err
 	}
 	timeout := req.Timeout
 	if timeout == 0 {
 		timeout = DefaultExecTimeout
 	}
-	timeout = min(timeout, l.ExpiresAt.Sub(p.Now()))
-	res, err := execer.Exec(ctx, obj, driver.ExecRequest{
-		Argv: req.Argv, Stdin: req.Stdin, Env: req.Env, Timeout: timeout, MaxOutput: MaxExecOutput,
+	timeout = min(timeout, c.lease.ExpiresAt.Sub(p.Now()))
+	if timeout < time.Millisecond {
+		return ExecResult{}, errNotLive()
+	}
+	if c.conn == nil {
+		return p.providerExec(ctx, c, req, timeout, out)
+	}
+	return p.agentExec(ctx, c, req, timeout, out)
+}
+
+// providerExec runs a command with the exec of a provider without the
+// agent.
+func (p *Plane) providerExec(ctx context.Context, c *leaseCell, req ExecRequest, timeout time.Duration, out func(Output) error) (ExecResult, error) {
+	switch {
+	case req.Cwd != "":
+		return ExecResult{}, errcode.New(errcode.InvalidRequest, "the cell's provider runs commands in the cell's home only (it has no cell agent)")
+	case req.User == agent.UserRoot:
+		return ExecResult{}, errcode.New(errcode.UserUnsupported, "the cell's provider cannot run commands as root (it has no cell agent)")
+	}
+	res, err := c.execer.Exec(ctx, c.obj, driver.ExecRequest{
+		Argv: req.Argv, Stdin: req.Stdin, Env: req.Env, Timeout: timeout, MaxOutput: p.maxOutput,
 	})
 	if err != nil {
 		switch {
-		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		case ctx.Err() != nil:
 			return ExecResult{}, err
 		case errors.Is(err, driver.ErrCellLost):
-			return ExecResult{}, p.quarantine(ctx, m, "cell lost during exec", err, errcode.Wrap(errcode.Conflict,
-				"the cell died during the command; it is quarantined and the lease is over", err))
+			return ExecResult{}, p.cellLost(ctx, c.member, err)
 		}
 		return ExecResult{}, errcode.Wrap(errcode.Internal, "exec failed", err)
 	}
+	if res.Reason == "" {
+		res.Reason = agent.Exited
+		if res.TimedOut {
+			res.Reason = agent.TimedOut
+		}
+	}
+	if out != nil {
+		for _, o := range []Output{{Stream: agent.Stdout, Data: res.Stdout}, {Stream: agent.Stderr, Data: res.Stderr}} {
+			if len(o.Data) == 0 {
+				continue
+			}
+			if err := out(o); err != nil {
+				return ExecResult{}, err
+			}
+		}
+		res.Stdout, res.Stderr = nil, nil
+	}
 	return res, nil
+}
+
+// agentExec runs a command through the cell's agent. The agent kills the
+// command at its timeout; one that has not answered agentGrace later is
+// taken for lost.
+func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, timeout time.Duration, out func(Output) error) (ExecResult, error) {
+	actx, cancel := context.WithTimeout(ctx, timeout+agentGrace)
+	defer cancel()
+	var sink func(agent.Output) error
+	var outErr error
+	cut := false
+	if out != nil {
+		// The agent's output is tenant-influenced: the cap holds here too.
+		left := map[agent.Stream]int{agent.Stdout: p.maxOutput, agent.Stderr: p.maxOutput}
+		sink = func(o agent.Output) error {
+			n, ok := left[o.Stream]
+			if !ok {
+				outErr = p.agentUnverified(ctx, c.member, fmt.Errorf("output on an unknown stream %q", o.Stream))
+				return outErr
+			}
+			if len(o.Data) > n {
+				o.Data, cut = o.Data[:n], true
+			}
+			left[o.Stream] = n - len(o.Data)
+			if len(o.Data) == 0 {
+				return nil
+			}
+			outErr = out(o)
+			return outErr
+		}
+	}
+	ar, err := c.conn.Exec(actx, agent.ExecRequest{
+		Fence: c.fence, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User, Stdin: req.Stdin,
+		TimeoutMillis: timeout.Milliseconds(), MaxOutput: p.maxOutput,
+	}, sink)
+	switch {
+	case outErr != nil:
+		return ExecResult{}, outErr
+	case err != nil:
+		return ExecResult{}, p.agentError(ctx, c.member, err)
+	}
+	switch ar.Reason {
+	case agent.Exited, agent.TimedOut, agent.Killed:
+	default:
+		return ExecResult{}, p.agentUnverified(ctx, c.member, fmt.Errorf("exec answered reason %q", ar.Reason))
+	}
+	res := ExecResult{ExitCode: ar.ExitCode, Signal: ar.Signal, Reason: ar.Reason, TimedOut: ar.Reason == agent.TimedOut,
+		Truncated: ar.Truncated || cut, Stdout: ar.Stdout, Stderr: ar.Stderr, Duration: time.Duration(ar.DurationMillis) * time.Millisecond}
+	if out != nil { // streamed: the result carries none, whatever the agent says
+		res.Stdout, res.Stderr = nil, nil
+	}
+	for _, b := range []*[]byte{&res.Stdout, &res.Stderr} {
+		if len(*b) > p.maxOutput {
+			*b, res.Truncated = (*b)[:p.maxOutput], true
+		}
+	}
+	return res, nil
+}
+
+// How long the plane waits for its cell's agent beyond what the request
+// itself may take. An agent that has not answered by then is taken for
+// lost: the cell is quarantined.
+const (
+	agentGrace   = 10 * time.Second // after an exec's timeout
+	agentTimeout = 30 * time.Second // for activation and launch
+)
+
+// errNotLive answers an operation on a lease whose life ended while it was
+// checked.
+func errNotLive() error { return errcode.New(errcode.Conflict, "the lease is no longer live") }
+
+// leaseCell is the cell of a live lease, its runtime verified and, for a
+// provider with the agent, its agent activated: what a lease operation
+// acts on.
+type leaseCell struct {
+	member *store.Member
+	lease  *lease.Lease
+	obj    driver.Object
+	// conn is the activated agent; nil when the provider has none, and
+	// execer runs commands instead.
+	conn   agent.Conn
+	fence  agent.Fence
+	execer driver.Execer
+}
+
+// open takes a lease record that passed its fence to the cell: a cell of
+// an external worker is errcode.ErrNotFound, a released one (stopping)
+// errcode.ErrConflict, a provider without the agent
+// errcode.ErrExecUnsupported (unless execOK and the provider has its own
+// exec); then the admitted runtime is read back and verified, and the
+// agent activated with the sanitized activation — never the attestation,
+// its digest, the binding or a token.
+//
+// Activation is sent before every operation, an exact replay after the
+// first: the agent accepts it, so the plane keeps no record of which
+// cells it activated, and restarted planes and replicas need none.
+func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*leaseCell, error) {
+	m, l := rec.Member, rec.Cell.Lease
+	if m == nil {
+		return nil, errcode.New(errcode.NotFound, "cell was prepared by an external worker; act on it through its worker")
+	}
+	if m.State != lease.MemberLeased {
+		return nil, errcode.New(errcode.Conflict, "the lease was released; its cell is stopping")
+	}
+	prov := p.provider(m.Pool)
+	host, _ := prov.(driver.AgentHost)
+	execer, _ := prov.(driver.Execer)
+	if host == nil && (!execOK || execer == nil) {
+		what := "files and launch"
+		if execOK {
+			what = "exec"
+		}
+		return nil, errcode.New(errcode.ExecUnsupported, "the cell's provider does not support "+what)
+	}
+	c := &leaseCell{member: m, lease: l, obj: driver.Object{CellID: m.CellID, Identity: m.Identity}}
+	obs, err := prov.Inspect(ctx, c.obj)
+	if err == nil {
+		err = driver.Verify(c.obj, obs, l.Release.RuntimeClass)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, p.quarantine(ctx, m, "runtime unverified before a lease operation", err, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified,
+			"the cell's runtime class could not be verified; the cell is quarantined", err))
+	}
+	if host == nil {
+		c.execer = execer
+		return c, nil
+	}
+	ttl := l.ExpiresAt.Sub(p.Now())
+	if ttl < time.Millisecond {
+		return nil, errNotLive()
+	}
+	c.fence = agent.Fence{CellID: m.CellID.String(), LeaseID: l.ID.String(), Generation: int64(l.Generation)}
+	actx, cancel := context.WithTimeout(ctx, agentTimeout)
+	defer cancel()
+	conn, err := host.Agent(actx, c.obj)
+	if err == nil {
+		err = conn.Activate(actx, agent.Activation{Version: agent.ProtocolVersion, Fence: c.fence,
+			ExpiresAt: l.ExpiresAt, TTLMillis: ttl.Milliseconds()})
+	}
+	if err != nil {
+		return nil, p.agentError(ctx, m, err)
+	}
+	c.conn = conn
+	return c, nil
+}
+
+// provider returns the provider of a pool, or nil when the plane does not
+// run that pool.
+func (p *Plane) provider(poolName string) driver.Provider {
+	if p.pools == nil {
+		return nil
+	}
+	cfg, ok := p.pools.Pool(poolName)
+	if !ok {
+		return nil
+	}
+	return cfg.Provider
+}
+
+// agentError maps a failed call of a cell's agent to the answer. A call cut
+// short by ctx returns ctx's error and leaves the cell alone. A call the
+// agent did not answer means the cell is lost. The agent's refusals of the
+// request are reported to the tenant with the matching code; anything
+// else (a refused fence, "not active" after the activation, an unknown
+// code) means the agent is not the one a sterile cell runs: the cell is
+// quarantined either way.
+func (p *Plane) agentError(ctx context.Context, m *store.Member, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	ae, ok := errors.AsType[*agent.Error](err)
+	if !ok {
+		return p.cellLost(ctx, m, err)
+	}
+	msg := "the cell refused the request: " + detail(ae.Message)
+	var code errcode.Code
+	switch ae.Code {
+	case agent.CodeExpired:
+		return errcode.Wrap(errcode.Conflict, "the lease has expired in the cell", err)
+	case agent.CodeInvalid:
+		code = errcode.InvalidRequest
+	case agent.CodeUserUnsupported:
+		code = errcode.UserUnsupported
+	case agent.CodeNotFound:
+		code = errcode.FileNotFound
+	case agent.CodeAccessDenied:
+		code = errcode.FileAccessDenied
+	case agent.CodeTooLarge:
+		code = errcode.PayloadTooLarge
+	case agent.CodeNoSpace:
+		code = errcode.InsufficientStorage
+	case agent.CodeConflict:
+		code, msg = errcode.Conflict, "the lease already launched a different workload"
+	case agent.CodeNotLaunched:
+		code, msg = errcode.NotFound, "the lease has launched no workload"
+	default:
+		return p.agentUnverified(ctx, m, err)
+	}
+	return errcode.Wrap(code, msg, err)
+}
+
+// detail returns an agent's message fit for the tenant's answer: valid
+// UTF-8, one line, at most 200 bytes. It is the tenant's own cell's word.
+func detail(msg string) string {
+	msg = strings.ToValidUTF8(strings.Join(strings.Fields(msg), " "), "?")
+	if len(msg) > 200 {
+		msg = strings.ToValidUTF8(msg[:200], "") + "…"
+	}
+	return msg
+}
+
+// cellLost ends a cell that died or whose agent cannot be reached.
+func (p *Plane) cellLost(ctx context.Context, m *store.Member, cause error) error {
+	return p.quarantine(ctx, m, "cell lost", cause, errcode.Wrap(errcode.Conflict,
+		"the cell died or its agent cannot be reached; it is quarantined and the lease is over",
+		fmt.Errorf("%w: %w", driver.ErrCellLost, cause)))
+}
+
+// agentUnverified ends a cell whose agent answered what a sterile cell's
+// agent never does.
+func (p *Plane) agentUnverified(ctx context.Context, m *store.Member, cause error) error {
+	return p.quarantine(ctx, m, string(errcode.CellAgentUnverified), cause, errcode.Wrap(errcode.CellAgentUnverified,
+		"the cell's agent answered what a sterile cell's agent never does; the cell is quarantined", cause))
 }
 
 // quarantine ends a leased cell that cannot be trusted or used any more,
@@ -129,30 +416,67 @@ func (p *Plane) quarantine(ctx context.Context, m *store.Member, what string, ca
 // store or the provider, input no provider can run as given (CONTRACT §6,
 // §14). Messages never repeat the input.
 func checkExec(req ExecRequest) error {
+	if err := checkCommand(req.Argv, req.Env, req.Cwd, req.User); err != nil {
+		return err
+	}
 	switch {
-	case len(req.Argv) == 0 || len(req.Argv) > MaxExecArgs:
-		return errcode.New(errcode.InvalidRequest, "argv must hold 1 to 256 strings")
-	case req.Argv[0] == "":
-		return errcode.New(errcode.InvalidRequest, "argv[0] must not be empty")
 	case len(req.Stdin) > MaxExecStdin:
 		return errcode.New(errcode.InvalidRequest, "stdin is larger than 1 MiB")
-	case len(req.Env) > MaxExecEnv:
-		return errcode.New(errcode.InvalidRequest, "env holds more than 64 entries")
 	case req.Timeout < 0:
 		return errcode.New(errcode.InvalidRequest, "timeout_seconds must not be negative")
 	}
-	for i, a := range req.Argv {
+	return nil
+}
+
+// checkCommand checks what exec and launch share: argv, env, cwd and user.
+func checkCommand(argv []string, env map[string]string, cwd string, user agent.User) error {
+	switch {
+	case len(argv) == 0 || len(argv) > MaxExecArgs:
+		return errcode.New(errcode.InvalidRequest, "argv must hold 1 to 256 strings")
+	case argv[0] == "":
+		return errcode.New(errcode.InvalidRequest, "argv[0] must not be empty")
+	case len(env) > MaxExecEnv:
+		return errcode.New(errcode.InvalidRequest, "env holds more than 64 entries")
+	}
+	for i, a := range argv {
 		if strings.IndexByte(a, 0) >= 0 {
 			return errcode.New(errcode.InvalidRequest, "argv["+strconv.Itoa(i)+"] contains a NUL byte")
 		}
 	}
-	for k, v := range req.Env {
+	for k, v := range env {
 		if !validEnvKey(k) {
 			return errcode.New(errcode.InvalidRequest, "an env key does not match [A-Za-z_][A-Za-z0-9_]*")
 		}
 		if strings.IndexByte(v, 0) >= 0 {
 			return errcode.New(errcode.InvalidRequest, "an env value contains a NUL byte")
 		}
+	}
+	if cwd != "" {
+		if err := checkPath("cwd", cwd); err != nil {
+			return err
+		}
+	}
+	return checkUser(user)
+}
+
+// checkPath refuses a path that is not absolute, longer than MaxPath bytes
+// or holds a NUL byte; name is the field's wire name.
+func checkPath(name, p string) error {
+	switch {
+	case !path.IsAbs(p):
+		return errcode.New(errcode.InvalidRequest, name+" must be an absolute path")
+	case len(p) > MaxPath:
+		return errcode.New(errcode.InvalidRequest, name+" is longer than 4096 bytes")
+	case strings.IndexByte(p, 0) >= 0:
+		return errcode.New(errcode.InvalidRequest, name+" contains a NUL byte")
+	}
+	return nil
+}
+
+// checkUser refuses a user other than cell ("" too) and root.
+func checkUser(u agent.User) error {
+	if u != "" && u != agent.UserCell && u != agent.UserRoot {
+		return errcode.New(errcode.InvalidRequest, "user must be cell or root")
 	}
 	return nil
 }

@@ -1,13 +1,11 @@
 package sandboxwich_test
 
 import (
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 )
 
 // TestMaxLeaseSecondsOption: WithMaxLeaseSeconds raises the clamp, within
@@ -25,12 +23,7 @@ func TestMaxLeaseSecondsOption(t *testing.T) {
 	if e.plane.MaxLeaseSeconds() != 1800 {
 		t.Fatalf("MaxLeaseSeconds() = %d", e.plane.MaxLeaseSeconds())
 	}
-	st, err := sqlite.Open(e.ctx, filepath.Join(t.TempDir(), "x.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	keys, _ := attest.NewKeyring([]byte(testKey))
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
 	for _, n := range []uint64{0, sandboxwich.MaxLeaseSecondsLimit + 1} {
 		if _, err := sandboxwich.New(st, keys, sandboxwich.WithMaxLeaseSeconds(n)); err == nil {
 			t.Errorf("WithMaxLeaseSeconds(%d) accepted", n)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,13 +16,11 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
-
-const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
 
 var binding = lease.Binding{OrganizationID: "org-1", WorkspaceID: "workspace-1", ThreadID: "thread-1", RunnerSessionID: "session-1"}
 
@@ -40,19 +37,13 @@ type env struct {
 func newEnv(t *testing.T, opts ...sandboxwich.Option) *env {
 	t.Helper()
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "plane.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	keys, _ := attest.NewKeyring([]byte(testKey))
-	rel := lease.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.GVisorLowerRisk,
-		PolicyDigest: strings.Repeat("a", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	e := &env{ctx: ctx, st: st, keys: keys, rel: rel, now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC),
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	rel := testenv.Release(keys, lease.GVisorLowerRisk)
+	e := &env{ctx: ctx, st: st, keys: keys, rel: rel, now: testenv.Start,
 		worker: sandboxwich.Worker{ID: uuid.New(), TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk}}}
 	opts = append([]sandboxwich.Option{sandboxwich.WithClock(func() time.Time { return e.now }),
 		sandboxwich.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	var err error
 	if e.plane, err = sandboxwich.New(st, keys, opts...); err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,14 @@
 // Package sandboxwich is a control plane for sterile cells: single-use
 // sandboxes for AI-agent evaluation.
 //
-// A [Plane] runs the tenant and worker operations of the contract over a
-// [store.Store] and an [attest.Keyring]:
+// Start with [New]. It returns a [Plane] over a [store.Store] — store/sqlite
+// for one process, store/postgres for replicas that share a database — and
+// the [attest.Keyring] that signs releases and lease attestations. Options
+// set its clock, logger and limits; [WithPools] gives it pools of cells
+// that [Plane.Run], called once in its own goroutine, keeps warm through
+// each pool's driver.Provider. The Plane runs the tenant and worker
+// operations of the contract (the package Example takes a worker's cell
+// through a claim, its replay, validation and destruction):
 //
 //   - [Plane.Claim] atomically leases one never-exposed ready cell under a
 //     client-chosen claim ID fence and returns an HMAC lease attestation
@@ -11,12 +17,25 @@
 //     lease and a byte-identical attestation; it never leases twice.
 //   - [Plane.Validate] checks a presented attestation against the live lease.
 //   - [Plane.Release] records the tenant's stop of a pool cell;
-//     [Plane.LeaseStatus] reports it until the provider proved deletion.
+//     [Plane.LeaseStatus] reports it, and [Plane.WaitProviderAbsent] waits,
+//     until the provider proved deletion.
+//   - [Plane.Exec], [Plane.ExecStream], [Plane.Launch],
+//     [Plane.LaunchStatusOf], [Plane.WriteFile] and [Plane.ReadFile] act
+//     inside a leased cell, through its cell agent when the provider runs
+//     one (package agent): each checks the lease fence, reads the runtime
+//     back from the provider and activates the agent with a sanitized
+//     activation before the agent sees the operation.
 //   - [Plane.Prepare], [Plane.Retire] and [Plane.Destroy] are the operations
 //     of external workers that manage their own provider.
 //
 // A cell never returns to inventory: every state change is a compare-and-set
 // inside one store transaction, and the schema refuses the rest.
+//
+// To serve a Plane over HTTP, mount the handler httpapi.New returns; a
+// harness that uses a remote plane speaks to it with package client
+// instead. A custom driver implements driver.Provider and proves it with
+// driver/drivertest; a custom store implements store.Store and proves it
+// with store/storetest.
 //
 // Errors are *errcode.Error values whose Code is the wire error code; test
 // them with errors.Is against the errcode sentinels (errcode.ErrNotFound,
@@ -66,10 +85,11 @@ type Plane struct {
 
 	pools    *pool.Reconciler // nil without pools
 	poolCfgs []pool.Config
-	poolOpt  pool.Options
+	poolOpts []pool.Option
 	sweep    time.Duration // 0 disables the expiry sweeper
 
 	maxPrepare time.Duration // how far ahead a prepared cell may expire
+	maxOutput  int           // cap of each exec output stream, in bytes
 }
 
 // Option configures a Plane.
@@ -92,9 +112,12 @@ func WithPools(pools ...pool.Config) Option {
 	return func(p *Plane) { p.poolCfgs = append(p.poolCfgs, pools...) }
 }
 
-// WithPoolOptions tunes the pool reconciler. Its clock, ID source and
-// logger default to the plane's.
-func WithPoolOptions(o pool.Options) Option { return func(p *Plane) { p.poolOpt = o } }
+// WithPoolOptions tunes the pool reconciler with the pool package's own
+// options (pool.WithInterval, pool.WithLockTTL, …). Its clock, ID source,
+// logger and maximum lease are the plane's unless an option sets them.
+func WithPoolOptions(opts ...pool.Option) Option {
+	return func(p *Plane) { p.poolOpts = append(p.poolOpts, opts...) }
+}
 
 // WithSweepInterval sets how often Run quarantines expired cells of
 // external workers (default 1 s); 0 disables the expiry sweeper.
@@ -120,6 +143,7 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 		sweep:      time.Second,
 		maxLease:   MaxLeaseSeconds,
 		maxPrepare: DefaultMaxPrepareAhead,
+		maxOutput:  MaxExecOutput,
 	}
 	for _, o := range opts {
 		o(p)
@@ -130,6 +154,9 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	}
 	if p.maxPrepare <= 0 {
 		return nil, errors.New("sandboxwich: WithMaxPrepareAhead needs a positive duration")
+	}
+	if p.maxOutput < 1 || p.maxOutput > MaxExecOutputLimit {
+		return nil, fmt.Errorf("sandboxwich: the exec output cap must be 1 to %d bytes, not %d", MaxExecOutputLimit, p.maxOutput)
 	}
 	if len(p.poolCfgs) == 0 {
 		return p, nil
@@ -142,20 +169,9 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 			p.floors[c.Name] = c.ReadyFloor
 		}
 	}
-	o := p.poolOpt
-	if o.Now == nil {
-		o.Now = p.Now
-	}
-	if o.NewID == nil {
-		o.NewID = p.newID
-	}
-	if o.Logger == nil {
-		o.Logger = p.log
-	}
-	if o.MaxLease == 0 {
-		o.MaxLease = time.Duration(p.maxLease) * time.Second
-	}
-	r, err := pool.New(p.store, p.poolCfgs, o)
+	poolOpts := append([]pool.Option{pool.WithClock(p.Now), pool.WithIDs(p.newID), pool.WithLogger(p.log),
+		pool.WithMaxLease(time.Duration(p.maxLease) * time.Second)}, p.poolOpts...)
+	r, err := pool.New(p.store, p.poolCfgs, poolOpts...)
 	if err != nil {
 		return nil, err
 	}

@@ -5,10 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,122 +14,55 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/client"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
-	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/internal/testenv/testserver"
 	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/pool"
-	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 const (
-	tenantToken   = "tok"
-	operatorToken = "op-token"
-	workerToken   = "sbw_wtok_x"
-	testPool      = "default"
+	tenantToken   = testserver.TenantToken
+	operatorToken = testserver.OperatorToken
+	workerToken   = testserver.WorkerToken
+	testPool      = testserver.Pool
 )
 
 // e2e is the real server (httpapi over a Plane over SQLite) behind an
 // httptest.Server, with hooks to add pool cells and complete their stops the
 // way the pool reconciler would.
 type e2e struct {
+	*testserver.Server
 	url      string
 	store    *sqlite.Store
 	release  wire.Release
 	workerID uuid.UUID
-
-	mu sync.Mutex
-	// wrap, when set, handles requests instead of the real handler (which it
-	// is given), to simulate faults the real server cannot produce.
-	wrap func(real http.Handler, w http.ResponseWriter, r *http.Request)
 }
 
 func startE2E(t *testing.T) *e2e {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	keys, err := attest.NewKeyring([]byte("sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	digest := strings.Repeat("a", 64)
-	rel := wire.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: digest,
-		Signature: keys.SignRelease("release-set-2026-08-07", string(lease.KataMicroVM), digest)}
 	// A real pool that is never reconciled here: its cells are admitted
 	// through the store (addPoolCell).
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithPools(pool.Config{
-		Name: testPool, TenantID: "acme", Release: rel, Target: 2, Provider: fake.New(fake.Config{})}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &e2e{store: st, release: rel, workerID: uuid.Must(uuid.NewV7())}
-	h, err := httpapi.New(httpapi.Config{
-		Plane:  plane,
-		Logger: quiet,
-		Auth: httpapi.Auth{
-			TenantTokens:  map[string]string{tenantToken: "acme"},
-			OperatorToken: operatorToken,
-			Workers: map[string]sandboxwich.Worker{workerToken: {
-				ID: e.workerID, TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.KataMicroVM, lease.GVisorLowerRisk}}},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.mu.Lock()
-		wrap := e.wrap
-		e.mu.Unlock()
-		if wrap != nil {
-			wrap(h, w, r)
-			return
-		}
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	e.url = srv.URL
-	return e
+	s := testserver.Start(t, fake.New(fake.Config{}), 2)
+	return &e2e{Server: s, url: s.URL, store: s.Store, release: s.Release, workerID: s.WorkerID}
 }
 
+// setWrap, when wrap is not nil, has it handle requests instead of the
+// real handler (which it is given), to simulate faults the real server
+// cannot produce.
 func (e *e2e) setWrap(wrap func(real http.Handler, w http.ResponseWriter, r *http.Request)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.wrap = wrap
+	e.Wrap(wrap)
 }
 
 // addPoolCell admits a ready pool cell, as the pool reconciler would after
 // provisioning and verifying it.
-func (e *e2e) addPoolCell(t *testing.T) uuid.UUID {
-	t.Helper()
-	ctx, now := context.Background(), time.Now()
-	id := uuid.Must(uuid.NewV7())
-	if _, err := e.store.CreateMember(ctx, store.CreateMemberParams{CellID: id, Pool: testPool, TenantID: "acme", Now: now}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.store.AdmitMember(ctx, store.AdmitParams{CellID: id, Pool: testPool, WorkerID: "pool:" + testPool,
-		ProviderCellID: id.String(), Identity: "test", Release: e.release, ReadyDeadline: now.Add(10 * time.Minute), Now: now}); err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
+func (e *e2e) addPoolCell(t *testing.T) uuid.UUID { return e.AddPoolCell(t) }
 
 // completeStop proves the provider object of a released pool cell gone.
 func (e *e2e) completeStop(t *testing.T, cellID, leaseID uuid.UUID, d lease.Disposition) {
-	t.Helper()
-	if _, err := e.store.CompleteStop(context.Background(), store.StopOutcome{CellID: cellID, StopLeaseID: leaseID,
-		StopGeneration: lease.GenerationLeased, Disposition: d, Proven: true, Now: time.Now()}); err != nil {
-		t.Error(err)
-	}
+	e.CompleteStop(t, cellID, leaseID, d)
 }
 
 func (e *e2e) client(t *testing.T, opts ...client.Option) *client.Client {

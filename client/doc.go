@@ -2,6 +2,13 @@
 // sterile cell, validate, exec in and release its lease, read lease status and
 // pools, and (for external workers) prepare, read, retire and destroy cells.
 //
+// Start with [New]: the server's base URL and a tenant token ([WithToken]).
+// [Client.Claim] leases a cell and returns a [Claim], whose [Claim.Proof] is
+// the lease fence every later call presents: [Client.Validate],
+// [Client.Run] (or [Client.Exec]) and [Client.Release]; after a release,
+// [Client.WaitProviderAbsent] returns once the provider proved the cell
+// deleted. ExampleClient_Claim is that whole life cycle.
+//
 // It imports only the wire types ([wire], [errcode], [lease]), never the
 // server.
 //

@@ -5,9 +5,16 @@
 // signed runtime class, retries — lives once in the plane and the pool
 // reconciler.
 //
+// Start with [Provider]: Capabilities, Provision, Inspect and Destroy, each
+// method's contract in its doc comment. [Lister] (orphan reconciliation),
+// [Execer] (commands) and [AgentHost] (the cell agent) are optional
+// abilities the plane detects. The plane checks what Inspect reports with
+// [Verify], and a Destroy that cannot prove deletion returns
+// [ErrUncertain]. driver/drivertest's Example_customProvider is a complete
+// driver proven by drivertest.Run.
+//
 // A driver speaks only to its provider. It never imports the root package,
-// a store, or another driver. Its conformance is proven by
-// driver/drivertest.Run.
+// a store, or another driver.
 package driver
 
 import (
@@ -20,6 +27,34 @@ import (
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
+
+// Provider is the interface every driver implements. Implementations must
+// be safe for concurrent use; calls for different cells may run in parallel.
+type Provider interface {
+	// Capabilities reports what the provider is. It does no I/O.
+	Capabilities() Capabilities
+
+	// Provision creates the object for req.CellID and waits, within ctx,
+	// until it is ready. It is idempotent per cell ID: when the object
+	// already exists (a retry after a crash or a lost response) it returns
+	// that object instead of creating a second one. The returned object's
+	// Identity is what Inspect must report for the same object.
+	Provision(ctx context.Context, req ProvisionRequest) (Object, error)
+
+	// Inspect reads the object back from the provider. A missing object is
+	// an Observation with Exists false, not an error; an error means the
+	// provider could not be asked.
+	Inspect(ctx context.Context, obj Object) (Observation, error)
+
+	// Destroy deletes the object and returns nil only with proof that the
+	// exact object is absent: the provider says it does not exist, or that
+	// the name now belongs to another identity. Destroying an absent object
+	// returns nil. Anything less — a timeout, an error, a delete accepted
+	// but not yet confirmed — is returned as an error (see ErrUncertain),
+	// and the plane keeps the cell quarantined and counted until a later
+	// Destroy proves it.
+	Destroy(ctx context.Context, obj Object) error
+}
 
 // Mode says whether a provider creates real isolation boundaries.
 type Mode string
@@ -82,34 +117,6 @@ type Observation struct {
 	AgentDigest string
 	// Detail explains the observation for logs (never a secret).
 	Detail string
-}
-
-// Provider is the interface every driver implements. Implementations must
-// be safe for concurrent use; calls for different cells may run in parallel.
-type Provider interface {
-	// Capabilities reports what the provider is. It does no I/O.
-	Capabilities() Capabilities
-
-	// Provision creates the object for req.CellID and waits, within ctx,
-	// until it is ready. It is idempotent per cell ID: when the object
-	// already exists (a retry after a crash or a lost response) it returns
-	// that object instead of creating a second one. The returned object's
-	// Identity is what Inspect must report for the same object.
-	Provision(ctx context.Context, req ProvisionRequest) (Object, error)
-
-	// Inspect reads the object back from the provider. A missing object is
-	// an Observation with Exists false, not an error; an error means the
-	// provider could not be asked.
-	Inspect(ctx context.Context, obj Object) (Observation, error)
-
-	// Destroy deletes the object and returns nil only with proof that the
-	// exact object is absent: the provider says it does not exist, or that
-	// the name now belongs to another identity. Destroying an absent object
-	// returns nil. Anything less — a timeout, an error, a delete accepted
-	// but not yet confirmed — is returned as an error (see ErrUncertain),
-	// and the plane keeps the cell quarantined and counted until a later
-	// Destroy proves it.
-	Destroy(ctx context.Context, obj Object) error
 }
 
 // Lister is implemented by providers that can enumerate their objects, so

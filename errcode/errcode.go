@@ -37,9 +37,32 @@ const (
 	IdempotencyKeyReused           Code = "idempotency_key_reused"
 	IdempotencyInProgress          Code = "idempotency_in_progress"
 	ExecUnsupported                Code = "exec_unsupported"
-	// RequestHeaderTooLarge (431) is CONTRACT §17's: a request header over
-	// the documented limit.
+
+	// The codes CONTRACT §17 adds.
+
+	// RequestHeaderTooLarge (431): a request header over the documented
+	// limit.
 	RequestHeaderTooLarge Code = "request_header_too_large"
+	// CellAgentUnverified (409): the cell's agent did not report what a
+	// sterile cell's agent must (waiting, never activated, its own cell,
+	// the expected build), or refused the lease's fence. The cell is
+	// quarantined.
+	CellAgentUnverified Code = "cell_agent_unverified"
+	// ImageDigestUnverified (409): the image the provider admitted is not
+	// the one the pool pins. The cell is quarantined.
+	ImageDigestUnverified Code = "image_digest_unverified"
+	// UserUnsupported (422): the cell cannot run as the requested user.
+	UserUnsupported Code = "user_unsupported"
+	// FileNotFound (404): the file does not exist in the cell.
+	FileNotFound Code = "file_not_found"
+	// FileAccessDenied (403): permission denied, or a read-only file
+	// system, in the cell.
+	FileAccessDenied Code = "file_access_denied"
+	// InsufficientStorage (507): no space left in the cell.
+	InsufficientStorage Code = "insufficient_storage"
+	// EventsExpired (410): the requested events are older than the log's
+	// retention.
+	EventsExpired Code = "events_expired"
 )
 
 // HTTPStatus is the status a code is answered with. InvalidRequest is 422
@@ -49,18 +72,21 @@ func (c Code) HTTPStatus() int {
 	switch c {
 	case BadRequest, InvalidIdempotencyKey:
 		return http.StatusBadRequest
-	case InvalidRequest:
+	case InvalidRequest, UserUnsupported:
 		return http.StatusUnprocessableEntity
 	case Unauthorized:
 		return http.StatusUnauthorized
-	case AuthorizationDenied:
+	case AuthorizationDenied, FileAccessDenied:
 		return http.StatusForbidden
-	case NotFound:
+	case NotFound, FileNotFound:
 		return http.StatusNotFound
 	case MethodNotAllowed:
 		return http.StatusMethodNotAllowed
-	case Conflict, ClaimContended, RuntimeClassBoundaryUnverified, IdempotencyKeyReused, IdempotencyInProgress:
+	case Conflict, ClaimContended, RuntimeClassBoundaryUnverified, IdempotencyKeyReused, IdempotencyInProgress,
+		CellAgentUnverified, ImageDigestUnverified:
 		return http.StatusConflict
+	case EventsExpired:
+		return http.StatusGone
 	case PayloadTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case UnsupportedMediaType:
@@ -69,6 +95,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusNotImplemented
 	case RequestHeaderTooLarge:
 		return http.StatusRequestHeaderFieldsTooLarge
+	case InsufficientStorage:
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}
@@ -137,4 +165,11 @@ var (
 	ErrIdempotencyInProgress          = &Error{Code: IdempotencyInProgress}
 	ErrExecUnsupported                = &Error{Code: ExecUnsupported}
 	ErrRequestHeaderTooLarge          = &Error{Code: RequestHeaderTooLarge}
+	ErrCellAgentUnverified            = &Error{Code: CellAgentUnverified}
+	ErrImageDigestUnverified          = &Error{Code: ImageDigestUnverified}
+	ErrUserUnsupported                = &Error{Code: UserUnsupported}
+	ErrFileNotFound                   = &Error{Code: FileNotFound}
+	ErrFileAccessDenied               = &Error{Code: FileAccessDenied}
+	ErrInsufficientStorage            = &Error{Code: InsufficientStorage}
+	ErrEventsExpired                  = &Error{Code: EventsExpired}
 )

@@ -26,7 +26,9 @@ func TestHTTPStatus(t *testing.T) {
 		MethodNotAllowed: 405, Conflict: 409, ClaimContended: 409, RuntimeClassBoundaryUnverified: 409,
 		PayloadTooLarge: 413, UnsupportedMediaType: 415, Internal: 500, AuthNotConfigured: 500,
 		InvalidIdempotencyKey: 400, IdempotencyKeyReused: 409, IdempotencyInProgress: 409,
-		ExecUnsupported: http.StatusNotImplemented,
+		ExecUnsupported: http.StatusNotImplemented, RequestHeaderTooLarge: 431,
+		CellAgentUnverified: 409, ImageDigestUnverified: 409, UserUnsupported: 422, FileNotFound: 404,
+		FileAccessDenied: 403, InsufficientStorage: 507, EventsExpired: 410,
 	} {
 		if got := code.HTTPStatus(); got != status {
 			t.Errorf("%s: %d, want %d", code, got, status)

@@ -12,18 +12,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // TestNewRejectsBadConfig: inconsistent token configurations fail New, and
 // the error never shows a token.
 func TestNewRejectsBadConfig(t *testing.T) {
-	keys, err := attest.NewKeyring(testKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plane, err := sandboxwich.New(backends[0].open(t), keys)
+	plane, err := sandboxwich.New(backends[0].open(t), testenv.Keyring(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,22 +29,19 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 const (
-	fzKey         = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
 	fzTokAcme     = "fz-tok-acme-1c9e4b7a"
 	fzTokGlobex   = "fz-tok-globex-5d2f8e03"
 	fzTokOperator = "fz-op-6a0b3c9d"
 	fzTokWorker   = "sbw_wtok_fz-worker-7e1a2b"
-	fzDigest      = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 )
 
 var (
@@ -79,15 +75,7 @@ type fuzzEnv struct {
 func newFuzzEnv(f *testing.F) *fuzzEnv {
 	f.Helper()
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(f.TempDir(), "fuzz.db"), sqlite.Options{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { _ = st.Close() })
-	keys, err := attest.NewKeyring([]byte(fzKey))
-	if err != nil {
-		f.Fatal(err)
-	}
+	st, keys := testenv.SQLite(f), testenv.Keyring(f)
 	quiet := slog.New(slog.DiscardHandler)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet))
 	if err != nil {
@@ -102,8 +90,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		f.Fatal(err)
 	}
 	e := &fuzzEnv{h: h, st: st, plane: plane}
-	e.rel = wire.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: fzDigest,
-		Signature: keys.SignRelease("release-set-2026-08-07", string(lease.KataMicroVM), fzDigest)}
+	e.rel = testenv.Release(keys, lease.KataMicroVM)
 	b, _ := json.Marshal(e.rel)
 	e.release = string(b)
 	for range 4 {
@@ -235,8 +222,8 @@ func FuzzClaimBody(f *testing.F) {
 		`{"claim_id":null,"release":$REL,`+binding+`,"lease_seconds":null,"unknown":[1,2]}`,
 		`{"release":$REL,"release":"x",`+binding+`}`,
 		`{"release":$REL,`+binding+`,"organization_id":"org\u0000"}`,
-		`{"release":{"release_set_id":"r","runtime_class":"KATA_MICROVM","policy_digest":"`+fzDigest+`","signature":"s"},`+binding+`}`,
-		`{"release":{"release_set_id":"r","runtime_class":"kata_microvm","policy_digest":"`+strings.ToUpper(fzDigest)+`","signature":"s"},`+binding+`}`,
+		`{"release":{"release_set_id":"r","runtime_class":"KATA_MICROVM","policy_digest":"`+testenv.PolicyDigest+`","signature":"s"},`+binding+`}`,
+		`{"release":{"release_set_id":"r","runtime_class":"kata_microvm","policy_digest":"`+strings.ToUpper(testenv.PolicyDigest)+`","signature":"s"},`+binding+`}`,
 		`{"release":$REL,`+binding+`,"lease_seconds":-1}`,
 		`{"release":$REL,`+binding+`,"lease_seconds":99999999999999999999}`,
 	)

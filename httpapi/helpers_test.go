@@ -8,9 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,15 +17,11 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
-	"github.com/sandboxwich/sandboxwich/internal/testpg"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/postgres"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
-
-var testKey = []byte("sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum")
 
 // Principals of the test server.
 const (
@@ -67,22 +61,8 @@ type backend struct {
 }
 
 var backends = []backend{
-	{"sqlite", func(t *testing.T) store.Store {
-		st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxwich.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = st.Close() })
-		return st
-	}},
-	{"postgres", func(t *testing.T) store.Store {
-		st, err := postgres.Open(context.Background(), testpg.Schema(t), postgres.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = st.Close() })
-		return st
-	}},
+	{"sqlite", func(t *testing.T) store.Store { return testenv.SQLite(t) }},
+	{"postgres", func(t *testing.T) store.Store { return testenv.Postgres(t) }},
 }
 
 // eachBackend runs fn once per store backend, in parallel.
@@ -98,22 +78,7 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 }
 
 // syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testenv.Buffer
 
 // env is a running test server over a real store and plane.
 type env struct {
@@ -136,10 +101,8 @@ func newEnv(t *testing.T, b backend, mods ...func(*Config)) *env {
 // newEnvWith is newEnv with options for the plane.
 func newEnvWith(t *testing.T, b backend, opts []sandboxwich.Option, mods ...func(*Config)) *env {
 	t.Helper()
-	keys, err := attest.NewKeyring(testKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := testenv.Keyring(t)
+	var err error
 	e := &env{t: t, st: b.open(t), keys: keys, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if e.plane, err = sandboxwich.New(e.st, keys, append([]sandboxwich.Option{sandboxwich.WithLogger(log)}, opts...)...); err != nil {
@@ -253,13 +216,7 @@ func (e *env) release(class lease.RuntimeClass) wire.Release { return signedRele
 // signedRelease returns a release of class signed with the test key.
 func signedRelease(t *testing.T, class lease.RuntimeClass) wire.Release {
 	t.Helper()
-	const set, digest = "release-set-2026-08-07", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-	keys, err := attest.NewKeyring(testKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return wire.Release{ReleaseSetID: set, RuntimeClass: class, PolicyDigest: digest,
-		Signature: keys.SignRelease(set, string(class), digest)}
+	return testenv.Release(testenv.Keyring(t), class)
 }
 
 // prepare registers a ready cell of worker w through the worker route.

@@ -16,44 +16,24 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"path/filepath"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
-	"github.com/sandboxwich/sandboxwich/internal/testpg"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/postgres"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
 // faultClock is a manual clock.
-type faultClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *faultClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *faultClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+type faultClock = testenv.Clock
 
 // execFake is the fake provider with exec, so that the plane re-verifies the
 // runtime before each command.
@@ -66,7 +46,6 @@ func (execFake) Exec(context.Context, driver.Object, driver.ExecRequest) (driver
 var _ driver.Execer = execFake{}
 
 const (
-	faultKey    = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
 	faultPool   = "faulty"
 	faultTarget = 6
 )
@@ -102,41 +81,24 @@ type heldLease struct {
 	done    bool // released, expired or ended: no longer acted on
 }
 
-func openFaultSQLite(t *testing.T) store.Store {
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "faults.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	return st
-}
+func openFaultSQLite(t *testing.T) store.Store { return testenv.SQLite(t) }
 
-func openFaultPostgres(t *testing.T) store.Store {
-	st, err := postgres.Open(context.Background(), testpg.Schema(t), postgres.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	return st
-}
+func openFaultPostgres(t *testing.T) store.Store { return testenv.Postgres(t) }
 
 func newFaultRig(t *testing.T, st store.Store, seed uint64, faults fake.Faults) *faultRig {
 	t.Helper()
-	keys, err := attest.NewKeyring([]byte(faultKey))
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := testenv.Keyring(t)
 	rel := lease.Release{ReleaseSetID: "release-faults", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: fmt.Sprintf("%064x", seed)}
 	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	c := &faultClock{now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC)}
+	c := testenv.NewClock()
 	prov := fake.New(fake.Config{Mode: driver.Apply, Kind: "fake", Faults: faults, Seed: seed})
 	cfg := pool.Config{Name: faultPool, TenantID: "acme", Release: rel, Target: faultTarget, MaxProvisioning: 3,
 		ReadyTTL: 5 * time.Minute, Provider: execFake{prov}}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
-		sandboxwich.WithPools(cfg), sandboxwich.WithPoolOptions(pool.Options{
-			VerifyInterval: time.Second, OrphanInterval: time.Nanosecond,
-			DestroyTimeout: 20 * time.Millisecond, ProvisionTimeout: 5 * time.Second,
-		}))
+		sandboxwich.WithPools(cfg), sandboxwich.WithPoolOptions(
+			pool.WithVerifyInterval(time.Second), pool.WithOrphanInterval(time.Nanosecond),
+			pool.WithDestroyTimeout(20*time.Millisecond), pool.WithProvisionTimeout(5*time.Second),
+		))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,12 +12,11 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
 // TestDefaultReadyTTLServesMaxLease: a pool that sets no ready TTL serves
@@ -44,20 +42,14 @@ func TestDefaultReadyTTLServesMaxLease(t *testing.T) {
 // the maximum lease is accepted, with a warning naming it; a default pool
 // is not warned about.
 func TestShortReadyTTLWarnsAtStartup(t *testing.T) {
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "warn.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	keys, _ := attest.NewKeyring([]byte(testKey))
-	rel := lease.Release{ReleaseSetID: "release-1", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("a", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	rel := testenv.Release(keys, lease.GVisorLowerRisk)
 	var logs bytes.Buffer
 	short := pool.Config{Name: "short", TenantID: "acme", Release: rel, Target: 1, ReadyTTL: time.Minute,
 		Provider: fake.New(fake.Config{})}
 	long := short
 	long.Name, long.ReadyTTL = "default", 0
-	_, err = sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+	_, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 		sandboxwich.WithPools(short, long))
 	if err != nil {
 		t.Fatalf("an explicit positive TTL must be accepted: %v", err)

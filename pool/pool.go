@@ -47,7 +47,7 @@ type Config struct {
 	// ReadyTTL is how long a ready cell may wait for a claim. A claim takes
 	// only a cell that outlives the lease it asks for, so a pool serves
 	// leases up to ReadyTTL only in a cell's first moments. The default is
-	// three times Options.MaxLease, and at least DefaultReadyTTL (15 min),
+	// three times the maximum lease (WithMaxLease), and at least DefaultReadyTTL (15 min),
 	// so the longest lease is claimable for two thirds of a cell's life.
 	ReadyTTL time.Duration
 	// Provider creates the pool's cells.
@@ -61,7 +61,7 @@ type Config struct {
 const DefaultReadyTTL = 15 * time.Minute
 
 // withDefaults fills defaults and validates, naming the offending field.
-// maxLease is Options.MaxLease.
+// maxLease is the reconciler's maximum lease.
 func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 	if c.MaxProvisioning == 0 {
 		c.MaxProvisioning = c.Target
@@ -94,38 +94,72 @@ func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 	return c, nil
 }
 
-// Options tune a Reconciler. Zero values take the defaults.
-type Options struct {
-	// Owner names this process in executor locks (default host:pid:random).
-	Owner string
-	// Interval between passes (default 1 s).
-	Interval time.Duration
-	// Parallelism bounds concurrent stops and verifications (default 8).
-	Parallelism int
-	// LockTTL bounds how long a crashed executor blocks a member (default
-	// 15 s). A live executor renews its lock every LockTTL/3 while a
-	// provider call runs, so calls may take longer than LockTTL.
-	LockTTL time.Duration
-	// ProvisionTimeout and DestroyTimeout bound provider calls
-	// (defaults 2 min and 1 min).
+// options are a Reconciler's settings, which Options set.
+type options struct {
+	Owner                            string
+	Interval                         time.Duration
+	Parallelism                      int
+	LockTTL                          time.Duration
 	ProvisionTimeout, DestroyTimeout time.Duration
-	// VerifyInterval is how often ready members are re-verified
-	// (default 10 s).
-	VerifyInterval time.Duration
-	// OrphanInterval is how often listing providers are searched for
-	// objects without a live member (default 30 s).
-	OrphanInterval time.Duration
-	// MaxLease is the longest lease a claim may ask for (a Plane sets its
-	// own). It sets the default ready TTL, and New warns about each pool
-	// whose ready TTL does not exceed it: a claim for the longest lease
-	// finds none of its cells. Zero means five minutes.
-	MaxLease time.Duration
-	Now      func() time.Time
-	NewID    func() uuid.UUID
-	Logger   *slog.Logger
+	VerifyInterval                   time.Duration
+	OrphanInterval                   time.Duration
+	MaxLease                         time.Duration
+	Now                              func() time.Time
+	NewID                            func() uuid.UUID
+	Logger                           *slog.Logger
 }
 
-func (o Options) withDefaults() Options {
+// Option tunes a Reconciler. A zero or negative duration or count, a nil
+// function and an empty owner keep the default.
+type Option func(*options)
+
+// WithOwner names this process in executor locks (default host:pid:random).
+func WithOwner(owner string) Option { return func(o *options) { o.Owner = owner } }
+
+// WithInterval sets the time between passes (default 1 s).
+func WithInterval(d time.Duration) Option { return func(o *options) { o.Interval = d } }
+
+// WithParallelism bounds concurrent stops and verifications (default 8).
+func WithParallelism(n int) Option { return func(o *options) { o.Parallelism = n } }
+
+// WithLockTTL bounds how long a crashed executor blocks a member (default
+// 15 s). A live executor renews its lock every LockTTL/3 while a provider
+// call runs, so calls may take longer than the TTL.
+func WithLockTTL(d time.Duration) Option { return func(o *options) { o.LockTTL = d } }
+
+// WithProvisionTimeout bounds a provision and its verification (default
+// 2 min).
+func WithProvisionTimeout(d time.Duration) Option { return func(o *options) { o.ProvisionTimeout = d } }
+
+// WithDestroyTimeout bounds a destroy (default 1 min).
+func WithDestroyTimeout(d time.Duration) Option { return func(o *options) { o.DestroyTimeout = d } }
+
+// WithVerifyInterval sets how often ready members are re-verified
+// (default 10 s).
+func WithVerifyInterval(d time.Duration) Option { return func(o *options) { o.VerifyInterval = d } }
+
+// WithOrphanInterval sets how often listing providers are searched for
+// objects without a live member (default 30 s).
+func WithOrphanInterval(d time.Duration) Option { return func(o *options) { o.OrphanInterval = d } }
+
+// WithMaxLease sets the longest lease a claim may ask for (default five
+// minutes; a Plane passes its own). It sets the default ready TTL, and New
+// warns about each pool whose ready TTL does not exceed it: a claim for
+// the longest lease finds none of its cells.
+func WithMaxLease(d time.Duration) Option { return func(o *options) { o.MaxLease = d } }
+
+// WithClock sets the clock (default time.Now; a Plane passes its own).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.Now = now } }
+
+// WithIDs sets the source of new member IDs (default UUIDv7; a Plane
+// passes its own).
+func WithIDs(newID func() uuid.UUID) Option { return func(o *options) { o.NewID = newID } }
+
+// WithLogger sets the logger (default slog.Default; a Plane passes its
+// own).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.Logger = l } }
+
+func (o options) withDefaults() options {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -160,7 +194,7 @@ func (o Options) withDefaults() Options {
 // Reconciler runs the pools. It is safe for concurrent use.
 type Reconciler struct {
 	store   store.Store
-	opt     Options
+	opt     options
 	trigger chan struct{}
 
 	mu    sync.Mutex
@@ -178,8 +212,12 @@ type poolState struct {
 }
 
 // New returns a Reconciler for the pools. Pool names must be unique.
-func New(st store.Store, pools []Config, opt Options) (*Reconciler, error) {
-	r := &Reconciler{store: st, opt: opt.withDefaults(), trigger: make(chan struct{}, 1), pools: map[string]*poolState{}}
+func New(st store.Store, pools []Config, opts ...Option) (*Reconciler, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	r := &Reconciler{store: st, opt: o.withDefaults(), trigger: make(chan struct{}, 1), pools: map[string]*poolState{}}
 	for _, c := range pools {
 		c, err := c.withDefaults(r.opt.MaxLease)
 		if err != nil {
@@ -514,8 +552,11 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		if ctx.Err() != nil {
 			return nil // shutting down: the member stays provisioning and is resumed
 		}
+		// The pass reports the provider's error (Status.LastError) even
+		// when the stop that follows succeeds.
 		r.opt.Logger.Warn("provision failed", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
-		return r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error())
+		return errors.Join(fmt.Errorf("cell %s: provision failed: %w", m.CellID, err),
+			r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error()))
 	}
 	now := r.opt.Now()
 	_, err = r.store.AdmitMember(ctx, store.AdmitParams{
@@ -530,14 +571,17 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 }
 
 // verify reads the member's object back and checks it against the pool's
-// signed runtime class.
+// signed runtime class, then its agent's readiness evidence.
 func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) error {
 	obj := driver.Object{CellID: m.CellID, Identity: m.Identity}
 	obs, err := cfg.Provider.Inspect(ctx, obj)
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	return driver.Verify(obj, obs, cfg.Release.RuntimeClass)
+	if err := driver.Verify(obj, obs, cfg.Release.RuntimeClass); err != nil {
+		return err
+	}
+	return r.verifyAgent(ctx, cfg, obj, obs)
 }
 
 // stop records a member's stop intent and destroys its object.
@@ -574,7 +618,7 @@ func (r *Reconciler) destroy(ctx context.Context, cfg Config, m store.Member) er
 	}
 	if err != nil {
 		r.opt.Logger.Warn("cell cleanup pending", "pool", cfg.Name, "cell_id", m.CellID, "attempts", done.Attempts, "error", err)
-		return nil
+		return fmt.Errorf("cell %s: destroy not proven: %w", m.CellID, err)
 	}
 	r.opt.Logger.Info("cell gone", "pool", cfg.Name, "cell_id", m.CellID, "state", done.State, "provider_absent", done.ProviderAbsent)
 	return nil

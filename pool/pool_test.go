@@ -4,42 +4,24 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
 // clock is a manual clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+type clock = testenv.Clock
 
 type fixture struct {
 	t     *testing.T
@@ -50,48 +32,47 @@ type fixture struct {
 	plane *sandboxwich.Plane
 	rel   lease.Release
 	pools *pool.Reconciler
+	logs  *logBuffer // the plane's and the pools' log, as text
 }
-
-const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
 
 func newFixture(t *testing.T, cfg pool.Config) *fixture {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "pool.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	return newFixtureOn(t, st, cfg)
+	return newFixtureOn(t, testenv.SQLite(t), cfg)
 }
 
 func newFixtureOn(t *testing.T, st store.Store, cfg pool.Config) *fixture {
 	t.Helper()
-	keys, err := attest.NewKeyring([]byte(testKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest := "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-	rel := lease.Release{ReleaseSetID: "release-1", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	c := &clock{now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC)}
-	prov, _ := cfg.Provider.(*fake.Provider)
-	if prov == nil {
+	keys := testenv.Keyring(t)
+	rel := testenv.Release(keys, lease.GVisorLowerRisk)
+	c := testenv.NewClock()
+	var prov *fake.Provider
+	switch p := cfg.Provider.(type) {
+	case nil:
 		prov = fake.New(fake.Config{Mode: "apply", Kind: "fake"})
 		cfg.Provider = prov
+	case *fake.Provider:
+		prov = p
+	case *fake.AgentProvider:
+		prov = p.Provider
+	case noDigest:
+		prov = p.Provider
 	}
 	if cfg.Name == "" {
 		cfg.Name = "p1"
 	}
 	cfg.TenantID = "acme"
 	cfg.Release = rel
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)), sandboxwich.WithPools(cfg),
-		sandboxwich.WithPoolOptions(pool.Options{VerifyInterval: time.Second, OrphanInterval: time.Nanosecond}))
+	logs := new(logBuffer)
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.NewTextHandler(logs, nil))), sandboxwich.WithPools(cfg),
+		sandboxwich.WithPoolOptions(pool.WithVerifyInterval(time.Second), pool.WithOrphanInterval(time.Nanosecond)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, ctx: context.Background(), clock: c, prov: prov, st: st, plane: plane, rel: rel, pools: plane.Pools()}
+	return &fixture{t: t, ctx: context.Background(), clock: c, prov: prov, st: st, plane: plane, rel: rel, pools: plane.Pools(), logs: logs}
 }
+
+// logBuffer is a goroutine-safe log sink.
+type logBuffer = testenv.Buffer
 
 // settle runs passes until nothing more is created (at most n).
 func (f *fixture) settle() {
@@ -109,6 +90,16 @@ func (f *fixture) counts() map[lease.MemberState]int {
 		f.t.Fatal(err)
 	}
 	return sts[0].Members
+}
+
+// lastError is the pool's Status.LastError, what /v1/pools reports.
+func (f *fixture) lastError() string {
+	f.t.Helper()
+	sts, err := f.pools.Status(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return sts[0].LastError
 }
 
 func (f *fixture) wantCounts(want map[lease.MemberState]int) {
@@ -191,9 +182,16 @@ func TestProvisionFailureQuarantinesWithProof(t *testing.T) {
 	f := newFixture(t, pool.Config{Target: 2, Provider: prov})
 	f.pools.Pass(f.ctx)
 	f.wantCounts(map[lease.MemberState]int{lease.MemberQuarantined: 2})
+	// The stops were proven, and still the provider's error is reported.
+	if got := f.lastError(); strings.Count(got, "provision failed: fake: injected fault") != 2 {
+		t.Errorf("LastError after two failed provisions = %q, want both provider errors", got)
+	}
 	prov.SetFaults(fake.Faults{})
 	f.settle()
 	f.wantCounts(map[lease.MemberState]int{lease.MemberReady: 2, lease.MemberQuarantined: 2})
+	if got := f.lastError(); got != "" {
+		t.Errorf("LastError after a clean pass = %q", got)
+	}
 }
 
 func TestUncertainDestroyKeepsCapacityUntilProven(t *testing.T) {
@@ -205,6 +203,9 @@ func TestUncertainDestroyKeepsCapacityUntilProven(t *testing.T) {
 	f.settle()
 	// Both stops failed: still counted, so nothing new is provisioned.
 	f.wantCounts(map[lease.MemberState]int{lease.MemberCleanupPending: 2})
+	if got := f.lastError(); !strings.Contains(got, "destroy not proven: deletion not proven") {
+		t.Errorf("LastError after uncertain destroys = %q, want the provider's error", got)
+	}
 	for range 3 {
 		f.clock.Advance(time.Minute)
 		f.settle()
@@ -327,7 +328,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		tc.cfg.Name, tc.cfg.TenantID = "p", "acme"
 		tc.cfg.Release.RuntimeClass = lease.GVisorLowerRisk
 		tc.cfg.Provider = fake.New(fake.Config{})
-		_, err := pool.New(nil, []pool.Config{tc.cfg}, pool.Options{})
+		_, err := pool.New(nil, []pool.Config{tc.cfg})
 		if err == nil || !contains(err.Error(), tc.field) {
 			t.Errorf("%+v: error %v does not name %s", tc.cfg, err, tc.field)
 		}

@@ -99,8 +99,8 @@ harness lin-sqlite-pool 5m "${bin[@]}" -duration "$lin_time"
 harness lin-postgres 5m "${bin[@]}" -duration "$lin_time" -postgres "$pg_admin"
 
 # 2. Crash recovery: SIGKILL loops.
-harness crash-dir 8m "${mode[@]}"
-harness crash-gvisor 12m "${mode[@]}"
+harness crash-dir 8m "${bin[@]}" "${mode[@]}"
+harness crash-gvisor 12m "${bin[@]}" "${mode[@]}"
 
 # 3. Soak: 60 s quick, 10 minutes full.
 harness soak 15m "${bin[@]}" "${mode[@]}"

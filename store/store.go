@@ -2,6 +2,12 @@
 // interface that every backend implements, its parameter types, and the
 // errors it returns.
 //
+// Start with [Store]: each method's doc comment is its contract, and each
+// takes a parameter struct (ClaimParams, PrepareParams, …) whose fields the
+// caller fills, the current time included. [IdempotencyStore] is the part
+// an HTTP handler needs. store/storetest's Example_customStore is a custom
+// Store proven by storetest.Run.
+//
 // A Store is where the invariants of sterile cells live. Every method that
 // changes state runs one transaction and decides inside it, from the rows it
 // reads there, never from a value the caller read earlier: each change is a

@@ -12,8 +12,11 @@
 //
 // Its digest ("sha256:<hex>" of its own executable, read from
 // /proc/self/exe at start) is what Status reports. As PID 1 it reaps every
-// orphan of the cell; SIGTERM (or SIGINT) kills every process of the cell
-// and exits.
+// orphan of the cell, replaces its stdio with /dev/null (the runtime hands
+// an init the host files of whoever created the container), and so logs
+// nowhere, and makes itself non-dumpable (no workload can read its /proc
+// entries or trace it); SIGTERM (or SIGINT) kills every process of the
+// cell and exits.
 //
 // -record <file> is for tests only: it appends every request the agent
 // receives (method, path and the whole body, file content included) to
@@ -57,6 +60,11 @@ func run() error {
 	if *listen == "" || *cellID == "" || flag.NArg() > 0 {
 		flag.Usage()
 		os.Exit(2)
+	}
+	if os.Getpid() == 1 {
+		if err := becomeInit(); err != nil {
+			return err
+		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 

@@ -6,8 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,27 +18,26 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
-	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/internal/testenv/testserver"
 	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 const (
-	cliTestTenantToken   = "tok"
-	cliTestOperatorToken = "op-token"
-	cliTestWorkerToken   = "sbw_wtok_x"
-	cliTestPool          = "default"
+	cliTestTenantToken   = testserver.TenantToken
+	cliTestOperatorToken = testserver.OperatorToken
+	cliTestWorkerToken   = testserver.WorkerToken
+	cliTestPool          = testserver.Pool
 )
 
 // cliTestServer is the real server over SQLite, with hooks to add pool cells
 // and complete their stops as the pool reconciler would.
 type cliTestServer struct {
+	*testserver.Server
 	url      string
 	store    *sqlite.Store
 	plane    *sandboxwich.Plane
@@ -50,45 +47,10 @@ type cliTestServer struct {
 
 func startCLITestServer(t *testing.T) *cliTestServer {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	keys, err := attest.NewKeyring([]byte("sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	digest := strings.Repeat("a", 64)
-	rel := wire.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: digest,
-		Signature: keys.SignRelease("release-set-2026-08-07", string(lease.KataMicroVM), digest)}
 	// A real pool, reconciled only when a test runs a pass, whose provider
 	// fails to list its objects (so a pass sets its last_error).
-	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithPools(pool.Config{
-		Name: cliTestPool, TenantID: "acme", Release: rel, Target: 3, Provider: listFailing{fake.New(fake.Config{})}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &cliTestServer{store: st, plane: plane, release: rel, workerID: uuid.Must(uuid.NewV7())}
-	h, err := httpapi.New(httpapi.Config{
-		Plane:  plane,
-		Logger: quiet,
-		Auth: httpapi.Auth{
-			TenantTokens:  map[string]string{cliTestTenantToken: "acme"},
-			OperatorToken: cliTestOperatorToken,
-			Workers: map[string]sandboxwich.Worker{cliTestWorkerToken: {
-				ID: s.workerID, TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.KataMicroVM}}},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	s.url = srv.URL
-	return s
+	s := testserver.Start(t, listFailing{fake.New(fake.Config{})}, 3)
+	return &cliTestServer{Server: s, url: s.URL, store: s.Store, plane: s.Plane, release: s.Release, workerID: s.WorkerID}
 }
 
 // listFailing is the fake provider whose List fails.
@@ -98,19 +60,7 @@ func (listFailing) List(context.Context) ([]driver.Object, error) {
 	return nil, errors.New("provider said:\nno")
 }
 
-func (s *cliTestServer) addPoolCell(t *testing.T) uuid.UUID {
-	t.Helper()
-	ctx, now := context.Background(), time.Now()
-	id := uuid.Must(uuid.NewV7())
-	if _, err := s.store.CreateMember(ctx, store.CreateMemberParams{CellID: id, Pool: cliTestPool, TenantID: "acme", Now: now}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.store.AdmitMember(ctx, store.AdmitParams{CellID: id, Pool: cliTestPool, WorkerID: "pool:" + cliTestPool,
-		ProviderCellID: id.String(), Identity: "test", Release: s.release, ReadyDeadline: now.Add(10 * time.Minute), Now: now}); err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
+func (s *cliTestServer) addPoolCell(t *testing.T) uuid.UUID { return s.AddPoolCell(t) }
 
 // cliTestEnv is a command environment with buffers and a map environment.
 type cliTestEnv struct {

@@ -35,6 +35,7 @@ type config struct {
 	AllowInsecureNoAuth  bool
 	MetricsPublic        bool
 	SweepInterval        time.Duration
+	PoolLockTTL          time.Duration
 	DisableExpirySweeper bool
 	MaxPrepareAhead      time.Duration
 	LogLevel             string
@@ -43,6 +44,7 @@ type config struct {
 	TLSCertFile          string
 	TLSKeyFile           string
 	MaxLeaseSeconds      uint64
+	ExecMaxOutputBytes   int
 	Pools                []poolConfig
 }
 
@@ -96,6 +98,8 @@ var settings = []setting{
 		apply: func(c *config, v string) error { return parseBool(&c.MetricsPublic, v) }},
 	{key: "sweep_interval_ms", def: "1000", usage: "interval of pool reconciliation and expiry sweeps",
 		apply: func(c *config, v string) error { return parseMillis(&c.SweepInterval, v) }},
+	{key: "pool_lock_ttl_ms", def: "15000", usage: "how long a pool member stays locked by a process that died acting on it",
+		apply: func(c *config, v string) error { return parseMillis(&c.PoolLockTTL, v) }},
 	{key: "disable_expiry_sweeper", def: "false", usage: "do not quarantine expired cells of external workers",
 		apply: func(c *config, v string) error { return parseBool(&c.DisableExpirySweeper, v) }},
 	{key: "max_prepare_seconds", def: "604800", usage: "how far ahead a worker's prepare may set expires_at (1 s to 10 years)",
@@ -112,6 +116,18 @@ var settings = []setting{
 		apply: func(c *config, v string) error { c.TLSKeyFile = v; return nil }},
 	{key: "max_lease_seconds", def: strconv.Itoa(sandboxwich.MaxLeaseSeconds), usage: "longest lease a claim gets (1–86400)",
 		apply: func(c *config, v string) error { return parseMaxLease(&c.MaxLeaseSeconds, v) }},
+	{key: "exec_max_output_bytes", def: strconv.Itoa(sandboxwich.MaxExecOutput), usage: "cap of each of an exec's stdout and stderr (1 to 67108864 bytes)",
+		apply: func(c *config, v string) error { return parseExecMaxOutput(&c.ExecMaxOutputBytes, v) }},
+}
+
+// parseExecMaxOutput reads SANDBOXWICH_EXEC_MAX_OUTPUT_BYTES (CONTRACT §17).
+func parseExecMaxOutput(dst *int, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > sandboxwich.MaxExecOutputLimit {
+		return fmt.Errorf("%q is not a number of bytes from 1 to %d", v, sandboxwich.MaxExecOutputLimit)
+	}
+	*dst = n
+	return nil
 }
 
 // parseMaxLease reads SANDBOXWICH_MAX_LEASE_SECONDS (CONTRACT §14).

@@ -57,6 +57,7 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 	}{
 		{map[string]string{"SANDBOXWICH_AUTO_MIGRATE": "maybe"}, "SANDBOXWICH_AUTO_MIGRATE"},
 		{map[string]string{"SANDBOXWICH_SWEEP_INTERVAL_MS": "-1"}, "SANDBOXWICH_SWEEP_INTERVAL_MS"},
+		{map[string]string{"SANDBOXWICH_POOL_LOCK_TTL_MS": "15s"}, "SANDBOXWICH_POOL_LOCK_TTL_MS"},
 		{map[string]string{"SANDBOXWICH_TENANT_TOKENS": "acme"}, "SANDBOXWICH_TENANT_TOKENS"},
 		{map[string]string{"SANDBOXWICH_TENANT_TOKENS": "a b=tok"}, "SANDBOXWICH_TENANT_TOKENS"},
 		{map[string]string{"SANDBOXWICH_WORKER_TOKENS": "not-a-uuid@acme:gvisor_lower_risk=sbw_wtok_x"}, "SANDBOXWICH_WORKER_TOKENS"},

@@ -100,13 +100,14 @@ func dev(ctx context.Context, e env, args []string) error {
 		OperatorToken:  operatorToken,
 		Workers: map[string]sandboxwich.Worker{workerToken: {ID: workerID, TenantID: "dev",
 			RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM}}},
-		SweepInterval:   time.Second,
-		LogLevel:        "info",
-		LogFormat:       "text",
-		ShutdownTimeout: devShutdownGrace,
-		MaxLeaseSeconds: sandboxwich.MaxLeaseSeconds,
-		MaxPrepareAhead: sandboxwich.DefaultMaxPrepareAhead,
-		Pools:           []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target, Settings: settings}},
+		SweepInterval:      time.Second,
+		LogLevel:           "info",
+		LogFormat:          "text",
+		ShutdownTimeout:    devShutdownGrace,
+		MaxLeaseSeconds:    sandboxwich.MaxLeaseSeconds,
+		ExecMaxOutputBytes: sandboxwich.MaxExecOutput,
+		MaxPrepareAhead:    sandboxwich.DefaultMaxPrepareAhead,
+		Pools:              []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target, Settings: settings}},
 	}
 	log, err := newLogger(e.stderr, c.LogLevel, c.LogFormat)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
+	"github.com/sandboxwich/sandboxwich/internal/dirprovider"
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
@@ -35,16 +36,35 @@ var providers = map[string]providerFactory{
 		}
 		return fake.New(fake.Config{Latency: latency}), unknownSettings(s, "latency_ms")
 	},
+	// dir simulates every cell as a file in the directory of setting path:
+	// labelled dry_run like dry-run, but its cells outlive the process, so
+	// a restarted server finds the ones it left. It can delay calls and
+	// inject destroy faults (probabilities 0 to 1): the crash checks of the
+	// reliability proof run it.
+	"dir": func(_, _ string, s map[string]string, _ *slog.Logger) (driver.Provider, error) {
+		if err := unknownSettings(s, "path", "min_latency_ms", "max_latency_ms", "destroy_uncertain", "lost_destroy"); err != nil {
+			return nil, err
+		}
+		if s["path"] == "" {
+			return nil, errors.New("setting path is required")
+		}
+		minLatency, err1 := settingMillis(s, "min_latency_ms")
+		maxLatency, err2 := settingMillis(s, "max_latency_ms")
+		uncertain, err3 := settingProbability(s, "destroy_uncertain")
+		lost, err4 := settingProbability(s, "lost_destroy")
+		return &dirprovider.Provider{Dir: s["path"], MinLatency: minLatency, MaxLatency: maxLatency,
+			DestroyUncertain: uncertain, LostDestroy: lost}, errors.Join(err1, err2, err3, err4)
+	},
 	// gvisor runs each cell as a runsc container on this host.
 	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
-		if err := unknownSettings(s, "runsc", "state_dir", "bundle_dir", "rootfs", "network", "platform",
+		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
 			"memory_limit_bytes", "cpus", "pids_limit"); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
 			return nil, err
 		}
-		cfg := gvisor.Config{RunscPath: s["runsc"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
+		cfg := gvisor.Config{RunscPath: s["runsc"], AgentPath: s["agent_path"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
 			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool),
 			Installation: installation, Logger: log}
 		if v := s["memory_limit_bytes"]; v != "" {
@@ -155,6 +175,19 @@ func settingMillis(s map[string]string, key string) (time.Duration, error) {
 		return 0, fmt.Errorf("setting %s: %q is not a number of milliseconds", key, v)
 	}
 	return time.Duration(n) * time.Millisecond, nil
+}
+
+// settingProbability reads a probability from 0 to 1 (default 0).
+func settingProbability(s map[string]string, key string) (float64, error) {
+	v := s[key]
+	if v == "" {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || f > 1 {
+		return 0, fmt.Errorf("setting %s: %q is not a probability from 0 to 1", key, v)
+	}
+	return f, nil
 }
 
 // unknownSettings refuses settings a provider does not read, so that a typo

@@ -112,8 +112,8 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		sweep = 0
 	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
-		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds),
-		sandboxwich.WithPoolOptions(pool.Options{Interval: c.SweepInterval}), sandboxwich.WithSweepInterval(sweep),
+		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds), sandboxwich.WithExecMaxOutput(c.ExecMaxOutputBytes),
+		sandboxwich.WithPoolOptions(pool.WithInterval(c.SweepInterval), pool.WithLockTTL(c.PoolLockTTL)), sandboxwich.WithSweepInterval(sweep),
 		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead))
 	if err != nil {
 		st.Close()
@@ -223,8 +223,9 @@ func serve(ctx context.Context, e env, args []string) error {
 	}
 	log.Info("sandboxwich serving", "url", scheme+"://"+ln.Addr().String(), "database", redactURL(c.DatabaseURL), "pools", len(c.Pools))
 	for _, p := range c.Pools {
-		if p.Provider == "dry-run" {
-			log.Warn("pool uses the dry-run provider: cells are SIMULATED, mode dry_run, no isolation exists", "pool", p.Name)
+		if p.Provider == "dry-run" || p.Provider == "dir" {
+			log.Warn("pool uses a simulated provider: cells are SIMULATED, mode dry_run, no isolation exists",
+				"pool", p.Name, "provider", p.Provider)
 		}
 	}
 	return s.run(ctx, ln)

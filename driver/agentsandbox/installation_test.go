@@ -2,18 +2,16 @@ package agentsandbox_test
 
 import (
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/agentsandbox"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
 // TestTwoInstallationsOneNamespace gives two planes (two installations)
@@ -48,20 +46,11 @@ func TestTwoInstallationsOneNamespace(t *testing.T) {
 
 	// Plane a's reconciler, with an empty store and a pool of target 0:
 	// its orphan pass destroys whatever a lists.
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "a.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	keys, err := attest.NewKeyring([]byte("sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel := lease.Release{ReleaseSetID: "r", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	rel := testenv.Release(keys, lease.GVisorLowerRisk)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithPools(pool.Config{Name: "p", TenantID: "acme", Release: rel, Target: 0, Provider: a}),
-		sandboxwich.WithPoolOptions(pool.Options{OrphanInterval: time.Nanosecond, DestroyTimeout: 30 * time.Second}))
+		sandboxwich.WithPoolOptions(pool.WithOrphanInterval(time.Nanosecond), pool.WithDestroyTimeout(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,13 +21,27 @@
 //     twice, returns nil.
 //   - List after a simulated crash: a provider made afterwards lists the
 //     object made by an earlier one and can destroy it.
-//   - Exec (when the provider is a driver.Execer): stdin, env, non-zero exit
-//     codes, timeouts (TimedOut, bounded time, nothing left running), output
-//     caps (Truncated), and driver.ErrNotFound after Destroy.
+//   - Exec (when the provider is a driver.Execer, or else through the
+//     cell agent of a driver.AgentHost, activated once per cell): stdin,
+//     env, non-zero exit codes, timeouts (TimedOut, bounded time, nothing
+//     left running), output caps (Truncated), and driver.ErrNotFound after
+//     Destroy.
 //   - Exec isolation: a file written or a process started in one cell is
 //     invisible in another.
 //   - Cancellation: Provision and Exec with an already-cancelled or a
 //     short-deadline context return promptly and leak nothing.
+//   - The cell agent (when the provider is a driver.AgentHost, CONTRACT
+//     §13): a fresh cell's agent is waiting, with 0 activations, its own
+//     cell ID and the digest Inspect reports (non-empty); nothing runs
+//     before activation (agent.ErrNotActive); an activation and its exact
+//     replay are accepted, a second fence refused; exec (output collected
+//     and streamed, exit codes, cwd, user root and cell), files written and
+//     read back byte-exact (owner, mode, missing, too large, denied), one
+//     launch with its replay, conflict, status and output file; release
+//     ends the agent for its fence only; expiry
+//     ends the agent, which then refuses everything (and, for a harness
+//     that is a ProcessCounter, has killed a background process); after
+//     Destroy the agent is unreachable (driver.ErrNotFound).
 //
 // The Exec subtests run small POSIX shell commands in the cell (sh, cat,
 // printf, sleep, shell globs over /proc), so a provider's cells must have a
@@ -48,6 +62,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
@@ -97,6 +112,7 @@ func Run(t *testing.T, h Harness) {
 			{"Exec", s.testExec},
 			{"ExecIsolation", s.testExecIsolation},
 			{"Cancellation", s.testCancellation},
+			{"Agent", s.testAgent},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
@@ -304,6 +320,11 @@ func (s *suite) testDestroy(t *testing.T) {
 			t.Errorf("Exec after Destroy: err = %v, want driver.ErrNotFound", err)
 		}
 	}
+	if h, ok := p.(driver.AgentHost); ok {
+		if _, err := h.Agent(ctx(t), obj); !errors.Is(err, driver.ErrNotFound) {
+			t.Errorf("Agent after Destroy: err = %v, want driver.ErrNotFound", err)
+		}
+	}
 }
 
 func (s *suite) testDestroyAbsent(t *testing.T) {
@@ -356,14 +377,19 @@ func (s *suite) testListAfterRestart(t *testing.T) {
 	}
 }
 
-// execer returns p as a driver.Execer or skips the test.
+// execer returns p as a driver.Execer, or, for a driver.AgentHost that is
+// not one, an Execer running commands through the cell's agent; otherwise
+// it skips the test.
 func execer(t *testing.T, p driver.Provider) driver.Execer {
 	t.Helper()
-	e, ok := p.(driver.Execer)
-	if !ok {
-		t.Skip("provider is not a driver.Execer")
+	if e, ok := p.(driver.Execer); ok {
+		return e
 	}
-	return e
+	if h, ok := p.(driver.AgentHost); ok {
+		return &agentExecer{h: h, acts: make(map[driver.Object]agent.Activation)}
+	}
+	t.Skip("provider is neither a driver.Execer nor a driver.AgentHost")
+	return nil
 }
 
 // run executes req in obj and fails the test on an error.

@@ -10,6 +10,11 @@
 // so tests can produce what a real provider does only on a bad day:
 // failed provisions, destroys that time out or cannot be confirmed,
 // responses lost after the provider acted, and runtime-class drift.
+//
+// [NewWithAgent] returns the same provider whose objects run an in-memory
+// cell agent (driver.AgentHost), with faults of its own (AgentFaults). A
+// provider from [New] has no agent and no exec: the plane answers its
+// lease operations with exec_unsupported.
 package fake
 
 import (
@@ -52,6 +57,9 @@ type Config struct {
 	Faults  Faults
 	// Seed makes fault injection reproducible.
 	Seed uint64
+	// Now is the agents' clock, by which an activation expires (default
+	// time.Now).
+	Now func() time.Time
 }
 
 // Provider is the in-memory provider. It implements driver.Provider and
@@ -64,12 +72,28 @@ type Provider struct {
 	objects map[uuid.UUID]*object
 	seq     int
 	calls   map[string]int
+
+	agents      bool // objects run an agent (NewWithAgent)
+	agentFaults AgentFaults
+	received    []Message
 }
 
 type object struct {
 	identity string
 	class    lease.RuntimeClass
 	drift    *lease.RuntimeClass
+	agent    *cellAgent // nil without agents
+}
+
+// remove deletes the cell's object; its agent dies with it. The caller
+// holds p.mu.
+func (p *Provider) remove(cellID uuid.UUID) {
+	if o, ok := p.objects[cellID]; ok {
+		delete(p.objects, cellID)
+		if o.agent != nil {
+			close(o.agent.dead)
+		}
+	}
 }
 
 // New returns a Provider.
@@ -79,6 +103,9 @@ func New(cfg Config) *Provider {
 	}
 	if cfg.Kind == "" {
 		cfg.Kind = "dry-run"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &Provider{
 		cfg:     cfg,
@@ -150,6 +177,9 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	if !ok {
 		p.seq++
 		o = &object{identity: fmt.Sprintf("fake-%d", p.seq), class: req.RuntimeClass}
+		if p.agents {
+			o.agent = newCellAgent(p, req.CellID)
+		}
 		p.objects[req.CellID] = o
 	}
 	obj := driver.Object{CellID: req.CellID, Identity: o.identity}
@@ -176,8 +206,12 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	if o.drift != nil {
 		class = *o.drift
 	}
-	return driver.Observation{Exists: true, Identity: o.identity, RuntimeClass: class, Ready: true,
-		Detail: "simulated (" + string(p.cfg.Mode) + ")"}, nil
+	obs := driver.Observation{Exists: true, Identity: o.identity, RuntimeClass: class, Ready: true,
+		Detail: "simulated (" + string(p.cfg.Mode) + ")"}
+	if o.agent != nil {
+		obs.AgentDigest = AgentDigest
+	}
+	return obs, nil
 }
 
 // Destroy implements driver.Provider.
@@ -194,9 +228,8 @@ func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 		return fmt.Errorf("%w: %w: delete accepted, absence not confirmed", driver.ErrUncertain, ErrInjected)
 	}
 	p.mu.Lock()
-	o, ok := p.objects[obj.CellID]
-	if ok && (obj.Identity == "" || o.identity == obj.Identity) {
-		delete(p.objects, obj.CellID)
+	if o, ok := p.objects[obj.CellID]; ok && (obj.Identity == "" || o.identity == obj.Identity) {
+		p.remove(obj.CellID)
 	}
 	p.mu.Unlock()
 	if p.chance(p.faults().LostResponse) {
@@ -243,11 +276,14 @@ func (p *Provider) Drift(cellID uuid.UUID, class lease.RuntimeClass) {
 	}
 }
 
-// Vanish deletes the cell's object out of band.
+// Vanish deletes the cell's object out of band, as a crash of the cell
+// does: Inspect reports it gone, and its agent dies with it, so calls on a
+// connection already open — a command running included — fail without an
+// answer (driver.ErrCellLost).
 func (p *Provider) Vanish(cellID uuid.UUID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.objects, cellID)
+	p.remove(cellID)
 }
 
 // Len returns the number of objects that exist.

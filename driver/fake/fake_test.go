@@ -21,6 +21,14 @@ type harness struct {
 func (h harness) MakeProvider(context.Context, *testing.T) (driver.Provider, error) { return h.p, nil }
 func (h harness) RuntimeClass() lease.RuntimeClass                                  { return h.class }
 
+// agentHarness hands out one provider whose objects run the fake agent.
+type agentHarness struct{ p *fake.AgentProvider }
+
+func (h agentHarness) MakeProvider(context.Context, *testing.T) (driver.Provider, error) {
+	return h.p, nil
+}
+func (h agentHarness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
+
 // TestConformance proves the fake against the suite every driver passes,
 // for both classes it serves and in apply mode too (the mode tests use to
 // stand in for a real provider).
@@ -41,4 +49,11 @@ func TestConformance(t *testing.T) {
 			}
 		})
 	}
+	t.Run("WithAgent", func(t *testing.T) {
+		p := fake.NewWithAgent(fake.Config{Mode: driver.Apply, Kind: "fake"})
+		drivertest.Run(t, agentHarness{p: p})
+		if n := p.Len(); n != 0 {
+			t.Errorf("%d objects left after the suite", n)
+		}
+	})
 }

@@ -10,14 +10,99 @@
 // identifies it. Debian's `runsc` package (gVisor 20221219) is only a
 // fallback: its statx rejects the AT_NO_AUTOMOUNT flag of GNU coreutils 9,
 // so `ls` and `stat` fail with "Invalid argument" in cells on a Debian
-// bookworm /usr (TestLsAndStat catches such a runsc).
+// bookworm /usr (TestLsAndStat catches such a runsc), and it predates the
+// --host-uds flag the cell agent's channel needs, so it cannot create
+// cells at all any more.
 //
 // # Settings
 //
-// A pool of provider "gvisor" takes the settings runsc, state_dir,
-// bundle_dir, rootfs, network, platform, memory_limit_bytes, cpus and
-// pids_limit (SANDBOXWICH_GVISOR_<KEY> for the environment's pool), the
-// Config fields of the same names.
+// A pool of provider "gvisor" takes the settings runsc, agent_path,
+// state_dir, bundle_dir, rootfs, network, platform, memory_limit_bytes,
+// cpus and pids_limit (SANDBOXWICH_GVISOR_<KEY> for the environment's
+// pool), the Config fields of the same names.
+//
+// # The cell agent
+//
+// Every cell runs the cell agent (package agent, CONTRACT §13) as its init
+// (PID 1), and the Provider is a driver.AgentHost: tenant commands, files
+// and the launch go through the agent, never through runsc exec.
+//
+// The binary is a static sandboxwich-agent (cmd/sandboxwich-agent, built
+// with CGO_ENABLED=0, so it runs on any root filesystem, one without a C
+// library included). New takes the first of:
+//
+//  1. Config.AgentPath (setting agent_path);
+//  2. a sandboxwich-agent next to the running executable (os.Executable),
+//     as `go install` and release archives place it;
+//  3. one built with the Go toolchain in PATH: for a development build of
+//     the module (`go run ./cmd/sandboxwich dev` in a checkout, tests), from
+//     the module's source, found with `go list -m -f {{.Dir}}
+//     github.com/sandboxwich/sandboxwich` from the working directory, by
+//     `CGO_ENABLED=0 go build -trimpath ./cmd/sandboxwich-agent`; for a
+//     released build, `go install -trimpath
+//     github.com/sandboxwich/sandboxwich/cmd/sandboxwich-agent@<version>`
+//     of the version recorded in the running binary (debug.ReadBuildInfo),
+//     with GOBIN a temporary directory.
+//
+// When none works, New fails with an error naming agent_path and the build
+// command. The binary found is checked (a static ELF executable of this
+// architecture) and copied into a content-addressed cache,
+// os.UserCacheDir()/sandboxwich/agent/sha256-<hex>/sandboxwich-agent (a
+// read-only file), and that copy is what every cell mounts, so replacing
+// the original never changes a running cell's agent. Its digest,
+// "sha256:<hex>" of the mounted file, is computed once in New, written into
+// each container's spec (annotation dev.sandboxwich.agent-digest), and
+// Inspect reports Observation.AgentDigest from runsc's state of the
+// container (its annotations), never from the Provider's memory: a cell
+// created by another Provider, or before an upgrade, reports its own.
+//
+// Channel: each cell has a host directory, <BundleDir>/<container-id>/run,
+// a tmpfs of its own (mode 0700, 64 KiB, 16 inodes; 1 GiB with
+// RecordAgentMessages) mounted on the host before the container is created
+// and unmounted and removed with the bundle at Destroy. It is bind-mounted
+// read-write (nosuid, nodev, noexec) at /run/sandboxwich in the cell, and
+// the agent listens on /run/sandboxwich/agent.sock there: runsc's
+// --host-uds=create lets the sandbox create that socket on the host, where
+// the Provider dials it (through /proc/self/fd/<dir>, so no bundle path
+// meets the 107-byte limit of a socket address). Only root on the host and
+// root in the cell can reach it; a cell-user workload cannot enter the
+// directory. The cell keeps --network=none, and --host-uds is never
+// "open" or "all", so nothing in a cell can connect to a host socket. Any
+// Provider over the same directories reaches the agent of any cell: a
+// restarted server or another replica finds it. Being a tmpfs, the
+// directory bounds what a root workload can write through it to the host.
+//
+// Provision waits until the started cell's agent answers its status.
+// Agent returns an agent.Conn for a cell (one HTTP client per container,
+// dropped at Destroy): driver.ErrNotFound for an unknown object,
+// driver.ErrCellLost for a container that stopped, and a call that fails
+// without an answer while runsc then shows the container stopped (or its
+// sandbox no longer answering) wraps driver.ErrCellLost: the agent is the
+// cell's init, so its exit, killed by a root workload or crashed, ends the
+// sandbox.
+//
+// The agent runs as root (uid 0) with no_new_privs and exactly CAP_CHOWN,
+// CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_KILL, CAP_SETGID and CAP_SETUID in its
+// bounding, effective and permitted sets (none inheritable or ambient):
+// SETUID/SETGID to start workloads and file helpers as the cell user, KILL
+// to kill the cell user's processes at a timeout, at expiry and at
+// release, CHOWN to give the cell user what it writes, DAC_OVERRIDE and
+// FOWNER to act as root on files of any owner and mode. Root workloads
+// inherit that set; cell-user workloads (uid 1000) hold no capability and
+// can neither signal nor trace the agent nor read its /proc entries. Left
+// out: CAP_FSETID (set-id bits grant nothing under no_new_privs),
+// CAP_SETPCAP (a switch to uid 1000 drops every capability, and none can
+// be regained), CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_NET_*, CAP_MKNOD and the
+// rest. A root workload can kill the agent (gVisor delivers SIGKILL to a
+// PID 1 from inside): that ends the cell, which then reports cell_lost.
+// As PID 1 the agent points its stdio at /dev/null, so no cell process can
+// reach the host files runsc create hands a container's init.
+//
+// Config.RecordAgentMessages is for tests only: the agent then runs with
+// -record and appends every request it receives (bodies included) to
+// agent-messages in the cell's host directory, which
+// Provider.AgentMessages reads until the cell is destroyed, so plane-level
+// tests can prove that no secret ever reached a cell.
 //
 // # runsc invocation
 //
@@ -30,6 +115,9 @@
 //	                    them apart
 //	--network=none      the default; runsc needs the same value on create,
 //	                    start and exec, or start fails
+//	--host-uds=create   lets the sandbox create Unix sockets on the host,
+//	                    which only the cell's host directory allows: the
+//	                    agent's socket (never open or all)
 //	--platform=<P>      only when Config.Platform is set; runsc's default
 //	                    (systrap in the pinned runsc, ptrace in Debian's)
 //	                    needs no /dev/kvm and works in containers and VMs
@@ -41,8 +129,9 @@
 //
 // runsc runs as root, with an environment of PATH alone: nothing of the
 // driver's environment reaches it or a cell. Command lines carry only
-// paths, container IDs and PIDs; an exec's argv and env travel in a 0600
-// process-spec file (runsc exec --process).
+// paths, container IDs and PIDs. The only runsc exec is the Provider's own
+// read-back from inside (Inspect's kernel check), its process spec in a
+// 0600 file (runsc exec --process).
 //
 // # Limits
 //
@@ -67,34 +156,26 @@
 // (without the limit it passed 1282 in under two seconds and, in the
 // original incident, reached about 5,200 host tasks). Reaching the limit
 // ends the sandbox, not just the fork: the sentry cannot create the host
-// threads it needs and dies. The exec then fails with ErrSandboxLost (the
-// cell is lost: quarantine it and destroy it; Destroy proves it gone), and
-// the host is unharmed. gVisor's own sentry-side pids controller would
+// threads it needs and dies. The agent call then fails with ErrSandboxLost
+// (the cell is lost: quarantine it and destroy it; Destroy proves it
+// gone), and the host is unharmed. gVisor's own sentry-side pids controller would
 // fail guest forks with EAGAIN instead, but runsc does not seed it from
 // the spec (it seeds only the CPU and memory controllers), it charges tasks
 // only when cgroupfs is mounted in the cell, and a trial that set its
 // pids.max to 300 from inside still lost the sandbox to a fork bomb; the
 // driver does not use it. Guest RLIMIT_NPROC is not enforced by gVisor.
 //
-// Exec timeouts: the command runsc exec starts leads its own session and
-// process group inside the sandbox. At a timeout (or a cancelled context)
-// the driver sends KILL to that group (runsc kill --pgid, delivered by the
-// sentry in one step, so it reaches processes orphaned and reparented to
-// the cell's init) and to every descendant of the command or of a group
-// member that moved to another group, and looks again up to five times.
-// Only a process that both left the group (setpgid, setsid) and lost its
-// parent in the tree escapes; the process limit still bounds it and it
-// ends with the cell. When the command's direct child exits on its own, the
-// exec ends there (CONTRACT §14) and what it left in the background keeps
-// running, so `b(){ b|b& }; b` returns as soon as its shell exits (0.6 s
-// in the incident) and its bomb runs on until the process limit ends the
-// sandbox.
+// Exec timeouts and expiry are the agent's: it kills a timed-out
+// command's whole process tree, and at expiry and release every process
+// of the cell. A fork bomb left running in the background ends when the
+// process limit ends the sandbox (the cell is then lost, as above).
 //
 // # What a cell can see
 //
 // With an operator-provided Config.RootFS, the cell's / is that directory,
-// read-only (it is shared by all cells), plus the mounts below. It needs
-// /bin/sh, sleep and uname.
+// read-only (it is shared by all cells), plus the mounts below (runsc makes
+// their mount points in the root's overlay). It needs uname (Inspect's
+// check) and whatever the workloads run: a static busybox alone serves.
 //
 // With the default root filesystem (Config.RootFS ""), the cell sees
 // exactly this, and nothing else of the host:
@@ -112,7 +193,10 @@
 //   - /root: an empty directory (mode 0700);
 //   - /tmp (mode 1777) and /home/cell (mode 0700, owned by the cell user):
 //     fresh, private tmpfs file systems, the only writable places besides
-//     /dev/shm. They live in the sandbox's memory and vanish with it;
+//     /dev/shm and, for root, /run/sandboxwich. They live in the
+//     sandbox's memory and vanish with it;
+//   - /.sandboxwich/agent: the cell agent, read-only; /run/sandboxwich: the
+//     cell's host directory (see "The cell agent"), mode 0700, root's;
 //   - /proc, /sys, /dev, /dev/pts, /dev/shm: gVisor's own, emulated inside
 //     the sandbox. /proc shows only the cell's processes; /dev holds null,
 //     zero, full, random, urandom, tty, ptmx, pts, shm, fuse, net/tun and
@@ -120,14 +204,17 @@
 //
 // Not visible: the host's /etc (so no /etc/shadow, keys or configuration),
 // /root, /home, /var, /run, /srv, /opt, /mnt, /media, /boot, /tmp, the
-// driver's state and bundle directories, any working tree, other cells'
-// files and processes, and the host's environment.
+// driver's state and bundle directories (but the cell's own host
+// directory), any working tree, other cells' files and processes, and the
+// host's environment.
 //
-// Every cell process runs as uid 1000 / gid 1000 ("cell") with no
-// capabilities and no_new_privs, in /home/cell, with the environment
+// The agent runs with the environment
 // PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin,
-// HOME=/home/cell and TERM=dumb, plus what an exec request adds. The
-// hostname is "cell". With Network "none" the only interface is loopback.
+// HOME=/home/cell and TERM=dumb and nothing else; workloads get the
+// agent's base environment plus what a request adds, as uid 1000 / gid
+// 1000 ("cell") with no capabilities by default, or as root with the
+// agent's capabilities, always with no_new_privs. The hostname is "cell".
+// With Network "none" the only interface is loopback.
 //
 // With the pinned runsc, `ls` and `stat` work in a cell; `ls -l /` prints
 // "ls: /root: Permission denied" (exit 0), as gVisor refuses the cell user
@@ -155,7 +242,7 @@
 // The identity is "<container-id>@<nonce>": a random nonce written into the
 // spec's annotations at each creation and read back through `runsc state`,
 // so a container recreated under the same ID has another identity. Inspect,
-// Exec and Destroy take the container ID from the recorded identity, so a
+// Agent and Destroy take the container ID from the recorded identity, so a
 // cell provisioned before installation tags ("sbw-<pool>-<cell-uuid>") is
 // still verified, run in and destroyed; only an object without an identity
 // (a provision that failed before recording it) gets the new name. Such
@@ -163,15 +250,18 @@
 // before the upgrade) is not removed by the reconciler; `runsc --root
 // <StateDir> list` shows it.
 //
-// The cell's init is a shell loop that sleeps and reaps orphans. Provision
-// writes the bundle, runs `runsc create` and `runsc start` and waits for
-// state running. Inspect reads `runsc state` and then checks from inside:
-// the kernel release the cell sees (`uname -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under Debian's) must
+// The cell's init is the agent, which reaps orphans. Provision writes the
+// bundle and mounts the host directory, runs `runsc create` and `runsc
+// start`, waits for state running and for the agent's answer. Inspect
+// reads `runsc state` and then checks from inside, with runsc exec, before
+// any tenant runs anything there: the kernel release the cell sees (`uname
+// -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under Debian's) must
 // differ from the host's, and the container's PID must be a runsc-sandbox
 // process; only then does it report gvisor_lower_risk. Destroy runs `runsc
 // kill KILL` and `runsc delete --force`, then proves absence: `runsc
 // state` must say the container does not exist and no host process may name
 // the container under the state root (left-overs are killed after a grace
-// period); then the bundle is removed. Anything less wraps
+// period); then the host directory is unmounted and the bundle removed.
+// Anything less wraps
 // driver.ErrUncertain.
 package gvisor

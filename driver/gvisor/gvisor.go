@@ -73,6 +73,20 @@ type Config struct {
 	// containers. [A-Za-z0-9_.-], at most 64 characters; default
 	// "default".
 	Pool string
+	// AgentPath is the static cell agent binary (cmd/sandboxwich-agent)
+	// mounted into every cell as its init; setting agent_path. Default: a
+	// sandboxwich-agent next to the running executable, else one built
+	// with the Go toolchain from the module's source (development builds)
+	// or the running release's version. The file is copied into a
+	// content-addressed cache and the copy is mounted; see "The cell
+	// agent" in the package documentation.
+	AgentPath string
+	// RecordAgentMessages is for tests only: every cell's agent appends
+	// every message it receives to a file in the cell's host directory,
+	// which Provider.AgentMessages reads, so a test can prove that no
+	// secret ever reached a cell. Never set it in production: the file
+	// grows with every request and holds whatever was sent.
+	RecordAgentMessages bool
 	// Installation is the plane's installation tag,
 	// driver.InstallationTag(store.Installation): required. Container IDs
 	// are "sbw-<installation>-<cell>", and List returns only containers
@@ -84,12 +98,13 @@ type Config struct {
 }
 
 // Provider runs sterile cells as runsc (gVisor) containers on this host.
-// It implements driver.Provider, driver.Lister and driver.Execer, and is
-// safe for concurrent use.
+// It implements driver.Provider, driver.Lister and driver.AgentHost, and
+// is safe for concurrent use.
 type Provider struct {
 	cfg        Config
 	r          *runsc
 	log        *slog.Logger
+	agent      agentBinary // mounted into every cell
 	identity   string
 	rootfs     string     // root.path of every cell
 	hostMounts []ociMount // read-only host directories of the default rootfs
@@ -98,12 +113,14 @@ type Provider struct {
 	locks      keyedMutex
 	// verified holds the identities whose kernel was checked from inside.
 	verified sync.Map
+	// agents caches one agent client per identity (*agent.Client).
+	agents sync.Map
 }
 
 var (
-	_ driver.Provider = (*Provider)(nil)
-	_ driver.Lister   = (*Provider)(nil)
-	_ driver.Execer   = (*Provider)(nil)
+	_ driver.Provider  = (*Provider)(nil)
+	_ driver.Lister    = (*Provider)(nil)
+	_ driver.AgentHost = (*Provider)(nil)
 )
 
 var poolRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -181,6 +198,9 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("gvisor: hostname: %w", err)
 	}
 	p.identity = "gvisor:" + host
+	if p.agent, err = resolveAgent(cfg.AgentPath, "", p.log); err != nil {
+		return nil, err
+	}
 	if p.hostKernel, err = hostKernelRelease(); err != nil {
 		return nil, fmt.Errorf("gvisor: host kernel release: %w", err)
 	}
@@ -411,20 +431,27 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, lastErr)
 }
 
-// create writes a fresh bundle and creates and starts the container.
+// create writes a fresh bundle and the cell's host directory, creates and
+// starts the container and waits until its agent answers.
 func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (driver.Object, error) {
 	nonce, err := randomHex(16)
 	if err != nil {
 		return driver.Object{}, err
 	}
-	bundle := p.bundlePath(id)
-	if err := os.RemoveAll(bundle); err != nil {
+	bundle, hostDir := p.bundlePath(id), p.hostDir(id)
+	if err := p.removeBundle(id); err != nil {
 		return driver.Object{}, err
 	}
 	if err := os.Mkdir(bundle, 0o700); err != nil {
 		return driver.Object{}, err
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce)); err != nil {
+	if err := os.Mkdir(hostDir, 0o700); err != nil {
+		return driver.Object{}, err
+	}
+	if err := mountHostDir(hostDir, p.cfg.RecordAgentMessages); err != nil {
+		return driver.Object{}, err
+	}
+	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce, hostDir)); err != nil {
 		return driver.Object{}, err
 	}
 	if _, err := p.r.run(ctx, "create", "--bundle", bundle, id); err != nil {
@@ -443,6 +470,9 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 		return driver.Object{}, fmt.Errorf("container is %s after start", st.Status)
 	case st.Annotations[nonceAnnotation] != nonce:
 		return driver.Object{}, errors.New("runsc reports another container under the same ID")
+	}
+	if err := p.awaitAgent(ctx, id); err != nil {
+		return driver.Object{}, err
 	}
 	return driver.Object{CellID: cell, Identity: identityOf(st)}, nil
 }
@@ -474,7 +504,8 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 		identity := identityOf(st)
 		if _, ok := p.verified.Load(identity); ok && p.isSandboxProcess(st.Pid, id) {
 			return driver.Observation{Exists: true, Identity: identity, RuntimeClass: lease.GVisorLowerRisk, Ready: true,
-				Detail: fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid)}, nil
+				AgentDigest: st.Annotations[agentDigestAnnotation],
+				Detail:      fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid)}, nil
 		}
 	}
 	st, err := p.r.state(ctx, id)
@@ -484,13 +515,13 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	if st == nil {
 		return driver.Observation{Detail: "runsc reports no container " + id}, nil
 	}
-	o := driver.Observation{Exists: true, Identity: identityOf(st)}
+	o := driver.Observation{Exists: true, Identity: identityOf(st), AgentDigest: st.Annotations[agentDigestAnnotation]}
 	if st.Status != statusRunning {
 		o.Detail = fmt.Sprintf("runsc reports container %s %s", id, st.Status)
 		return o, nil
 	}
 	sandbox := p.isSandboxProcess(st.Pid, id)
-	res, err := p.exec(ctx, id, driver.ExecRequest{Argv: []string{"uname", "-r"}, Timeout: 30 * time.Second, MaxOutput: 256})
+	release, code, err := p.runInside(ctx, id, "uname", "-r")
 	if err != nil {
 		if ctx.Err() != nil {
 			return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
@@ -498,12 +529,12 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 		o.Detail = fmt.Sprintf("runsc reports container %s running, but exec in it failed: %v", id, err)
 		return o, nil
 	}
-	if res.ExitCode != 0 {
-		o.Detail = fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d: %s", id, res.ExitCode, truncate(res.Stderr, 200))
+	if code != 0 {
+		o.Detail = fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d", id, code)
 		return o, nil
 	}
 	o.Ready = true
-	ok, why := sandboxedKernel(p.hostKernel, string(res.Stdout))
+	ok, why := sandboxedKernel(p.hostKernel, string(release))
 	switch {
 	case !sandbox:
 		o.Detail = fmt.Sprintf("runsc reports container %s running, but its pid %d is not a runsc sandbox process; %s", id, st.Pid, why)
@@ -572,6 +603,7 @@ func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 		return nil
 	}
 	p.forget(id)
+	p.dropAgents(id)
 	unlock, err := p.locks.lock(ctx, id)
 	if err != nil {
 		return fmt.Errorf("gvisor: destroy %s: %w: %w", id, driver.ErrUncertain, err)
@@ -623,7 +655,7 @@ func (p *Provider) destroyContainer(ctx context.Context, id string) error {
 	if err := p.awaitNoProcesses(ctx, id, bundle); err != nil {
 		return uncertain("%v", err)
 	}
-	if err := os.RemoveAll(bundle); err != nil {
+	if err := p.removeBundle(id); err != nil {
 		return uncertain("removing the bundle: %v", err)
 	}
 	return nil

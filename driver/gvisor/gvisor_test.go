@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/drivertest"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -44,6 +45,13 @@ func requireRunsc(t *testing.T) {
 		}
 		t.Skipf("runsc is not installed (%s, or scripts/install-runsc.sh)", InstallCommand)
 	}
+	requireRoot(t)
+}
+
+// requireRoot skips the test when it does not run as root, except under
+// CI=true, where it fails.
+func requireRoot(t *testing.T) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("the gVisor driver tests need root under CI=true")
@@ -66,6 +74,7 @@ func testConfig(t *testing.T) Config {
 		BundleDir:    filepath.Join(dir, "bundles"),
 		Pool:         "test",
 		Installation: testInstallation,
+		AgentPath:    testAgentPath(t),
 	}
 	t.Cleanup(func() {
 		checkNoLeak(t, cfg.StateDir)
@@ -119,6 +128,16 @@ func (h harness) MakeProvider(context.Context, *testing.T) (driver.Provider, err
 
 func (h harness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
 
+// CellProcesses counts the cell's processes with runsc ps, past the agent.
+func (h harness) CellProcesses(ctx context.Context, p driver.Provider, obj driver.Object) (int, error) {
+	g := p.(*Provider)
+	id, _ := g.objectID(obj)
+	ps, err := g.r.ps(ctx, id)
+	return len(ps), err
+}
+
+var _ drivertest.ProcessCounter = harness{}
+
 func TestConformance(t *testing.T) {
 	requireRunsc(t)
 	t.Parallel()
@@ -141,11 +160,48 @@ func provision(t *testing.T, p *Provider) driver.Object {
 	return obj
 }
 
-func run(t *testing.T, p *Provider, obj driver.Object, argv ...string) driver.ExecResult {
+// cell is a provisioned cell whose agent the test activated.
+type cell struct {
+	p     *Provider
+	obj   driver.Object
+	conn  agent.Conn
+	fence agent.Fence
+}
+
+// activate activates obj's agent for an hour with a fence of its own.
+func activate(t *testing.T, p *Provider, obj driver.Object) *cell {
 	t.Helper()
-	res, err := p.Exec(context.Background(), obj, driver.ExecRequest{Argv: argv, Timeout: 30 * time.Second, MaxOutput: 1 << 20})
+	conn, err := p.Agent(context.Background(), obj)
 	if err != nil {
-		t.Fatalf("Exec(%q): %v", argv, err)
+		t.Fatalf("Agent: %v", err)
+	}
+	act := agent.Activation{Version: agent.ProtocolVersion,
+		Fence:     agent.Fence{CellID: obj.CellID.String(), LeaseID: uuid.NewString(), Generation: 1},
+		ExpiresAt: time.Now().Add(time.Hour), TTLMillis: time.Hour.Milliseconds()}
+	if err := conn.Activate(context.Background(), act); err != nil {
+		t.Fatalf("Activate: %v", err)
+	}
+	return &cell{p: p, obj: obj, conn: conn, fence: act.Fence}
+}
+
+// exec runs argv in the cell as user through its agent.
+func (c *cell) exec(user agent.User, argv ...string) (agent.ExecResult, error) {
+	return c.conn.Exec(context.Background(), agent.ExecRequest{Fence: c.fence, Argv: argv, User: user,
+		TimeoutMillis: time.Minute.Milliseconds()}, nil)
+}
+
+// run runs argv as the cell user and fails the test on an error.
+func (c *cell) run(t *testing.T, argv ...string) agent.ExecResult {
+	t.Helper()
+	return c.runAs(t, agent.UserCell, argv...)
+}
+
+// runAs runs argv as user and fails the test on an error.
+func (c *cell) runAs(t *testing.T, user agent.User, argv ...string) agent.ExecResult {
+	t.Helper()
+	res, err := c.exec(user, argv...)
+	if err != nil {
+		t.Fatalf("exec %q as %s: %v", argv, user, err)
 	}
 	return res
 }
@@ -160,10 +216,11 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	t.Setenv("SANDBOXWICH_TEST_SECRET", secret)
 	p := newProvider(t, testConfig(t))
 	obj := provision(t, p)
+	c := activate(t, p, obj)
 
 	// Top level: exactly the documented entries.
-	res := run(t, p, obj, "sh", "-c", "for f in /* /.[!.]*; do [ -e \"$f\" ] && echo \"$f\"; done")
-	want := []string{"/bin", "/dev", "/etc", "/home", "/proc", "/root", "/sbin", "/sys", "/tmp", "/usr"}
+	res := c.run(t, "sh", "-c", "for f in /* /.[!.]*; do [ -e \"$f\" ] && echo \"$f\"; done")
+	want := []string{"/.sandboxwich", "/bin", "/dev", "/etc", "/home", "/proc", "/root", "/run", "/sbin", "/sys", "/tmp", "/usr"}
 	for _, d := range []string{"lib", "lib32", "lib64", "libx32"} {
 		if _, err := os.Lstat("/" + d); err == nil {
 			want = append(want, "/"+d)
@@ -177,7 +234,7 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	}
 
 	// /etc is the synthetic one.
-	res = run(t, p, obj, "sh", "-c", "for f in /etc/* /etc/.[!.]*; do [ -e \"$f\" ] && echo \"$f\"; done")
+	res = c.run(t, "sh", "-c", "for f in /etc/* /etc/.[!.]*; do [ -e \"$f\" ] && echo \"$f\"; done")
 	var wantEtc []string
 	for name := range syntheticEtc {
 		wantEtc = append(wantEtc, "/etc/"+name)
@@ -186,43 +243,64 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	if got := strings.Fields(string(res.Stdout)); !slices.Equal(got, wantEtc) {
 		t.Errorf("/etc holds %v, want %v", got, wantEtc)
 	}
-	if res := run(t, p, obj, "cat", "/etc/passwd"); string(res.Stdout) != syntheticEtc["passwd"] {
+	if res := c.run(t, "cat", "/etc/passwd"); string(res.Stdout) != syntheticEtc["passwd"] {
 		t.Errorf("/etc/passwd = %q", res.Stdout)
 	}
 	wd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{"/etc/shadow", "/root/.bashrc", "/root/.ssh", filepath.Join(wd, "gvisor_test.go"), wd, "/work", "/var", "/run", "/srv", "/opt", "/mnt", p.cfg.StateDir, p.cfg.BundleDir} {
-		if res := run(t, p, obj, "test", "-e", path); res.ExitCode == 0 {
+	for _, path := range []string{"/etc/shadow", "/root/.bashrc", "/root/.ssh", filepath.Join(wd, "gvisor_test.go"), wd, "/work", "/var", "/run/user", "/srv", "/opt", "/mnt", p.cfg.StateDir, p.cfg.BundleDir} {
+		if res := c.runAs(t, agent.UserRoot, "test", "-e", path); res.ExitCode == 0 {
 			t.Errorf("the cell sees %s", path)
 		}
+	}
+	// /.sandboxwich holds the agent alone, /run the cell's host directory
+	// alone, which the cell user cannot enter.
+	if res := c.runAs(t, agent.UserRoot, "sh", "-c", "ls -a /.sandboxwich /run"); string(res.Stdout) != "/.sandboxwich:\n.\n..\nagent\n\n/run:\n.\n..\nsandboxwich\n" {
+		t.Errorf("/.sandboxwich and /run hold %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+	if res := c.run(t, "ls", "/run/sandboxwich"); res.ExitCode == 0 {
+		t.Errorf("the cell user lists the agent's directory: %q", res.Stdout)
 	}
 	// The skeleton's /root, which is what the cell gets, is empty.
 	if entries, err := os.ReadDir(filepath.Join(p.rootfs, "root")); err != nil || len(entries) != 0 {
 		t.Errorf("the cell's /root holds %v (%v)", entries, err)
 	}
 	// Home and /tmp are private and writable; the rest is read-only.
-	res = run(t, p, obj, "sh", "-c", "echo x > /home/cell/f && echo x > /tmp/f && cat /home/cell/f /tmp/f; echo x > /usr/f; echo x > /etc/f; echo x > /f")
+	res = c.run(t, "sh", "-c", "echo x > /home/cell/f && echo x > /tmp/f && cat /home/cell/f /tmp/f; echo x > /usr/f; echo x > /etc/f; echo x > /f")
 	if string(res.Stdout) != "x\nx\n" || strings.Count(string(res.Stderr), "cannot create") != 3 {
 		t.Errorf("write checks: stdout %q, stderr %q", res.Stdout, res.Stderr)
 	}
-	// The init holds no host file (runsc create's stdio) a cell process
-	// could write to through /proc/1/fd.
-	if res := run(t, p, obj, "readlink", "/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/fd/2"); string(res.Stdout) != "/dev/null\n/dev/null\n/dev/null\n" {
-		t.Errorf("the init's stdio: %q (stderr %q)", res.Stdout, res.Stderr)
+	// The agent, the cell's init, is not dumpable: no workload, root
+	// included, reads its environment or file descriptors. Seen from the
+	// host (runsc exec with CAP_SYS_PTRACE), it holds no host file (runsc
+	// create's stdio) and has exactly the fixed environment.
+	for _, f := range []string{"/proc/1/environ", "/proc/1/fd", "/proc/1/mem"} {
+		if res := c.runAs(t, agent.UserRoot, "sh", "-c", "ls -l "+f+" && cat "+f); res.ExitCode == 0 {
+			t.Errorf("a root workload reads %s: %.200q", f, res.Stdout)
+		}
 	}
-	if res := run(t, p, obj, "id", "-u"); strings.TrimSpace(string(res.Stdout)) != "1000" {
+	id := p.containerID(obj.CellID)
+	out, err := p.r.run(context.Background(), "exec", "--user=0:0", "--cap=CAP_SYS_PTRACE", id, "readlink", "/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/fd/2")
+	if err != nil || string(out) != "/dev/null\n/dev/null\n/dev/null\n" {
+		t.Errorf("the agent's stdio: %q, %v; want /dev/null", out, err)
+	}
+	out, err = p.r.run(context.Background(), "exec", "--user=0:0", "--cap=CAP_SYS_PTRACE", id, "cat", "/proc/1/environ")
+	env := strings.Split(strings.TrimRight(string(out), "\x00"), "\x00")
+	slices.Sort(env)
+	if err != nil || !slices.Equal(env, slices.Sorted(slices.Values(cellEnv))) {
+		t.Errorf("the agent's environment = %q, %v; want %q", env, err, cellEnv)
+	}
+	if res := c.run(t, "id", "-u"); strings.TrimSpace(string(res.Stdout)) != "1000" {
 		t.Errorf("cell processes run as uid %q, want 1000", res.Stdout)
 	}
 
-	// The environment is exactly the fixed one (cat is exec'd directly, no
-	// shell adds anything).
-	res = run(t, p, obj, "cat", "/proc/self/environ")
-	env := strings.Split(strings.TrimRight(string(res.Stdout), "\x00"), "\x00")
-	slices.Sort(env)
-	if !slices.Equal(env, slices.Sorted(slices.Values(cellEnv))) {
-		t.Errorf("cell environment = %q, want %q", env, cellEnv)
+	// Nothing of the host's environment reaches a command (cat is exec'd
+	// directly, no shell adds anything).
+	res = c.run(t, "cat", "/proc/self/environ")
+	if bytes.Contains(res.Stdout, []byte(secret)) || bytes.Contains(res.Stdout, []byte("SANDBOXWICH_")) {
+		t.Errorf("a command's environment holds the host's: %q", res.Stdout)
 	}
 
 	// runsc and its sandbox and gofer run without the host environment.
@@ -257,8 +335,8 @@ func TestNetworkNone(t *testing.T) {
 	requireRunsc(t)
 	t.Parallel()
 	p := newProvider(t, testConfig(t))
-	obj := provision(t, p)
-	res := run(t, p, obj, "cat", "/proc/net/dev")
+	c := activate(t, p, provision(t, p))
+	res := c.run(t, "cat", "/proc/net/dev")
 	var ifaces []string
 	for _, line := range strings.Split(string(res.Stdout), "\n") {
 		if name, _, ok := strings.Cut(line, ":"); ok && !strings.Contains(name, "|") {
@@ -276,8 +354,8 @@ func TestMemoryLimit(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.MemoryLimitBytes = 256 << 20
 	p := newProvider(t, cfg)
-	obj := provision(t, p)
-	res := run(t, p, obj, "sh", "-c", "head -n 1 /proc/meminfo")
+	c := activate(t, p, provision(t, p))
+	res := c.run(t, "sh", "-c", "head -n 1 /proc/meminfo")
 	if p.r.ignoreCgroups.Load() {
 		t.Skipf("cgroups unavailable here; the guest sees %q", res.Stdout)
 	}
@@ -323,12 +401,12 @@ func TestInspectRefusesHostKernel(t *testing.T) {
 	}
 	// A restarted provider has verified nothing yet: it checks from
 	// inside again, and refuses when the kernels match.
-	res, err := p.Exec(context.Background(), obj, driver.ExecRequest{Argv: []string{"uname", "-r"}})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("uname -r: %+v, %v", res, err)
+	release, code, err := p.runInside(context.Background(), p.containerID(obj.CellID), "uname", "-r")
+	if err != nil || code != 0 {
+		t.Fatalf("uname -r: exit %d, %v", code, err)
 	}
 	p = newProvider(t, cfg)
-	p.hostKernel = strings.TrimSpace(string(res.Stdout)) // what gVisor reports
+	p.hostKernel = strings.TrimSpace(string(release)) // what gVisor reports
 	o, err = p.Inspect(context.Background(), obj)
 	if err != nil {
 		t.Fatal(err)
@@ -388,8 +466,8 @@ func TestDestroyLeavesANewerObject(t *testing.T) {
 	if err != nil || !o.Exists || o.Identity != obj.Identity {
 		t.Errorf("the current object after destroying a stale one: %+v, %v", o, err)
 	}
-	if _, err := p.Exec(context.Background(), stale, driver.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, driver.ErrNotFound) {
-		t.Errorf("Exec with a stale identity: %v, want ErrNotFound", err)
+	if _, err := p.Agent(context.Background(), stale); !errors.Is(err, driver.ErrNotFound) {
+		t.Errorf("Agent with a stale identity: %v, want ErrNotFound", err)
 	}
 }
 
@@ -411,7 +489,7 @@ func fakeRunsc(t *testing.T, body string) (path, log string) {
 func fakeConfig(t *testing.T, runscPath string) Config {
 	dir := t.TempDir()
 	return Config{RunscPath: runscPath, StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Pool: "fake",
-		Installation: testInstallation}
+		Installation: testInstallation, AgentPath: testAgentPath(t)}
 }
 
 func TestDestroyUncertainWhenStateStillReportsIt(t *testing.T) {
@@ -477,22 +555,29 @@ exit 0
 }
 
 // TestCgroupFallback: when runsc cannot use cgroups, the provider retries
-// once with --ignore-cgroups and keeps that flag.
+// once with --ignore-cgroups and keeps that flag. The fake runsc runs the
+// real agent on the host for the created cell.
 func TestCgroupFallback(t *testing.T) {
 	path, log := fakeRunsc(t, `for a; do id=$a; done
 state=$(dirname "$0")/state
 case "$*" in
 *--ignore-cgroups*" create "*)
-  prev=; for a; do [ "$prev" = --bundle ] && cp "$a/config.json" "$state"; prev=$a; done; exit 0;;
+  # Created: the real agent serves the cell's socket, on the host.
+  prev=; for a; do [ "$prev" = --bundle ] && bundle=$a; prev=$a; done
+  cp "$bundle/config.json" "$state"
+  agent=$(sed -n 's/.*"source": "\(.*sandboxwich-agent\)".*/\1/p' "$state")
+  (cd "$bundle/run" && exec "$agent" -listen agent.sock -cell-id x) </dev/null >/dev/null 2>&1 &
+  echo $! > "$state.pid"; exit 0;;
 *" create "*) echo 'cannot set up cgroup for root: permission denied' >&2; exit 128;;
 *" state "*)
   [ -f "$state" ] || { echo 'loading container: file does not exist' >&2; exit 128; }
   nonce=$(sed -n 's/.*"dev.sandboxwich.nonce": "\([0-9a-f]*\)".*/\1/p' "$state")
   printf '{"id":"%s","status":"running","pid":1,"annotations":{"dev.sandboxwich.nonce":"%s"}}' "$id" "$nonce";;
-*" delete "*) rm -f "$state";;
+*" delete "*) [ -f "$state.pid" ] && kill "$(cat "$state.pid")"; rm -f "$state" "$state.pid";;
 esac
 exit 0
 `)
+	requireRoot(t) // the cell's host directory is a tmpfs mount
 	p := newProvider(t, fakeConfig(t, path))
 	obj, err := p.Provision(context.Background(), driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
 	if err != nil {
@@ -518,7 +603,8 @@ exit 0
 
 func TestNewErrors(t *testing.T) {
 	dir := t.TempDir()
-	base := Config{StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Installation: testInstallation}
+	base := Config{StateDir: filepath.Join(dir, "s"), BundleDir: filepath.Join(dir, "b"), Installation: testInstallation,
+		AgentPath: testAgentPath(t)}
 
 	cfg := base
 	cfg.RunscPath = filepath.Join(dir, "no-such-runsc")
@@ -542,6 +628,7 @@ func TestNewErrors(t *testing.T) {
 			c.RootFS = link
 		},
 		"rootfs missing": func(c *Config) { c.RootFS = filepath.Join(dir, "nope") },
+		"agent missing":  func(c *Config) { c.AgentPath = filepath.Join(dir, "no-agent") },
 	} {
 		cfg := base
 		cfg.RunscPath = path
@@ -650,59 +737,6 @@ func TestBelongs(t *testing.T) {
 	}
 }
 
-func TestTreeOf(t *testing.T) {
-	// 1 init; 5 the exec'd command leading group 5; 6, 7 its children;
-	// 8 an orphan of group 5 reparented to init; 9 moved to group 9 under
-	// 6, with child 10; 11 another exec's group; 2 init's sleep.
-	ps := []guestProcess{{1, 0, 1}, {2, 1, 1}, {5, 0, 5}, {6, 5, 5}, {7, 6, 5}, {8, 1, 5}, {9, 6, 9}, {10, 9, 9}, {11, 0, 11}}
-	group, tree := treeOf(ps, 5)
-	if group != 5 || !slices.Equal(tree, []int{9, 10}) {
-		t.Errorf("treeOf(5) = %d, %v; want 5, [9 10]", group, tree)
-	}
-	// Root already killed (an earlier round), members of its group remain
-	// under init: the group is still killed.
-	ps = []guestProcess{{1, 0, 1}, {8, 1, 5}, {12, 8, 5}}
-	if group, tree := treeOf(ps, 5); group != 5 || len(tree) != 0 {
-		t.Errorf("treeOf(5) after 5 died = %d, %v; want 5, []", group, tree)
-	}
-	// Root not leading its group: no group kill, descendants only.
-	ps = []guestProcess{{1, 0, 1}, {5, 1, 1}, {6, 5, 1}, {7, 1, 1}}
-	if group, tree := treeOf(ps, 5); group != 0 || !slices.Equal(tree, []int{5, 6}) {
-		t.Errorf("treeOf(5) in init's group = %d, %v; want 0, [5 6]", group, tree)
-	}
-	if group, tree := treeOf(ps, 42); group != 0 || tree != nil {
-		t.Errorf("treeOf of an absent pid = %d, %v", group, tree)
-	}
-	if group, tree := treeOf(ps, 1); group != 0 || tree != nil {
-		t.Errorf("treeOf(1) = %d, %v; init is never killed", group, tree)
-	}
-}
-
-func TestCappedBuffer(t *testing.T) {
-	c := &cappedBuffer{max: 5}
-	for _, s := range []string{"ab", "cd", "efgh", "ij"} {
-		if n, err := c.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatalf("Write(%q) = %d, %v", s, n, err)
-		}
-	}
-	if c.buf.String() != "abcde" || !c.truncated {
-		t.Errorf("kept %q, truncated %v", c.buf.String(), c.truncated)
-	}
-	c = &cappedBuffer{max: 4}
-	_, _ = c.Write([]byte("abcd"))
-	if c.truncated {
-		t.Error("exactly max bytes counts as truncated")
-	}
-}
-
-func TestExecEnv(t *testing.T) {
-	got := execEnv(map[string]string{"B": "2", "A": "1", "TERM": "xterm"})
-	want := []string{"PATH=" + cellPath, "HOME=" + cellHome, "A=1", "B=2", "TERM=xterm"}
-	if !slices.Equal(got, want) {
-		t.Errorf("execEnv = %q, want %q", got, want)
-	}
-}
-
 func TestDefaultRootFSSkeleton(t *testing.T) {
 	host := t.TempDir()
 	for _, d := range []string{"usr/bin", "usr/lib", "lib32"} {
@@ -790,8 +824,8 @@ func TestInstallationsShareStateRoot(t *testing.T) {
 			t.Errorf("List of installation %s pool %s = %+v, %v; want only %+v", tc.p.cfg.Installation, tc.p.cfg.Pool, got, err, tc.want)
 		}
 	}
-	if res, err := long.Exec(ctx, objLong, driver.ExecRequest{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
-		t.Errorf("Exec in the 64-character pool's cell = %+v, %v", res, err)
+	if res, err := activate(t, long, objLong).exec(agent.UserCell, "true"); err != nil || res.ExitCode != 0 {
+		t.Errorf("exec in the 64-character pool's cell = %+v, %v", res, err)
 	}
 
 	cell := uuid.Must(uuid.NewV7())
@@ -808,8 +842,8 @@ func TestInstallationsShareStateRoot(t *testing.T) {
 	if err != nil || driver.Verify(legacy, o, lease.GVisorLowerRisk) != nil {
 		t.Errorf("Inspect of the old container = %+v, %v; want it verified", o, err)
 	}
-	if res, err := a.Exec(ctx, legacy, driver.ExecRequest{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
-		t.Errorf("Exec in the old container = %+v, %v", res, err)
+	if res, err := activate(t, a, legacy).exec(agent.UserCell, "true"); err != nil || res.ExitCode != 0 {
+		t.Errorf("exec in the old container = %+v, %v", res, err)
 	}
 	if err := a.Destroy(ctx, legacy); err != nil {
 		t.Fatalf("Destroy of the old container: %v", err)

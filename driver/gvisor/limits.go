@@ -3,6 +3,8 @@ package gvisor
 import (
 	"context"
 	"fmt"
+	"time"
+
 	"github.com/sandboxwich/sandboxwich/driver"
 )
 
@@ -22,13 +24,18 @@ func (c *Config) defaultPidsLimit() error {
 	return nil
 }
 
-// ErrSandboxLost is driver.ErrCellLost: Exec returns it (wrapped) when the
-// cell's sandbox died during the command, e.g. because a fork bomb reached
-// the cell's process limit on the host.
+// ErrSandboxLost is driver.ErrCellLost: calls to a cell's agent return it
+// (wrapped) when the cell's sandbox died, e.g. because its agent (the
+// cell's init) exited or a fork bomb reached the cell's process limit on
+// the host.
 var ErrSandboxLost = driver.ErrCellLost
 
+// stopTimeout bounds the runsc commands that tell whether a cell died.
+const stopTimeout = 30 * time.Second
+
 // runscFailed is the exit code of runsc exec when runsc itself fails (for
-// instance when the sandbox dies under it).
+// instance when the sandbox dies under it); a command's own 128 looks the
+// same, so the provider's read-back never trusts it.
 const runscFailed = 128
 
 // sandboxLost returns ErrSandboxLost, with what was observed, when

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/agent"
 )
 
 // cellCgroupPids reads pids.current and pids.max of container id's host
@@ -50,6 +50,7 @@ func TestForkBombIsBounded(t *testing.T) {
 	cfg := testConfig(t)
 	p := newProvider(t, cfg)
 	obj := provision(t, p)
+	c := activate(t, p, obj)
 	id := p.containerID(obj.CellID)
 	const limit = DefaultPidsLimit
 	before, pidsMax, dir, err := cellCgroupPids(id)
@@ -93,11 +94,11 @@ func TestForkBombIsBounded(t *testing.T) {
 
 	// exec sleep keeps the direct child alive (without forking) until the
 	// timeout; the bomb's processes are orphaned at once and reparented to
-	// the cell's init.
-	res, execErr := p.Exec(context.Background(), obj, driver.ExecRequest{
-		Argv:    []string{"/bin/sh", "-c", "b(){ b|b& }; b; exec sleep 30"},
-		Timeout: 3 * time.Second,
-	})
+	// the cell's init, the agent.
+	res, execErr := c.conn.Exec(context.Background(), agent.ExecRequest{Fence: c.fence,
+		Argv:          []string{"/bin/sh", "-c", "b(){ b|b& }; b; exec sleep 30"},
+		TimeoutMillis: 3000,
+	}, nil)
 	// Let the bomb's remains run for a moment: they must not grow back.
 	time.Sleep(2 * time.Second)
 	close(stop)
@@ -110,8 +111,8 @@ func TestForkBombIsBounded(t *testing.T) {
 		t.Errorf("Exec error %v, want none or ErrSandboxLost", execErr)
 	}
 	if execErr == nil {
-		if !res.TimedOut || res.ExitCode != 137 {
-			t.Errorf("exec = timed out %v, exit code %d; want timed out, 137", res.TimedOut, res.ExitCode)
+		if res.Reason != agent.TimedOut || res.ExitCode != 137 {
+			t.Errorf("exec = reason %s, exit code %d; want timed_out, 137", res.Reason, res.ExitCode)
 		}
 	}
 
@@ -121,16 +122,16 @@ func TestForkBombIsBounded(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ps, err = p.r.ps(context.Background(), id)
-		if err != nil || len(ps) <= 2 || time.Now().After(deadline) {
+		if err != nil || len(ps) <= 1 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	if err == nil && execErr == nil {
-		if len(ps) > 2 {
-			t.Errorf("%d processes left in the cell after the timeout, want the init and its sleep: %v", len(ps), ps[:min(len(ps), 10)])
+		if len(ps) > 1 {
+			t.Errorf("%d processes left in the cell after the timeout, want the agent alone: %v", len(ps), ps[:min(len(ps), 10)])
 		}
-		after := run(t, p, obj, "echo", "usable")
+		after := c.run(t, "echo", "usable")
 		if string(after.Stdout) != "usable\n" || after.ExitCode != 0 {
 			t.Errorf("the cell is unusable after the bomb: %+v", after)
 		}
@@ -157,6 +158,7 @@ func TestTimeoutKillsOrphanedTree(t *testing.T) {
 	t.Parallel()
 	p := newProvider(t, testConfig(t))
 	obj := provision(t, p)
+	c := activate(t, p, obj)
 	id := p.containerID(obj.CellID)
 	count := func() int {
 		t.Helper()
@@ -170,15 +172,15 @@ func TestTimeoutKillsOrphanedTree(t *testing.T) {
 
 	// Two orphans (their subshells exit at once) and a grandchild, then the
 	// direct child waits for the timeout.
-	res, err := p.Exec(context.Background(), obj, driver.ExecRequest{
-		Argv:    []string{"/bin/sh", "-c", "(sleep 300 &); (sleep 301 &); sleep 302 & exec sleep 30"},
-		Timeout: 2 * time.Second,
-	})
+	res, err := c.conn.Exec(context.Background(), agent.ExecRequest{Fence: c.fence,
+		Argv:          []string{"/bin/sh", "-c", "(sleep 300 &); (sleep 301 &); sleep 302 & exec sleep 30"},
+		TimeoutMillis: 2000,
+	}, nil)
 	if err != nil {
 		t.Fatalf("Exec: %v", err)
 	}
-	if !res.TimedOut || res.ExitCode != 137 {
-		t.Errorf("exec = timed out %v, exit code %d; want timed out, 137", res.TimedOut, res.ExitCode)
+	if res.Reason != agent.TimedOut || res.ExitCode != 137 {
+		t.Errorf("exec = reason %s, exit code %d; want timed_out, 137", res.Reason, res.ExitCode)
 	}
 	n := count()
 	for deadline := time.Now().Add(5 * time.Second); n != idle && time.Now().Before(deadline); n = count() {
@@ -190,8 +192,8 @@ func TestTimeoutKillsOrphanedTree(t *testing.T) {
 	}
 
 	// A command that exits leaves its background process running.
-	res = run(t, p, obj, "/bin/sh", "-c", "sleep 303 >/dev/null 2>&1 &")
-	if res.TimedOut || res.ExitCode != 0 {
+	res = c.run(t, "/bin/sh", "-c", "sleep 303 >/dev/null 2>&1 &")
+	if res.Reason != agent.Exited || res.ExitCode != 0 {
 		t.Errorf("background exec = %+v, want exit 0", res)
 	}
 	if n := count(); n != idle+1 {
@@ -206,9 +208,9 @@ func TestLsAndStat(t *testing.T) {
 	requireRunsc(t)
 	t.Parallel()
 	p := newProvider(t, testConfig(t))
-	obj := provision(t, p)
+	c := activate(t, p, provision(t, p))
 	for _, argv := range [][]string{{"ls", "-la", "/"}, {"stat", "/home/cell"}} {
-		res := run(t, p, obj, argv...)
+		res := c.run(t, argv...)
 		// gVisor denies the cell user the xattr look-up ls -l makes on
 		// the 0700 /root ("ls: /root: Permission denied", exit 0): only
 		// statx failing is the bug.
@@ -218,7 +220,7 @@ func TestLsAndStat(t *testing.T) {
 			t.Logf("%q: stderr %q", argv, res.Stderr)
 		}
 	}
-	if res := run(t, p, obj, "stat", "-c", "%U %a", "/home/cell"); string(res.Stdout) != "cell 700\n" {
+	if res := c.run(t, "stat", "-c", "%U %a", "/home/cell"); string(res.Stdout) != "cell 700\n" {
 		t.Errorf("stat /home/cell = %q, want \"cell 700\"", res.Stdout)
 	}
 }

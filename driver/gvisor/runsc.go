@@ -43,7 +43,7 @@ type runsc struct {
 // for every command on one container (start fails if --network differs
 // from create's).
 func (r *runsc) globalFlags() []string {
-	f := []string{"--root=" + r.root, "--network=" + r.network}
+	f := []string{"--root=" + r.root, "--network=" + r.network, "--host-uds=create"}
 	if r.platform != "" {
 		f = append(f, "--platform="+r.platform)
 	}

@@ -36,7 +36,7 @@ type ociUser struct {
 	GID uint32 `json:"gid"`
 }
 
-// ociCapabilities are all empty: cell processes hold no capability.
+// ociCapabilities are a process's capability sets.
 type ociCapabilities struct {
 	Bounding    []string `json:"bounding"`
 	Effective   []string `json:"effective"`
@@ -104,17 +104,72 @@ const (
 )
 
 // cellEnv is the fixed environment of every process in a cell. Nothing of
-// the host's environment is added; an exec request's env is appended.
+// the host's environment is added.
 var cellEnv = []string{"PATH=" + cellPath, "HOME=" + cellHome, "TERM=dumb"}
 
-// initScript is the cell's init: it sleeps, and reaps the orphans that
-// exec'd commands leave behind (a plain `sleep` as PID 1 would leave them as
-// zombies). It first points its stdio at /dev/null: runsc create hands the
-// init its own stdio (host files of the driver), which a cell process could
-// otherwise reach through /proc/1/fd.
-const initScript = `exec </dev/null >/dev/null 2>&1; trap 'exit 0' TERM INT; while :; do sleep 2147483647 & wait; done`
+// The cell agent inside every cell (see "The cell agent" in the package
+// documentation).
+const (
+	// agentInCell is where the agent binary is mounted, read-only.
+	agentInCell = "/.sandboxwich/agent"
+	// agentDirInCell is where the cell's host directory is mounted; the
+	// agent listens on agentSocket in it.
+	agentDirInCell = "/run/sandboxwich"
+	agentSocket    = "agent.sock"
+	// agentRecord is the file of the host directory the agent appends
+	// every message it receives to, with Config.RecordAgentMessages.
+	agentRecord = "agent-messages"
+	// agentDigestAnnotation records the digest of the agent binary
+	// mounted into the container; Inspect reads it back from runsc.
+	agentDigestAnnotation = "dev.sandboxwich.agent-digest"
+	// hostDirName is the cell's host directory inside its bundle.
+	hostDirName = "run"
+)
 
-// process returns the process spec of a cell process running args.
+// agentCapabilities are the capabilities of the agent, the cell's init,
+// and so of root workloads (which inherit them); cell-user workloads (uid
+// 1000) hold none. Each is needed for something the agent does:
+//
+//   - CAP_SETUID, CAP_SETGID: start workloads and do file operations as
+//     the cell user (setuid, setgid, setgroups).
+//   - CAP_KILL: kill the cell user's processes at a timeout, at expiry and
+//     at release.
+//   - CAP_CHOWN: give the cell user the files and parent directories it
+//     writes as that user, and the launch output files.
+//   - CAP_DAC_OVERRIDE: act as root on files whatever their mode (root's
+//     reads and writes, the 0700 home of the cell user).
+//   - CAP_FOWNER: set the mode of files root does not own (a root write
+//     over a cell user's file; chmod by root workloads).
+//
+// Left out: CAP_FSETID (set-id bits are inert under no_new_privs),
+// CAP_SETPCAP (a workload that switches to the cell user loses every
+// capability anyway, and nothing can gain one back under no_new_privs),
+// and everything that reaches beyond files and processes (CAP_SYS_*,
+// CAP_NET_*, CAP_MKNOD, CAP_SYS_PTRACE: nothing may trace the agent).
+var agentCapabilities = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
+
+// agentProcess is the process spec of the cell's init: the agent, as root
+// with agentCapabilities and no_new_privs.
+func agentProcess(cellID string, record bool) *ociProcess {
+	args := []string{agentInCell, "-listen", agentDirInCell + "/" + agentSocket, "-cell-id", cellID}
+	if record {
+		args = append(args, "-record", agentDirInCell+"/"+agentRecord)
+	}
+	caps := agentCapabilities
+	return &ociProcess{
+		User: ociUser{UID: 0, GID: 0},
+		Args: args,
+		Env:  cellEnv,
+		Cwd:  "/",
+		Capabilities: ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps,
+			Inheritable: []string{}, Ambient: []string{}},
+		NoNewPrivileges: true,
+	}
+}
+
+// process returns the process spec of a cell-user process running args:
+// uid 1000, no capabilities, no_new_privs. Only the provider's own
+// read-back from inside runs such a process through runsc exec.
 func process(args, env []string) *ociProcess {
 	empty := []string{}
 	return &ociProcess{
@@ -128,8 +183,8 @@ func process(args, env []string) *ociProcess {
 	}
 }
 
-// spec returns the OCI spec of one cell.
-func (p *Provider) spec(cellID, nonce string) ociSpec {
+// spec returns the OCI spec of one cell whose host directory is hostDir.
+func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
 	mounts := []ociMount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
@@ -142,10 +197,14 @@ func (p *Provider) spec(cellID, nonce string) ociSpec {
 		ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 		ociMount{Destination: cellHome, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0700",
 			fmt.Sprintf("uid=%d", cellUID), fmt.Sprintf("gid=%d", cellGID)}},
+		// runsc makes both mount points in the root's overlay, on the
+		// default root filesystem and an operator's alike.
+		ociMount{Destination: agentInCell, Type: "bind", Source: p.agent.path, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		ociMount{Destination: agentDirInCell, Type: "bind", Source: hostDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	)
 	return ociSpec{
 		Version:  "1.0.2",
-		Process:  process([]string{"/bin/sh", "-c", initScript}, cellEnv),
+		Process:  agentProcess(cellID, p.cfg.RecordAgentMessages),
 		Root:     ociRoot{Path: p.rootfs, Readonly: true},
 		Hostname: cellHostname,
 		Mounts:   mounts,
@@ -155,6 +214,7 @@ func (p *Provider) spec(cellID, nonce string) ociSpec {
 			poolAnnotation:  p.cfg.Pool,
 			// The container ID carries it too; this says what it is.
 			installationAnnotation: p.cfg.Installation,
+			agentDigestAnnotation:  p.agent.digest,
 		},
 		Linux: ociLinux{
 			Resources: ociResources{

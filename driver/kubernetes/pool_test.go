@@ -3,44 +3,26 @@ package kubernetes_test
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 	"github.com/sandboxwich/sandboxwich/internal/k8stest"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
 // The pool tests run the real reconciler (sandboxwich.New with a SQLite
 // store) over the driver and the real API server. Time in the store is a
 // manual clock; the driver's waits use real time.
 
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+type clock = testenv.Clock
 
 type poolFixture struct {
 	t     *testing.T
@@ -53,29 +35,17 @@ type poolFixture struct {
 	pools *pool.Reconciler
 }
 
-const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
-
 func newPoolFixture(t *testing.T, env *k8stest.Env, ns string, prov driver.Provider, target int) *poolFixture {
 	t.Helper()
 	ctx := ctxT(t, 5*time.Minute)
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "pool.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	keys, err := attest.NewKeyring([]byte(testKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest := "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-	rel := lease.Release{ReleaseSetID: "release-1", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
-	c := &clock{now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC)}
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	rel := testenv.Release(keys, lease.GVisorLowerRisk)
+	c := testenv.NewClock()
 	cfg := pool.Config{Name: "k8s", TenantID: "acme", Release: rel, Target: target, Provider: prov}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithPools(cfg),
-		sandboxwich.WithPoolOptions(pool.Options{VerifyInterval: time.Second, OrphanInterval: time.Nanosecond,
-			ProvisionTimeout: time.Minute, DestroyTimeout: 3 * time.Second}))
+		sandboxwich.WithPoolOptions(pool.WithVerifyInterval(time.Second), pool.WithOrphanInterval(time.Nanosecond),
+			pool.WithProvisionTimeout(time.Minute), pool.WithDestroyTimeout(3*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

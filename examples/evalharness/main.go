@@ -103,7 +103,7 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log),
 		sandboxwich.WithPools(pool.Config{Name: "eval", TenantID: "harness", Release: rel, Target: 1, Provider: prov}),
-		sandboxwich.WithPoolOptions(pool.Options{Interval: 100 * time.Millisecond}))
+		sandboxwich.WithPoolOptions(pool.WithInterval(100*time.Millisecond)))
 	if err != nil {
 		return res, err
 	}

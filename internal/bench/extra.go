@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
@@ -151,7 +152,7 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		return nil, err
 	}
 	plane, st, rel, err := poolPlane(ctx, dir, pool.Config{Name: "bench", Target: 2, Provider: prov},
-		sandboxwich.WithPoolOptions(pool.Options{Interval: 20 * time.Millisecond}))
+		sandboxwich.WithPoolOptions(pool.WithInterval(20*time.Millisecond)))
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +179,7 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		}
 		id, _, _ := strings.Cut(ready[len(ready)-1].Identity, "@") // the driver's container ID
 		t0 := time.Now()
-		out, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "--network=none", "exec", id, argv[0], argv[1]).Output()
+		out, err := exec.CommandContext(ctx, "runsc", "--root", stateDir, "--network=none", "--host-uds=create", "exec", id, argv[0], argv[1]).Output()
 		if err != nil || !strings.Contains(string(out), "first-output") {
 			return nil, fmt.Errorf("bare runsc exec: %v", err)
 		}
@@ -206,7 +207,7 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 		t0 := time.Now()
 		o, err := prov.Provision(ctx, driver.ProvisionRequest{CellID: obj.CellID, RuntimeClass: lease.GVisorLowerRisk})
 		if err == nil {
-			_, err = prov.Exec(ctx, o, driver.ExecRequest{Argv: argv, Timeout: time.Minute, MaxOutput: 1024})
+			err = agentEcho(ctx, prov, o, argv)
 		}
 		cold = append(cold, time.Since(t0))
 		_ = prov.Destroy(ctx, obj)
@@ -217,6 +218,25 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 	rep.Cold = summarize(cold, 0, 0)
 	rep.Ratio = ratio(rep.Warm.P50MS, rep.Bare.P50MS)
 	return rep, nil
+}
+
+// agentEcho activates a fresh cell's agent and runs argv through it, as
+// the plane's first command in a cell does.
+func agentEcho(ctx context.Context, prov *gvisor.Provider, obj driver.Object, argv []string) error {
+	conn, err := prov.Agent(ctx, obj)
+	if err != nil {
+		return err
+	}
+	f := agent.Fence{CellID: obj.CellID.String(), LeaseID: uuid.NewString(), Generation: 1}
+	if err := conn.Activate(ctx, agent.Activation{Version: agent.ProtocolVersion, Fence: f,
+		ExpiresAt: time.Now().Add(time.Minute), TTLMillis: time.Minute.Milliseconds()}); err != nil {
+		return err
+	}
+	res, err := conn.Exec(ctx, agent.ExecRequest{Fence: f, Argv: argv, MaxOutput: 1024}, nil)
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("%q exited %d", argv, res.ExitCode)
+	}
+	return err
 }
 
 func waitReady(ctx context.Context, plane *sandboxwich.Plane, n int) {

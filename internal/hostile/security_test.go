@@ -30,7 +30,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/attest"
-	"github.com/sandboxwich/sandboxwich/store/storetest"
+	"github.com/sandboxwich/sandboxwich/internal/sqltest"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -215,7 +215,7 @@ func TestSecurityNoSecretAnywhere(t *testing.T) {
 				t.Errorf("the server's %s holds the secret %.12s…", strings.SplitN(p, ":", 2)[0], sec)
 			}
 		}
-		storetest.CheckNoSecret(t, db, sec)
+		sqltest.CheckNoSecret(t, db, sec)
 	}
 	// The scan looked at the right database: the digests are there.
 	for _, a := range s.attestations[:2] {

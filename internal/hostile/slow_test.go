@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +16,9 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 )
 
 // Scaled-down copies of the timeouts of cmd/sandboxwich/serve.go (10 s,
@@ -37,11 +36,7 @@ const (
 // TestHostileServerTimeoutsConfigured), at the scaled timeouts.
 func slowServer(t *testing.T) (addr string, st store.Store, token, claim string) {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "slow.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	st = testenv.SQLite(t)
 	s := newSecrets(t)
 	quiet := slog.New(slog.DiscardHandler)
 	plane, err := sandboxwich.New(st, s.keys, sandboxwich.WithLogger(quiet))

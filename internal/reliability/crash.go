@@ -21,13 +21,14 @@ import (
 	"github.com/sandboxwich/sandboxwich/client"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/internal/dirprovider"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // CrashConfig configures a crash-recovery loop.
 type CrashConfig struct {
-	// Bin is the program that serves with "serve-crash" (this harness).
+	// Bin is the sandboxwich binary; the loop runs it as `serve`.
 	Bin string
 	// Provider is "dir" or "gvisor".
 	Provider        string
@@ -120,35 +121,24 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		settings["path"] = r.dirOf
 		settings["min_latency_ms"] = "50"
 		settings["max_latency_ms"] = "200"
-		r.prov = &DirProvider{Dir: r.dirOf}
+		r.prov = &dirprovider.Provider{Dir: r.dirOf}
 	case "gvisor":
 		settings["state_dir"] = filepath.Join(env.Dir, "runsc-state")
 		settings["bundle_dir"] = filepath.Join(env.Dir, "runsc-bundles")
-		// The server's database names the installation its containers
-		// carry; the run lists them under the same one.
-		st, err := openStore(ctx, cfg.DatabaseURL)
-		if err != nil {
-			return r.rep, err
-		}
-		installation, err := installationTag(ctx, st)
-		st.Close()
-		if err != nil {
-			return r.rep, err
-		}
-		g, err := gvisor.New(gvisor.Config{StateDir: settings["state_dir"], BundleDir: settings["bundle_dir"], Pool: "rel",
-			Installation: installation, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			return r.rep, err
-		}
-		r.prov = g
-		defer r.cleanupGVisor(g)
+		// The run lists the containers once the server has created its
+		// database, which names the installation they carry.
+		defer func() {
+			if g, ok := r.prov.(*gvisor.Provider); ok {
+				r.cleanupGVisor(g)
+			}
+		}()
 	default:
 		return r.rep, fmt.Errorf("provider %q: want dir or gvisor", cfg.Provider)
 	}
-	r.spec = ServerSpec{Bin: cfg.Bin, Args: []string{"serve-crash"}, DatabaseURL: cfg.DatabaseURL, SweepMillis: 100,
+	r.spec = ServerSpec{Bin: cfg.Bin, Args: []string{"serve"}, DatabaseURL: cfg.DatabaseURL, SweepMillis: 100,
 		LogFile: filepath.Join(env.Dir, "server.log"),
 		Pool:    PoolSpec{Provider: cfg.Provider, Target: cfg.Target, MaxProvisioning: cfg.MaxProv, ReadyTTLSeconds: cfg.ReadyTTL, Settings: settings},
-		Extra:   []string{"SANDBOXWICH_RELIABILITY_LOCK_TTL_MS=" + strconv.Itoa(int(cfg.LockTTL/time.Millisecond))}}
+		Extra:   []string{"SANDBOXWICH_POOL_LOCK_TTL_MS=" + strconv.Itoa(int(cfg.LockTTL/time.Millisecond))}}
 	faults := func(on bool) {
 		s := r.spec.Pool.Settings
 		if on && cfg.Provider == "dir" {
@@ -176,6 +166,12 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 	srv, err := env.Start(ctx, r.spec, r.addr)
 	if err != nil {
 		return r.rep, err
+	}
+	if cfg.Provider == "gvisor" {
+		if r.prov, err = r.gvisorLister(ctx, db, settings); err != nil {
+			srv.Kill()
+			return r.rep, err
+		}
 	}
 	var wg sync.WaitGroup
 	for i := range cfg.Clients {
@@ -379,6 +375,17 @@ func (r *crashRun) checkAcknowledged(s Snapshot) {
 			r.violation("acknowledged lease %s is on no cell", leaseID)
 		}
 	}
+}
+
+// gvisorLister is the gVisor driver over the server's state root, listing
+// the containers of the installation db names, as the server's own does.
+func (r *crashRun) gvisorLister(ctx context.Context, db *DB, settings map[string]string) (*gvisor.Provider, error) {
+	installation, err := db.Installation(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return gvisor.New(gvisor.Config{StateDir: settings["state_dir"], BundleDir: settings["bundle_dir"], Pool: "rel",
+		Installation: driver.InstallationTag(installation), Logger: slog.New(slog.DiscardHandler)})
 }
 
 // cleanupGVisor destroys every runsc container the run left.

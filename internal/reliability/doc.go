@@ -13,9 +13,9 @@
 //   - [RunCrash] SIGKILLs a server at random moments while its pool
 //     provisions, claims run and cells stop, and checks the database and
 //     the provider's objects after every kill ([History], [CheckObjects]).
-//     Its server is [ServeCrash], the library wiring of `sandboxwich serve`
-//     with a provider whose objects outlive the process ([DirProvider], or
-//     the gVisor driver).
+//     Its server is the real `sandboxwich serve`, with a pool provider
+//     whose objects outlive the process (the binary's `dir` provider,
+//     internal/dirprovider, or the gVisor driver).
 //   - [RunSoak] puts mixed load on a server and reports 5xx, throughput,
 //     latency, and whether memory, threads and goroutines stay stable.
 //

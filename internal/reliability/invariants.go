@@ -33,6 +33,14 @@ func OpenDB(url string) (*DB, error) {
 // Close closes the database.
 func (d *DB) Close() error { return d.db.Close() }
 
+// Installation returns the installation identity the server's migrations
+// created.
+func (d *DB) Installation(ctx context.Context) (string, error) {
+	var id string
+	err := d.db.QueryRowContext(ctx, `SELECT id FROM installation WHERE singleton = 1`).Scan(&id)
+	return id, err
+}
+
 // CellRow is one row of cells.
 type CellRow struct {
 	ID, State, Lease, Pool string

@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,10 +10,6 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-
-	"github.com/sandboxwich/sandboxwich/driver"
-	"github.com/sandboxwich/sandboxwich/driver/drivertest"
-	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // h builds a history: each op is [call, return) on its own client unless
@@ -217,15 +212,4 @@ func TestDropProxy(t *testing.T) {
 	if hits.Load() != 2 {
 		t.Fatalf("backend saw %d requests, want 2 (a dropped answer is still served)", hits.Load())
 	}
-}
-
-type dirHarness struct{ dir string }
-
-func (h dirHarness) MakeProvider(context.Context, *testing.T) (driver.Provider, error) {
-	return &DirProvider{Dir: h.dir, MaxLatency: 5 * time.Millisecond}, nil
-}
-func (dirHarness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
-
-func TestDirProviderConformance(t *testing.T) {
-	drivertest.Run(t, dirHarness{dir: t.TempDir()})
 }

@@ -2,17 +2,14 @@ package postgres_test
 
 import (
 	"database/sql"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jmoiron/sqlx"
 	"github.com/pressly/goose/v3"
 
-	"github.com/sandboxwich/sandboxwich/attest"
-	"github.com/sandboxwich/sandboxwich/fence"
+	"github.com/sandboxwich/sandboxwich/internal/sqltest"
 	"github.com/sandboxwich/sandboxwich/internal/testpg"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
@@ -53,100 +50,19 @@ func schemaAndDB(t *testing.T) (string, *sql.DB) {
 	return url, db
 }
 
-// TestNoSecretStored claims a cell with a real lease attestation and checks
-// that neither the token, its MAC nor the signing key is in the schema.
-func TestNoSecretStored(t *testing.T) {
-	url, db := schemaAndDB(t)
-	s := open(t, url, postgres.Options{})
-	defer s.Close()
-	storetest.CheckNoSecretStored(t, s, db)
-}
-
-// TestSchemaGuards tries the writes the schema itself must refuse.
-func TestSchemaGuards(t *testing.T) {
-	url, db := schemaAndDB(t)
-	s := open(t, url, postgres.Options{})
-	defer s.Close()
-	storetest.CheckSchemaGuards(t, s, db, func(q string) string { return sqlx.Rebind(sqlx.DOLLAR, q) })
-}
-
-// TestLockWait has another connection hold an exclusive lock on the cells
-// table: a write whose context ends while it waits gives up then, and the
-// store works once the lock is gone.
-func TestLockWait(t *testing.T) {
-	url, db := schemaAndDB(t)
-	s := open(t, url, postgres.Options{})
-	defer s.Close()
-	storetest.CheckLockWait(t, s, db, "BEGIN", "LOCK TABLE cells IN EXCLUSIVE MODE")
-}
-
-// TestMigrateDown migrates a schema with leases and fences down to version
-// 1 and back up.
-func TestMigrateDown(t *testing.T) {
-	url, db := schemaAndDB(t)
-	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, url, postgres.Options{}) },
-		db, goose.DialectPostgres, postgres.Migrations)
-}
-
-const testKey = "sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"
-
-// fixture is one tenant's inventory of the kata release of CONTRACT.md 3.6.
-type fixture struct {
-	kr  *attest.Keyring
-	rel lease.Release
-	now time.Time
-}
-
-func newFixture(tb testing.TB) fixture {
-	kr, err := attest.NewKeyring([]byte(testKey))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	policy := strings.Repeat("a", 64)
-	return fixture{
-		kr: kr,
-		rel: lease.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: policy,
-			Signature: kr.SignRelease("release-set-2026-08-07", string(lease.KataMicroVM), policy)},
-		now: time.Date(2026, 8, 7, 12, 0, 0, 0, time.UTC),
-	}
-}
-
-func (f fixture) prepare(tb testing.TB, s store.Store, n int) {
-	tb.Helper()
-	for range n {
-		id := uuid.Must(uuid.NewV7())
-		if _, err := s.Prepare(tb.Context(), store.PrepareParams{CellID: id, TenantID: "tenant-a",
-			WorkerID: "0190f0e0-0000-7000-8000-00000000000a", ProviderCellID: "pc-" + id.String(), Release: f.rel,
-			ExpiresAt: f.now.Add(time.Hour), Now: f.now}); err != nil {
-			tb.Fatalf("Prepare: %v", err)
-		}
-	}
-}
-
-// claim returns the parameters of an unfenced claim.
-func (f fixture) claim() store.ClaimParams {
-	b := lease.Binding{OrganizationID: "org-1", WorkspaceID: "workspace-1", ThreadID: "thread-1", RunnerSessionID: "session-1"}
-	ls := uint64(120)
-	return store.ClaimParams{
-		TenantID:     "tenant-a",
-		Digest:       fence.DigestOf(f.rel, b, &ls),
-		Release:      f.rel,
-		Binding:      b,
-		LeaseSeconds: ls,
-		LeaseID:      uuid.Must(uuid.NewV7()),
-		Now:          f.now,
-		Sign: func(l lease.Lease) string {
-			return attest.Digest(f.kr.LeaseToken(attest.ClaimsOf(l)))
+// TestSQL runs the checks of this repository's SQL schema on fresh
+// schemas.
+func TestSQL(t *testing.T) {
+	testpg.BaseURL(t)
+	sqltest.Run(t, sqltest.Backend{
+		Driver: "postgres",
+		Fresh:  func(t *testing.T) string { return testpg.Schema(t) },
+		Open: func(t *testing.T, url string, migrate bool) store.Store {
+			return open(t, url, postgres.Options{SkipMigrate: !migrate})
 		},
-	}
-}
-
-// TestMigrateIdempotent opens the same schema again, with and without
-// migrating.
-func TestMigrateIdempotent(t *testing.T) {
-	url := testpg.Schema(t)
-	storetest.CheckReopen(t, func(t *testing.T, migrate bool) store.Store {
-		return open(t, url, postgres.Options{SkipMigrate: !migrate})
+		Migrate: postgres.Migrate, Dialect: goose.DialectPostgres, Migrations: postgres.Migrations,
+		// Another connection holds an exclusive lock on the cells table.
+		Lock: []string{"BEGIN", "LOCK TABLE cells IN EXCLUSIVE MODE"},
 	})
 }
 
@@ -173,23 +89,6 @@ func TestConcurrentMigrate(t *testing.T) {
 	}
 }
 
-// TestSkipMigrate opens a fresh schema without migrating: Ping fails until
-// the migrations ran.
-func TestSkipMigrate(t *testing.T) {
-	url, db := schemaAndDB(t)
-	s := open(t, url, postgres.Options{SkipMigrate: true})
-	defer s.Close()
-	if err := s.Ping(t.Context()); err == nil {
-		t.Fatal("Ping on an unmigrated schema succeeded")
-	}
-	if err := postgres.Migrate(t.Context(), db); err != nil {
-		t.Fatalf("Migrate: %v", err)
-	}
-	if err := s.Ping(t.Context()); err != nil {
-		t.Fatalf("Ping after Migrate: %v", err)
-	}
-}
-
 // TestTwoPools runs 32 unfenced claims for 10 cells through two stores
 // with separate connection pools on one schema, as two replicas would:
 // exactly 10 leases, on 10 distinct cells.
@@ -199,8 +98,10 @@ func TestTwoPools(t *testing.T) {
 	defer a.Close()
 	b := open(t, url, postgres.Options{})
 	defer b.Close()
-	f := newFixture(t)
-	f.prepare(t, a, 10)
+	inv := sqltest.NewInventory(t)
+	for range 10 {
+		inv.Prepare(t, a, time.Hour)
+	}
 
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -212,7 +113,7 @@ func TestTwoPools(t *testing.T) {
 		if i%2 == 1 {
 			s = b
 		}
-		p := f.claim()
+		p := inv.Claim(uuid.Nil, inv.Release)
 		if i%4 >= 2 {
 			p.ClaimID = uuid.Must(uuid.NewV7()) // half of them fenced
 		}
@@ -246,17 +147,6 @@ func TestTwoPools(t *testing.T) {
 	}
 }
 
-// TestTwoStoresAlone claims through two stores on one schema, as two
-// replicas would; with one claim in flight each, most run alone (one
-// autocommitted statement) from a candidate the other may have leased.
-func TestTwoStoresAlone(t *testing.T) {
-	url := testpg.Schema(t)
-	a, b := open(t, url, postgres.Options{}), open(t, url, postgres.Options{})
-	defer a.Close()
-	defer b.Close()
-	storetest.CheckTwoStores(t, a, b)
-}
-
 // TestClaimWaitsForLockedCell holds the only ready cell locked in another
 // transaction, as a claim that will roll back would: a claim must neither
 // answer empty nor take it while the lock is held, and must lease it once
@@ -268,8 +158,8 @@ func TestClaimWaitsForLockedCell(t *testing.T) {
 			url, db := schemaAndDB(t)
 			s := open(t, url, postgres.Options{})
 			defer s.Close()
-			f := newFixture(t)
-			f.prepare(t, s, 1)
+			inv := sqltest.NewInventory(t)
+			inv.Prepare(t, s, time.Hour)
 			tx, err := db.BeginTx(t.Context(), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -277,8 +167,7 @@ func TestClaimWaitsForLockedCell(t *testing.T) {
 			if _, err := tx.Exec(`SELECT id FROM cells WHERE state = 'ready' FOR UPDATE`); err != nil {
 				t.Fatal(err)
 			}
-			p := f.claim()
-			p.ClaimID = uuid.Must(uuid.NewV7())
+			p := inv.Claim(uuid.Must(uuid.NewV7()), inv.Release)
 			if path == "transaction" {
 				p.ReadyFloors = map[string]int{"another-pool": 1} // a floor to count: never alone
 			}

@@ -1,12 +1,12 @@
 package sqlite_test
 
 import (
-	"database/sql"
 	"path/filepath"
 	"testing"
 
 	"github.com/pressly/goose/v3"
 
+	"github.com/sandboxwich/sandboxwich/internal/sqltest"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/store/storetest"
@@ -27,94 +27,23 @@ func newStore(tb testing.TB) *sqlite.Store {
 	return open(tb, filepath.Join(tb.TempDir(), "sandboxwich.db"), sqlite.Options{})
 }
 
-// fileAndDB returns the path of a fresh database file and a plain
-// connection to it, closed when the test ends, for what a test checks
-// beside the store.
-func fileAndDB(t *testing.T) (string, *sql.DB) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "sandboxwich.db")
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return path, db
-}
-
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return newStore(t) })
 }
 
-// TestNoSecretStored claims a cell with a real lease attestation and checks
-// that neither the token, its MAC nor the signing key is in the database.
-func TestNoSecretStored(t *testing.T) {
-	path, db := fileAndDB(t)
-	s := open(t, path, sqlite.Options{})
-	defer s.Close()
-	storetest.CheckNoSecretStored(t, s, db)
-}
-
-// TestMigrateIdempotent opens the same file again, with and without
-// migrating.
-func TestMigrateIdempotent(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sandboxwich.db")
-	storetest.CheckReopen(t, func(t *testing.T, migrate bool) store.Store {
-		return open(t, path, sqlite.Options{SkipMigrate: !migrate})
+// TestSQL runs the checks of this repository's SQL schema on fresh
+// database files.
+func TestSQL(t *testing.T) {
+	sqltest.Run(t, sqltest.Backend{
+		Driver: "sqlite",
+		Fresh:  func(t *testing.T) string { return filepath.Join(t.TempDir(), "sandboxwich.db") },
+		Open: func(t *testing.T, path string, migrate bool) store.Store {
+			return open(t, path, sqlite.Options{SkipMigrate: !migrate})
+		},
+		Migrate: sqlite.Migrate, Dialect: goose.DialectSQLite3, Migrations: sqlite.Migrations,
+		// Another connection holds the write lock.
+		Lock: []string{"BEGIN IMMEDIATE"},
 	})
-}
-
-// TestSkipMigrate opens an empty file without migrating: Ping fails until
-// the migrations ran.
-func TestSkipMigrate(t *testing.T) {
-	path, db := fileAndDB(t)
-	s := open(t, path, sqlite.Options{SkipMigrate: true})
-	defer s.Close()
-	if err := s.Ping(t.Context()); err == nil {
-		t.Fatal("Ping on an unmigrated file succeeded")
-	}
-	if err := sqlite.Migrate(t.Context(), db); err != nil {
-		t.Fatalf("Migrate: %v", err)
-	}
-	if err := s.Ping(t.Context()); err != nil {
-		t.Fatalf("Ping after Migrate: %v", err)
-	}
-}
-
-// TestTwoStores claims through two stores on one file, as two processes
-// would: each trusts the candidates its last pick read only as far as its
-// compare-and-set holds.
-func TestTwoStores(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sandboxwich.db")
-	a, b := open(t, path, sqlite.Options{}), open(t, path, sqlite.Options{})
-	defer a.Close()
-	defer b.Close()
-	storetest.CheckTwoStores(t, a, b)
-}
-
-// TestLockWait has another connection hold the write lock: a write whose
-// context ends while it waits gives up then, not after busy_timeout, and
-// the store works once the lock is gone.
-func TestLockWait(t *testing.T) {
-	path, db := fileAndDB(t)
-	s := open(t, path, sqlite.Options{})
-	defer s.Close()
-	storetest.CheckLockWait(t, s, db, "BEGIN IMMEDIATE")
-}
-
-// TestSchemaGuards tries the writes the schema itself must refuse.
-func TestSchemaGuards(t *testing.T) {
-	path, db := fileAndDB(t)
-	s := open(t, path, sqlite.Options{})
-	defer s.Close()
-	storetest.CheckSchemaGuards(t, s, db, func(q string) string { return q })
-}
-
-// TestMigrateDown migrates a database with leases and fences down to
-// version 1 and back up.
-func TestMigrateDown(t *testing.T) {
-	path, db := fileAndDB(t)
-	storetest.CheckMigrateDown(t, func(t *testing.T) store.Store { return open(t, path, sqlite.Options{}) },
-		db, goose.DialectSQLite3, sqlite.Migrations)
 }
 
 func TestOpenEmptyPath(t *testing.T) {

@@ -1,14 +1,10 @@
 package storetest
 
 import (
-	"regexp"
 	"testing"
 
 	"github.com/sandboxwich/sandboxwich/store"
 )
-
-// installationRE is the form of the shipped stores' installation identity.
-var installationRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // checkInstallation asks two fresh stores for their installation: each
 // answers the same value twice, a non-empty one, and the two differ.
@@ -26,16 +22,16 @@ func checkInstallation(t *testing.T, newStore func(t *testing.T) store.Store) {
 	}
 }
 
-// installationOf returns s's installation, failing the test unless it has
-// the form the shipped stores create.
+// installationOf returns s's installation, failing the test when it is
+// empty. Its form is the store's own (drivers hash it: driver.InstallationTag).
 func installationOf(t *testing.T, s store.Store) string {
 	t.Helper()
 	id, err := s.Installation(t.Context())
 	if err != nil {
 		t.Fatalf("Installation: %v", err)
 	}
-	if !installationRE.MatchString(id) {
-		t.Fatalf("Installation = %q, want 32 lowercase hex digits", id)
+	if id == "" {
+		t.Fatal("Installation is empty")
 	}
 	return id
 }

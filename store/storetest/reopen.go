@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"database/sql"
 	"strings"
 	"testing"
 
@@ -30,34 +29,6 @@ func ClaimWithToken(t *testing.T, s store.Store) (token, digest string) {
 		t.Fatalf("token %q does not match the lease digest %q", token, res.Lease.AttestationDigest)
 	}
 	return token, res.Lease.AttestationDigest
-}
-
-// CheckNoSecretStored claims through s with a real attestation and scans
-// db, a connection to the same database, for the token, its MAC part and
-// the signing key. It first checks that db holds the token's digest, so a
-// scan of the wrong database cannot pass.
-func CheckNoSecretStored(t *testing.T, s store.Store, db *sql.DB) {
-	t.Helper()
-	token, digest := ClaimWithToken(t, s)
-	var found bool
-	rows, err := db.QueryContext(t.Context(), `SELECT attestation_digest FROM cells WHERE attestation_digest IS NOT NULL`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var d string
-		if err := rows.Scan(&d); err != nil {
-			t.Fatal(err)
-		}
-		found = found || d == digest
-	}
-	rows.Close()
-	if !found {
-		t.Fatalf("the scanned database does not hold the attestation digest %s", digest)
-	}
-	for _, secret := range []string{token, strings.TrimPrefix(token, "swla1_"), testKey} {
-		CheckNoSecret(t, db, secret)
-	}
 }
 
 // CheckReopen opens one database three times through open: the second open

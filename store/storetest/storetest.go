@@ -27,8 +27,12 @@
 // ready, a terminal cell or membership changes, a lease ID moves to another
 // cell, or a recorded stop fence changes.
 //
-// [CheckNoSecret] complements Run for SQL backends: it scans a database for a
-// secret that must never be persisted, such as a raw lease attestation.
+// Beside Run, [CheckReopen] and [CheckTwoStores] check a backend over a
+// database it opens more than once, [ClaimWithToken] hands a backend's own
+// test the raw attestation it must never persist, and [BenchmarkClaim]
+// measures claims. Nothing here knows a schema: a backend checks its own
+// storage (the shipped SQL stores run the repository's internal SQL kit
+// too).
 package storetest
 
 import (

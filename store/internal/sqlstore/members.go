@@ -288,43 +288,38 @@ func (s *Store) Members(ctx context.Context, pool string, states ...lease.Member
 
 // MemberCounts implements store.Store.
 func (s *Store) MemberCounts(ctx context.Context) (map[string]map[lease.MemberState]int, error) {
-	rows, err := s.r.rows(ctx, s.q.memberCounts)
-	if err != nil {
+	var rows []struct {
+		Pool  string `db:"pool_name"`
+		State lease.MemberState
+		N     int
+	}
+	if err := s.r.all(ctx, &rows, s.q.memberCounts); err != nil {
 		return nil, s.fail(ctx, "member counts", err)
 	}
-	defer rows.Close()
 	out := map[string]map[lease.MemberState]int{}
-	for rows.Next() {
-		var pool, state string
-		var n int
-		if err := rows.Scan(&pool, &state, &n); err != nil {
-			return nil, s.fail(ctx, "member counts", err)
+	for _, r := range rows {
+		if out[r.Pool] == nil {
+			out[r.Pool] = map[lease.MemberState]int{}
 		}
-		if out[pool] == nil {
-			out[pool] = map[lease.MemberState]int{}
-		}
-		out[pool][lease.MemberState(state)] = n
+		out[r.Pool][r.State] = r.N
 	}
-	return out, s.fail(ctx, "member counts", rows.Err())
+	return out, nil
 }
 
 // CellCounts implements store.Store.
 func (s *Store) CellCounts(ctx context.Context) (map[lease.State]int, error) {
-	rows, err := s.r.rows(ctx, s.q.cellCounts)
-	if err != nil {
+	var rows []struct {
+		State lease.State
+		N     int
+	}
+	if err := s.r.all(ctx, &rows, s.q.cellCounts); err != nil {
 		return nil, s.fail(ctx, "cell counts", err)
 	}
-	defer rows.Close()
-	out := map[lease.State]int{}
-	for rows.Next() {
-		var state string
-		var n int
-		if err := rows.Scan(&state, &n); err != nil {
-			return nil, s.fail(ctx, "cell counts", err)
-		}
-		out[lease.State(state)] = n
+	out := make(map[lease.State]int, len(rows))
+	for _, r := range rows {
+		out[r.State] = r.N
 	}
-	return out, s.fail(ctx, "cell counts", rows.Err())
+	return out, nil
 }
 
 // CountReady implements store.Store.

@@ -74,12 +74,14 @@ func (p *connPool) row(ctx context.Context, q string, args ...any) scanner {
 	return st.QueryRowxContext(ctx, args...)
 }
 
-func (p *connPool) rows(ctx context.Context, q string, args ...any) (*sqlx.Rows, error) {
+// all scans every row of q into dest, a pointer to a slice of structs
+// whose fields name q's columns (sqlx.Select).
+func (p *connPool) all(ctx context.Context, dest any, q string, args ...any) error {
 	st, err := p.stmt(ctx, q)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return st.QueryxContext(ctx, args...)
+	return st.SelectContext(ctx, dest, args...)
 }
 
 // close closes the prepared statements, then the pool.

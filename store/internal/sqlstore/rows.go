@@ -317,8 +317,8 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE cell_id = ? AND (lock_owner IS NULL OR lock_owner = ? OR lock_until_us <= ?)`,
 		memberUnlock: `UPDATE pool_members SET lock_owner = NULL, lock_until_us = NULL
 			WHERE cell_id = ? AND lock_owner = ?`,
-		memberCounts: `SELECT pool_name, state, count(*) FROM pool_members GROUP BY pool_name, state`,
-		cellCounts:   `SELECT state, count(*) FROM cells GROUP BY state`,
+		memberCounts: `SELECT pool_name, state, count(*) AS n FROM pool_members GROUP BY pool_name, state`,
+		cellCounts:   `SELECT state, count(*) AS n FROM cells GROUP BY state`,
 		// readyCount is candidate without its deadline, counting instead.
 		readyCount: `SELECT count(*), count(CASE WHEN c.ready_deadline_us > CAST(? AS BIGINT) THEN 1 END) FROM cells c
 			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)

@@ -13,9 +13,6 @@
 //	crash-dir          SIGKILL loop, SQLite, a pool on a file-backed provider that outlives the process
 //	crash-gvisor       SIGKILL loop, SQLite, a pool of real runsc (gVisor) cells
 //	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
-//
-// The crash checks run this same program as the server ("serve-crash", an
-// internal command).
 package main
 
 import (
@@ -69,14 +66,6 @@ func run(ctx context.Context, args []string) int {
 	}
 	check := fs.Arg(0)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if check == "serve-crash" {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		if err := reliability.ServeCrash(ctx, log); err != nil {
-			fmt.Fprintln(os.Stderr, "serve-crash:", err)
-			return 1
-		}
-		return 0
-	}
 	if o.dir == "" {
 		d, err := os.MkdirTemp("", "sbw-reliability-")
 		if err != nil {
@@ -180,12 +169,11 @@ func lin(ctx context.Context, env *reliability.Env, check string, o options) (bo
 }
 
 func crash(ctx context.Context, env *reliability.Env, check string, o options) (bool, string) {
-	self, err := os.Executable()
-	if err != nil {
-		return false, err.Error()
+	if o.bin == "" {
+		return false, "-bin is required"
 	}
 	kills := o.kills
-	cfg := reliability.CrashConfig{Bin: self, Seed: o.seed, Faults: true}
+	cfg := reliability.CrashConfig{Bin: o.bin, Seed: o.seed, Faults: true}
 	switch check {
 	case "crash-dir":
 		if kills == 0 {

@@ -1,4 +1,4 @@
-package storetest
+package sqltest
 
 import (
 	"database/sql"

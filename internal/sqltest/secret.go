@@ -1,4 +1,4 @@
-package storetest
+package sqltest
 
 import (
 	"context"
@@ -7,6 +7,14 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // CheckNoSecret fails t if secret occurs in any value of any table of db,
@@ -35,10 +43,41 @@ func CheckNoSecret(t *testing.T, db *sql.DB, secret string) {
 	}
 }
 
+// checkNoSecretStored claims through a store with a real attestation and
+// scans the database for the token, its MAC part and the signing key. It
+// first checks that the database holds the token's digest, so a scan of
+// the wrong database cannot pass.
+func checkNoSecretStored(t *testing.T, d database) {
+	s := d.store(t)
+	inv := NewInventory(t)
+	inv.Prepare(t, s, time.Hour)
+	p := inv.Claim(uuid.Must(uuid.NewV7()), inv.Release)
+	var token string
+	p.Sign = func(l lease.Lease) string {
+		token = inv.Keys.LeaseToken(attest.ClaimsOf(l))
+		return attest.Digest(token)
+	}
+	res, err := s.Claim(t.Context(), p)
+	if err != nil || res.Lease == nil || !strings.HasPrefix(token, "swla1_") || res.Lease.AttestationDigest != attest.Digest(token) {
+		t.Fatalf("Claim = %+v, %v; want a lease whose digest is that of the token %q", res, err, token)
+	}
+	var digests []string
+	if err := sqlx.SelectContext(t.Context(), sqlx.NewDb(d.db, ""), &digests,
+		`SELECT attestation_digest FROM cells WHERE attestation_digest IS NOT NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if len(digests) != 1 || digests[0] != res.Lease.AttestationDigest {
+		t.Fatalf("the scanned database holds the digests %q, want only %s", digests, res.Lease.AttestationDigest)
+	}
+	for _, secret := range []string{token, strings.TrimPrefix(token, "swla1_"), testenv.Key} {
+		CheckNoSecret(t, d.db, secret)
+	}
+}
+
 // findSecret returns the table.column of every value that contains secret,
 // and the number of tables scanned.
 func findSecret(ctx context.Context, db *sql.DB, secret string) (hits []string, tables int, err error) {
-	names, err := tableNames(ctx, db)
+	names, err := tableNames(ctx, sqlx.NewDb(db, ""))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -52,34 +91,18 @@ func findSecret(ctx context.Context, db *sql.DB, secret string) (hits []string, 
 	return hits, len(names), nil
 }
 
-func tableNames(ctx context.Context, db *sql.DB) ([]string, error) {
-	names, err := queryStrings(ctx, db, `SELECT name FROM sqlite_master WHERE type = 'table'`)
+func tableNames(ctx context.Context, db *sqlx.DB) ([]string, error) {
+	var names []string
+	err := sqlx.SelectContext(ctx, db, &names, `SELECT name FROM sqlite_master WHERE type = 'table'`)
 	if err == nil {
 		return names, nil
 	}
-	names, err2 := queryStrings(ctx, db, `SELECT table_name FROM information_schema.tables
+	err2 := sqlx.SelectContext(ctx, db, &names, `SELECT table_name FROM information_schema.tables
 		WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'`)
 	if err2 != nil {
 		return nil, fmt.Errorf("list tables: %w", errors.Join(err, err2))
 	}
 	return names, nil
-}
-
-func queryStrings(ctx context.Context, db *sql.DB, q string) ([]string, error) {
-	rows, err := db.QueryContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
 }
 
 func scanTable(ctx context.Context, db *sql.DB, table, secret string) ([]string, error) {

@@ -1,7 +1,14 @@
-package reliability
+// Package dirprovider is a simulated provider whose objects are files in a
+// directory, so that they outlive a killed process. It is what the
+// reference binary's "dir" provider runs, for the crash checks of the
+// reliability proof (docs/reliability.md): they count its objects after
+// every SIGKILL. Its mode is dry_run: it is never evidence that a sandbox
+// existed.
+package dirprovider
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -17,14 +24,10 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
-// DirProvider is a dry-run provider whose objects are files in a
-// directory, so that they outlive a killed process: the crash check can
-// count them after every SIGKILL. One file per object, named by the cell
-// ID and holding its identity, written atomically (temporary file and
-// rename). It injects latency and, optionally, destroy faults.
-//
-// It is a test provider for this harness only; its mode is dry_run.
-type DirProvider struct {
+// Provider keeps one file per object in Dir, named by the cell ID and
+// holding its identity, written atomically (temporary file and rename). It
+// injects latency and, optionally, destroy faults.
+type Provider struct {
 	Dir string
 	// MinLatency and MaxLatency bound the random delay of every Provision
 	// and Destroy.
@@ -38,15 +41,15 @@ type DirProvider struct {
 var _ interface {
 	driver.Provider
 	driver.Lister
-} = (*DirProvider)(nil)
+} = (*Provider)(nil)
 
 // Capabilities implements driver.Provider.
-func (p *DirProvider) Capabilities() driver.Capabilities {
+func (p *Provider) Capabilities() driver.Capabilities {
 	return driver.Capabilities{Kind: "dir", Mode: driver.DryRun,
 		RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM}, Identity: "dir"}
 }
 
-func (p *DirProvider) wait(ctx context.Context) error {
+func (p *Provider) wait(ctx context.Context) error {
 	d := p.MinLatency
 	if p.MaxLatency > p.MinLatency {
 		d += rand.N(p.MaxLatency - p.MinLatency)
@@ -61,9 +64,9 @@ func (p *DirProvider) wait(ctx context.Context) error {
 	}
 }
 
-func (p *DirProvider) path(cell uuid.UUID) string { return filepath.Join(p.Dir, cell.String()) }
+func (p *Provider) path(cell uuid.UUID) string { return filepath.Join(p.Dir, cell.String()) }
 
-func (p *DirProvider) read(cell uuid.UUID) (identity, class string, ok bool, err error) {
+func (p *Provider) read(cell uuid.UUID) (identity, class string, ok bool, err error) {
 	b, err := os.ReadFile(p.path(cell))
 	if errors.Is(err, os.ErrNotExist) {
 		return "", "", false, nil
@@ -76,7 +79,7 @@ func (p *DirProvider) read(cell uuid.UUID) (identity, class string, ok bool, err
 }
 
 // Provision implements driver.Provider. It is idempotent per cell ID.
-func (p *DirProvider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
 	if err := p.wait(ctx); err != nil {
 		return driver.Object{}, err
 	}
@@ -85,8 +88,8 @@ func (p *DirProvider) Provision(ctx context.Context, req driver.ProvisionRequest
 		return driver.Object{}, err
 	}
 	if !ok {
-		id = "dir-" + randHex(8)
-		tmp := filepath.Join(p.Dir, ".tmp-"+randHex(8))
+		id = "dir-" + crand.Text()
+		tmp := filepath.Join(p.Dir, ".tmp-"+crand.Text())
 		if err := os.WriteFile(tmp, []byte(id+" "+string(req.RuntimeClass)+"\n"), 0o600); err != nil {
 			return driver.Object{}, err
 		}
@@ -98,7 +101,7 @@ func (p *DirProvider) Provision(ctx context.Context, req driver.ProvisionRequest
 }
 
 // Inspect implements driver.Provider.
-func (p *DirProvider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
+func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.Observation{}, err
 	}
@@ -111,7 +114,7 @@ func (p *DirProvider) Inspect(ctx context.Context, obj driver.Object) (driver.Ob
 }
 
 // Destroy implements driver.Provider.
-func (p *DirProvider) Destroy(ctx context.Context, obj driver.Object) error {
+func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 	if err := p.wait(ctx); err != nil {
 		return fmt.Errorf("%w: %w", driver.ErrUncertain, err)
 	}
@@ -134,7 +137,7 @@ func (p *DirProvider) Destroy(ctx context.Context, obj driver.Object) error {
 }
 
 // List implements driver.Lister.
-func (p *DirProvider) List(ctx context.Context) ([]driver.Object, error) {
+func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package storetest
+package sqltest
 
 import (
 	"context"
@@ -7,22 +7,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
-// CheckLockWait has another connection of db hold what the store's writes
+// checkLockWait has another connection of db hold what the store's writes
 // wait for — lock is the statements that take it, in a transaction the
 // check rolls back — and checks that a write whose context ends while it
 // waits returns the context's error, well before any lock timeout of the
 // database, and changes nothing; and that the store works once the lock
 // is gone.
-//
-// The caller closes s.
-func CheckLockWait(t *testing.T, s store.Store, db *sql.DB, lock ...string) {
-	t.Helper()
-	e := envOver(t, s)
-	ready := e.prepare()
+func checkLockWait(t *testing.T, s store.Store, db *sql.DB, lock ...string) {
+	inv := NewInventory(t)
+	ready := inv.Prepare(t, s, time.Hour)
 	conn, err := db.Conn(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -36,8 +35,8 @@ func CheckLockWait(t *testing.T, s store.Store, db *sql.DB, lock ...string) {
 	// A lock timeout, if the database has one, is seconds: the SQLite
 	// store's is ten.
 	const wait, soon = 200 * time.Millisecond, 5 * time.Second
-	claim := e.claimParams(fenced(newID()))
-	prep := e.prepareParams()
+	claim := inv.Claim(uuid.Must(uuid.NewV7()), inv.Release)
+	prep := inv.prepareParams(time.Hour)
 	for what, write := range map[string]func(ctx context.Context) error{
 		"Claim":   func(ctx context.Context) error { _, err := s.Claim(ctx, claim); return err },
 		"Prepare": func(ctx context.Context) error { _, err := s.Prepare(ctx, prep); return err },
@@ -54,7 +53,7 @@ func CheckLockWait(t *testing.T, s store.Store, db *sql.DB, lock ...string) {
 	if _, err := conn.ExecContext(t.Context(), "ROLLBACK"); err != nil {
 		t.Fatal(err)
 	}
-	e.wantCellCounts(map[lease.State]int{lease.Ready: 1})
+	wantCounts(t, s, map[lease.State]int{lease.Ready: 1})
 	res, err := s.Claim(t.Context(), claim)
 	if err != nil || res.Replayed || res.Lease == nil || res.Lease.CellID != ready.ID {
 		t.Errorf("Claim after the lock = %+v, %v; want a new lease of %s", res, err, ready.ID)
@@ -62,5 +61,5 @@ func CheckLockWait(t *testing.T, s store.Store, db *sql.DB, lock ...string) {
 	if _, err := s.Prepare(t.Context(), prep); err != nil {
 		t.Errorf("Prepare after the lock: %v", err)
 	}
-	e.wantCellCounts(map[lease.State]int{lease.Ready: 1, lease.Leased: 1})
+	wantCounts(t, s, map[lease.State]int{lease.Ready: 1, lease.Leased: 1})
 }

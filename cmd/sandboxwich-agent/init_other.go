@@ -1,0 +1,6 @@
+//go:build !linux
+
+package main
+
+// becomeInit does nothing: only on Linux is the agent a container's init.
+func becomeInit() error { return nil }
