@@ -843,6 +843,8 @@ var scenarios = []scenario{
 		}
 		_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: -1})
 		wantCode(e.t, "read: negative max_bytes", err, ErrInvalid)
+		_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: MaxFileBytes + 1})
+		wantCode(e.t, "read: max_bytes over 256 MiB", err, ErrInvalid)
 		if exists(marker) {
 			e.t.Fatal("bad input ran or wrote something")
 		}
