@@ -178,8 +178,8 @@ func (t *procTable) spawn(path string, argv []string, attr *syscall.ProcAttr) (i
 		t.mu.Lock()
 		s.alive = false
 		t.mu.Unlock()
-		t.forgetIfEmpty(pid)
 		exited <- es
+		t.forgetIfEmpty(pid)
 	}()
 	return pid, exited, nil
 }
