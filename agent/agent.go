@@ -316,11 +316,11 @@ func (a *Agent) ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, i
 	if err != nil {
 		return nil, 0, err
 	}
-	if req.MaxBytes < 0 {
-		return nil, 0, Errorf(CodeInvalid, "max_bytes is negative")
+	if req.MaxBytes < 0 || req.MaxBytes > MaxFileBytes {
+		return nil, 0, Errorf(CodeInvalid, fmt.Sprintf("max_bytes must be between 0 and %d", MaxFileBytes))
 	}
 	limit := req.MaxBytes
-	if limit == 0 || limit > MaxFileBytes {
+	if limit == 0 {
 		limit = MaxFileBytes
 	}
 	cred, err := a.credOf(req.User)

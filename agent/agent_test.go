@@ -500,6 +500,9 @@ var scenarios = []scenario{
 		if res := e.exec(ExecRequest{Argv: []string{"cat"}, Stdin: []byte("from stdin\x00\xff")}); string(res.Stdout) != "from stdin\x00\xff" {
 			e.t.Fatalf("cat: %q", res.Stdout)
 		}
+		if res := e.exec(ExecRequest{Argv: sh("wc -c"), Stdin: bytes.Repeat([]byte{0xff}, MaxStdin)}); strings.TrimSpace(string(res.Stdout)) != strconv.Itoa(MaxStdin) {
+			e.t.Fatalf("1 MiB of stdin: %q", res.Stdout)
+		}
 		if res := e.exec(ExecRequest{Argv: sh("echo out; echo err >&2")}); string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
 			e.t.Fatalf("streams: %q %q", res.Stdout, res.Stderr)
 		}
@@ -531,8 +534,42 @@ var scenarios = []scenario{
 		if res := e.exec(ExecRequest{Argv: sh("id -u; id -G"), User: UserRoot}); string(res.Stdout) != "0\n0\n" {
 			e.t.Fatalf("root: %q", res.Stdout)
 		}
-		if res := e.exec(ExecRequest{Argv: []string{"no-such-command-sbw"}}); res.ExitCode != 127 || !strings.Contains(string(res.Stderr), "not found") {
-			e.t.Fatalf("unknown command: %+v %q", res, res.Stderr)
+	}},
+	{"exec_that_cannot_start", func(e *env) {
+		e.activate(time.Minute)
+		dir, _ := e.rootDir()
+		rootOnly := filepath.Join(dir, "root-only.sh")
+		garbage := filepath.Join(e.home, "garbage")
+		private := filepath.Join(dir, "private")
+		for p, b := range map[string]string{rootOnly: "#!/bin/sh\necho ran\n", garbage: "\x01\x02 not a program"} {
+			if err := os.WriteFile(p, []byte(b), 0o755); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		if err := os.Chmod(rootOnly, 0o700); err != nil {
+			e.t.Fatal(err)
+		}
+		if err := os.Mkdir(private, 0o700); err != nil {
+			e.t.Fatal(err)
+		}
+		for _, c := range []struct {
+			name string
+			req  ExecRequest
+			code int
+		}{
+			{"not found", ExecRequest{Argv: []string{"no-such-command-sbw"}}, 127},
+			{"not found by path", ExecRequest{Argv: []string{"/no/such/program"}}, 127},
+			{"not executable by the cell user", ExecRequest{Argv: []string{rootOnly}}, 126},
+			{"no executable format", ExecRequest{Argv: []string{garbage}}, 126},
+			{"cwd the cell user cannot enter", ExecRequest{Argv: []string{"true"}, Cwd: private}, 126},
+		} {
+			res := e.exec(c.req)
+			if res.ExitCode != c.code || res.Reason != Exited || !strings.HasPrefix(string(res.Stderr), "sandboxwich-agent: ") || len(res.Stdout) != 0 {
+				e.t.Errorf("%s: %+v %q, want %d", c.name, res, res.Stderr, c.code)
+			}
+		}
+		if res := e.exec(ExecRequest{Argv: []string{rootOnly}, User: UserRoot}); string(res.Stdout) != "ran\n" {
+			e.t.Fatalf("root runs its own script: %+v", res)
 		}
 	}},
 	{"exit_codes_and_signals", func(e *env) {
@@ -720,6 +757,10 @@ var scenarios = []scenario{
 		// A root-owned directory: the cell user cannot write into it.
 		_, err := e.write(filepath.Join(dir, "x"), UserCell, strings.NewReader("x"))
 		wantCode(e.t, "cell write into a root dir", err, ErrAccessDenied)
+		// Refused before the content is read: the answer still arrives
+		// while the client is sending a large body.
+		_, err = e.write(filepath.Join(dir, "x"), UserCell, content(32<<20, 3))
+		wantCode(e.t, "cell write of 32 MiB into a root dir", err, ErrAccessDenied)
 		// A symlink to the root directory: the same.
 		link := filepath.Join(e.home, "link-to-root-dir")
 		if err := os.Symlink(dir, link); err != nil {
@@ -839,6 +880,8 @@ var scenarios = []scenario{
 		}
 		_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: -1})
 		wantCode(e.t, "read: negative max_bytes", err, ErrInvalid)
+		_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: MaxFileBytes + 1})
+		wantCode(e.t, "read: max_bytes over 256 MiB", err, ErrInvalid)
 		if exists(marker) {
 			e.t.Fatal("bad input ran or wrote something")
 		}

@@ -62,8 +62,10 @@ func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Du
 		case IsAnswer(err):
 			return ExecResult{}, err
 		case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
-			return s.refused(126, sp.argv[0]+": permission denied")
-		case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.ENOTDIR):
+			return s.refused(126, "cannot enter "+sp.cwd+" or execute "+sp.argv[0]+": permission denied")
+		case errors.Is(err, syscall.ENOEXEC):
+			return s.refused(126, sp.argv[0]+": cannot execute: "+err.Error())
+		case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.ENOTDIR):
 			return s.refused(127, sp.argv[0]+": cannot execute: "+err.Error())
 		}
 		return ExecResult{}, fmt.Errorf("agent: exec: start: %w", err)

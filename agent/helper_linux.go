@@ -396,7 +396,7 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 			}
 			hash.Write(buf[:n])
 			if err := writeFrame(h.in, buf[:n]); err != nil {
-				return FileInfo{}, h.failure(path, err) // the helper gave up: its answer says why
+				return FileInfo{}, a.endedOr(h.failure(path, err)) // the helper gave up: its answer says why
 			}
 		}
 		if rerr == io.EOF {
@@ -408,12 +408,25 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 		}
 	}
 	if err := writeFrame(h.in, nil); err != nil {
-		return FileInfo{}, h.failure(path, err)
+		return FileInfo{}, a.endedOr(h.failure(path, err))
 	}
 	if _, err := h.answer(path); err != nil {
-		return FileInfo{}, err
+		return FileInfo{}, a.endedOr(err)
 	}
 	return FileInfo{Path: path, Size: size, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+}
+
+// endedOr is ErrExpired when the agent ended (killing the helper), err
+// otherwise.
+func (a *Agent) endedOr(err error) error {
+	select {
+	case <-a.ended:
+		if !IsAnswer(err) {
+			return Errorf(CodeExpired, "the lease ended during the operation")
+		}
+	default:
+	}
+	return err
 }
 
 // failure is the helper's own answer after writing to it failed, or the
@@ -437,7 +450,7 @@ func (a *Agent) readFile(ctx context.Context, c cred, path string, limit int64) 
 		if err == io.EOF {
 			err = fmt.Errorf("agent: read %s: the helper gave no answer", path)
 		}
-		return nil, 0, err
+		return nil, 0, a.endedOr(err)
 	}
 	return &helperReader{h: h, left: rep.Size}, rep.Size, nil
 }

@@ -179,8 +179,24 @@ func (t *procTable) spawn(path string, argv []string, attr *syscall.ProcAttr) (i
 		s.alive = false
 		t.mu.Unlock()
 		exited <- es
+		t.forgetIfEmpty(pid)
 	}()
 	return pid, exited, nil
+}
+
+// forgetIfEmpty forgets the session of a reaped leader when no process
+// is left in it (none can join it later), before its number can be
+// reused; a session that outlives its leader is forgotten by the first
+// kill that finds it empty (tree).
+func (t *procTable) forgetIfEmpty(id int) {
+	for _, p := range scanProcs() {
+		if !p.zombie && (p.sid == id || p.pgid == id) {
+			return
+		}
+	}
+	t.mu.Lock()
+	delete(t.sessions, id)
+	t.mu.Unlock()
 }
 
 // beginEnd refuses every later spawn.

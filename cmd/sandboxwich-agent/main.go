@@ -79,11 +79,10 @@ func run() error {
 	if err := os.Remove(*listen); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale socket: %w", err)
 	}
+	old := syscall.Umask(0o177) // the socket is born 0600: only root connects
 	ln, err := net.Listen("unix", *listen)
+	syscall.Umask(old)
 	if err != nil {
-		return err
-	}
-	if err := os.Chmod(*listen, 0o600); err != nil {
 		return err
 	}
 	h := agent.NewHandler(a)

@@ -108,9 +108,13 @@ func TestAsPID1(t *testing.T) {
 	}
 	os.Chmod(dir, 0o755)
 	sock, record := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "record")
-	cmd := exec.Command(unshare, "--pid", "--fork", "--mount-proc", bin, "-listen", sock, "-cell-id", "cell-9", "-home", home, "-record", record)
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd := exec.Command(unshare, "--pid", "--fork", "--mount-proc", "--kill-child", bin, "-listen", sock, "-cell-id", "cell-9", "-home", home, "-record", record)
+	logs, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close()
+	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +124,8 @@ func TestAsPID1(t *testing.T) {
 		cmd.Process.Kill()
 		<-exited
 		if t.Failed() {
-			t.Logf("agent log:\n%s", logs.String())
+			b, _ := os.ReadFile(logs.Name())
+			t.Logf("agent log:\n%s", b)
 		}
 	})
 
