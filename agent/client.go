@@ -26,8 +26,13 @@ var _ Conn = (*Client)(nil)
 // NewClient returns a Client whose connections dial opens.
 func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	tr := &http.Transport{
-		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		DisableCompression:  true,
+		DialContext:        func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		DisableCompression: true,
+		// Requests are written through a buffer this large, so an upload
+		// whose source yields small reads (a multipart part gives 4 KiB at
+		// a time) still crosses into the cell in large writes: each write
+		// and wake-up costs more inside gVisor than on the host.
+		WriteBufferSize:     256 << 10,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,
 	}
@@ -193,7 +198,7 @@ func (c *Client) WriteFile(ctx context.Context, req WriteRequest, content io.Rea
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("cell agent: %w", err)
 	}
-	body := io.MultiReader(bytes.NewReader(append(b, '\n')), content)
+	body := io.MultiReader(bytes.NewReader(append(b, '\n')), &chunked{r: content})
 	resp, err := c.send(ctx, http.MethodPost, "/v1/files/write", "application/octet-stream", body)
 	if err != nil {
 		return FileInfo{}, err
@@ -222,4 +227,44 @@ func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, 
 		return nil, 0, fmt.Errorf("cell agent: files/read: the answer has no Content-Length")
 	}
 	return resp.Body, resp.ContentLength, nil
+}
+
+// uploadChunk is the size of the writes an upload makes on the channel.
+const uploadChunk = 256 << 10
+
+// chunked hands its reader's bytes on in writes of uploadChunk bytes,
+// whatever the sizes of the reads that produce them (a multipart part
+// yields 4 KiB at a time): each write and wake-up costs more inside gVisor
+// than on the host, so fewer, larger writes make an upload several times
+// faster.
+type chunked struct{ r io.Reader }
+
+func (c *chunked) Read(p []byte) (int, error) {
+	n, err := io.ReadFull(c.r, p)
+	if err == io.ErrUnexpectedEOF {
+		err = nil // the next Read reports the end
+	}
+	return n, err
+}
+
+// WriteTo is what io.Copy, and so the HTTP transport, uses.
+func (c *chunked) WriteTo(w io.Writer) (int64, error) {
+	buf := make([]byte, uploadChunk)
+	var total int64
+	for {
+		n, err := io.ReadFull(c.r, buf)
+		if n > 0 {
+			m, werr := w.Write(buf[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return total, nil
+		case err != nil:
+			return total, err
+		}
+	}
 }

@@ -67,7 +67,7 @@ func HelperMain() {
 func runHelper(in *os.File, reply *os.File) int {
 	syscall.CloseOnExec(3)
 	r := bufio.NewReader(in)
-	b, commit, err := readFrame(r)
+	b, commit, err := readFrame(r, nil)
 	if err != nil || commit {
 		return 2
 	}
@@ -129,8 +129,9 @@ func helperWrite(in *bufio.Reader, reply io.Writer, req helperReq) int {
 	}
 	answer(reply, helperReply{}, nil) // ready for the content
 	var total int64
+	scratch := make([]byte, maxFrame)
 	for {
-		b, commit, err := readFrame(in)
+		b, commit, err := readFrame(in, scratch)
 		if err != nil {
 			return fail(nil)
 		}
@@ -219,9 +220,10 @@ func helperLaunch(reply io.Writer, req helperReq) int {
 	return answer(reply, helperReply{}, err)
 }
 
-// readFrame reads one frame: a 4-byte big-endian length, then the bytes.
-// A zero length is the commit.
-func readFrame(r *bufio.Reader) (b []byte, commit bool, err error) {
+// readFrame reads one frame: a 4-byte big-endian length, then the bytes,
+// into scratch when it is large enough (the bytes are valid until the next
+// call). A zero length is the commit.
+func readFrame(r *bufio.Reader, scratch []byte) (b []byte, commit bool, err error) {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
 		return nil, false, err
@@ -233,7 +235,11 @@ func readFrame(r *bufio.Reader) (b []byte, commit bool, err error) {
 	if size > maxFrame {
 		return nil, false, errors.New("frame too large")
 	}
-	b = make([]byte, size)
+	if int(size) <= len(scratch) {
+		b = scratch[:size]
+	} else {
+		b = make([]byte, size)
+	}
 	_, err = io.ReadFull(r, b)
 	return b, false, err
 }
@@ -242,12 +248,19 @@ const maxFrame = 1 << 20
 
 // writeFrame writes one frame; nil b is the commit.
 func writeFrame(w io.Writer, b []byte) error {
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
-	if _, err := w.Write(n[:]); err != nil {
-		return err
-	}
-	_, err := w.Write(b)
+	frame := make([]byte, frameHeader+len(b))
+	copy(frame[frameHeader:], b)
+	return writeFramed(w, frame)
+}
+
+// frameHeader is the size of a frame's length prefix.
+const frameHeader = 4
+
+// writeFramed writes frame, whose first frameHeader bytes are free for the
+// length of the rest, in one write.
+func writeFramed(w io.Writer, frame []byte) error {
+	binary.BigEndian.PutUint32(frame[:frameHeader], uint32(len(frame)-frameHeader))
+	_, err := w.Write(frame)
 	return err
 }
 
@@ -267,6 +280,7 @@ func (a *Agent) startHelper(c cred, req helperReq) (*helper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: helper: %w", err)
 	}
+	growPipe(inW)
 	repR, repW, err := os.Pipe()
 	if err != nil {
 		inR.Close()
@@ -383,23 +397,26 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 	}
 	hash := sha256.New()
 	var size int64
-	buf := make([]byte, 64<<10)
+	// Frames as large as the helper takes, filled before they are sent:
+	// in gVisor every pipe write and task switch is costly, so fewer,
+	// larger writes make the upload several times faster.
+	frame := make([]byte, frameHeader+maxFrame)
 	for {
 		if err := ctx.Err(); err != nil {
 			return FileInfo{}, err
 		}
-		n, rerr := content.Read(buf)
+		n, rerr := io.ReadFull(content, frame[frameHeader:])
 		if n > 0 {
 			if size += int64(n); size > MaxFileBytes {
 				h.close() // aborts: the helper removes its temporary file
 				return FileInfo{}, Errorf(CodeTooLarge, fmt.Sprintf("the content is larger than %d bytes; nothing was written", MaxFileBytes))
 			}
-			hash.Write(buf[:n])
-			if err := writeFrame(h.in, buf[:n]); err != nil {
+			hash.Write(frame[frameHeader : frameHeader+n])
+			if err := writeFramed(h.in, frame[:frameHeader+n]); err != nil {
 				return FileInfo{}, a.endedOr(h.failure(path, err)) // the helper gave up: its answer says why
 			}
 		}
-		if rerr == io.EOF {
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
 			break
 		}
 		if rerr != nil {
@@ -505,4 +522,12 @@ func (a *Agent) startLaunch(sp spec) (int, <-chan exitStatus, error) {
 	h.in.Close()
 	h.replyF.Close()
 	return h.pid, h.exited, nil
+}
+
+// growPipe raises a pipe's capacity to one whole frame (best effort: the
+// default 64 KiB still works, only slower), so that a frame is one write
+// and one read.
+func growPipe(f *os.File) {
+	const fSetPipeSize = 1031 // F_SETPIPE_SZ
+	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), fSetPipeSize, frameHeader+maxFrame)
 }
