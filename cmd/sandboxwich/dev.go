@@ -192,7 +192,12 @@ In another shell, from the repository root:
   LEASE=$(sed -n 's/.*"lease_id": *"\([^"]*\)".*/\1/p' claim.json)
 `, url, dir, rel.ReleaseSetID, rel.RuntimeClass, rel.PolicyDigest, rel.Signature, binding)
 	if provider != "dry-run" {
-		fmt.Fprintf(w, "  ./sandboxwich exec --lease-id \"$LEASE\" --attestation-file lease.att %s -- uname -a\n", binding)
+		fmt.Fprintf(w, `  P="--lease-id $LEASE --attestation-file lease.att %s"
+  ./sandboxwich exec $P -- sh -c 'uname -a; sleep 1; echo streamed as it comes'
+  echo hello | ./sandboxwich cp $P - cell:/home/cell/hello.txt
+  ./sandboxwich cp $P cell:/home/cell/hello.txt -
+  ./sandboxwich launch $P --wait -- sh -c 'echo a resident workload; sleep 1'
+`, binding)
 	}
 	fmt.Fprintf(w, `  ./sandboxwich release --lease-id "$LEASE" --attestation-file lease.att %[1]s --wait
   rm lease.att claim.json
