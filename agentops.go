@@ -71,7 +71,7 @@ func (p *Plane) Launch(ctx context.Context, tenantID string, leaseID uuid.UUID, 
 	}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
-	st, err = c.conn.Launch(actx, agent.LaunchRequest{Fence: c.fence, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User})
+	st, err = c.conn.Launch(actx, agent.LaunchRequest{Fence: c.fence, Activation: c.activation, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User})
 	if err == nil {
 		err = p.checkLaunch(ctx, c, st)
 	}
@@ -101,7 +101,12 @@ func (p *Plane) LaunchStatusOf(ctx context.Context, tenantID string, leaseID uui
 	}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
-	st, err := c.conn.LaunchStatus(actx, c.fence)
+	// A status request carries a fence only: the activation goes first.
+	var st LaunchStatus
+	err = c.conn.Activate(actx, *c.activation)
+	if err == nil {
+		st, err = c.conn.LaunchStatus(actx, c.fence)
+	}
 	if err == nil {
 		err = p.checkLaunch(ctx, c, st)
 	}
@@ -162,7 +167,7 @@ func (p *Plane) WriteFile(ctx context.Context, tenantID string, leaseID uuid.UUI
 		return FileInfo{}, err
 	}
 	src := &sourceReader{r: content}
-	info, err := c.conn.WriteFile(ctx, agent.WriteRequest{Fence: c.fence, Path: req.Path, Mode: uint32(req.Mode), User: req.User}, src)
+	info, err := c.conn.WriteFile(ctx, agent.WriteRequest{Fence: c.fence, Activation: c.activation, Path: req.Path, Mode: uint32(req.Mode), User: req.User}, src)
 	switch {
 	case src.err != nil:
 		return FileInfo{}, src.err
@@ -219,7 +224,7 @@ func (p *Plane) ReadFile(ctx context.Context, tenantID string, leaseID uuid.UUID
 	if err != nil {
 		return nil, 0, err
 	}
-	rc, size, err := c.conn.ReadFile(ctx, agent.ReadRequest{Fence: c.fence, Path: req.Path, MaxBytes: maxBytes, User: req.User})
+	rc, size, err := c.conn.ReadFile(ctx, agent.ReadRequest{Fence: c.fence, Activation: c.activation, Path: req.Path, MaxBytes: maxBytes, User: req.User})
 	if err != nil {
 		return nil, 0, p.agentError(ctx, c.member, err)
 	}

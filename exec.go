@@ -199,7 +199,7 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 		}
 	}
 	ar, err := c.conn.Exec(actx, agent.ExecRequest{
-		Fence: c.fence, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User, Stdin: req.Stdin,
+		Fence: c.fence, Activation: c.activation, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User, Stdin: req.Stdin,
 		TimeoutMillis: timeout.Milliseconds(), MaxOutput: p.maxOutput,
 	}, sink)
 	switch {
@@ -239,17 +239,19 @@ const (
 func errNotLive() error { return errcode.New(errcode.Conflict, "the lease is no longer live") }
 
 // leaseCell is the cell of a live lease, its runtime verified and, for a
-// provider with the agent, its agent activated: what a lease operation
-// acts on.
+// provider with the agent, its agent reached: what a lease operation acts
+// on.
 type leaseCell struct {
 	member *store.Member
 	lease  *lease.Lease
 	obj    driver.Object
-	// conn is the activated agent; nil when the provider has none, and
-	// execer runs commands instead.
-	conn   agent.Conn
-	fence  agent.Fence
-	execer driver.Execer
+	// conn is the cell's agent; nil when the provider has none, and
+	// execer runs commands instead. Every request to it carries fence and
+	// the sanitized activation.
+	conn       agent.Conn
+	fence      agent.Fence
+	activation *agent.Activation
+	execer     driver.Execer
 }
 
 // open takes a lease record that passed its fence to the cell: a cell of
@@ -257,12 +259,14 @@ type leaseCell struct {
 // errcode.ErrConflict, a provider without the agent
 // errcode.ErrExecUnsupported (unless execOK and the provider has its own
 // exec); then the admitted runtime is read back and verified, and the
-// agent activated with the sanitized activation — never the attestation,
-// its digest, the binding or a token.
+// sanitized activation — never the attestation, its digest, the binding or
+// a token — made ready for the operation to carry.
 //
-// Activation is sent before every operation, an exact replay after the
-// first: the agent accepts it, so the plane keeps no record of which
-// cells it activated, and restarted planes and replicas need none.
+// The activation goes with every operation (agent.Conn), in the same
+// request: the first activates the agent, the later ones are exact
+// replays it accepts, so the plane keeps no record of which cells it
+// activated, restarted planes and replicas need none, and no operation
+// costs a round trip more.
 func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*leaseCell, error) {
 	m, l := rec.Member, rec.Cell.Lease
 	if m == nil {
@@ -302,13 +306,10 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 		return nil, errNotLive()
 	}
 	c.fence = agent.Fence{CellID: m.CellID.String(), LeaseID: l.ID.String(), Generation: int64(l.Generation)}
+	c.activation = &agent.Activation{Version: agent.ProtocolVersion, Fence: c.fence, ExpiresAt: l.ExpiresAt, TTLMillis: ttl.Milliseconds()}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
 	conn, err := host.Agent(actx, c.obj)
-	if err == nil {
-		err = conn.Activate(actx, agent.Activation{Version: agent.ProtocolVersion, Fence: c.fence,
-			ExpiresAt: l.ExpiresAt, TTLMillis: ttl.Milliseconds()})
-	}
 	if err != nil {
 		return nil, p.agentError(ctx, m, err)
 	}

@@ -186,7 +186,7 @@ func (a *Agent) Release(ctx context.Context, f Fence) error {
 
 // Exec runs one command; see Conn.
 func (a *Agent) Exec(ctx context.Context, req ExecRequest, out func(Output) error) (ExecResult, error) {
-	if err := a.check(req.Fence); err != nil {
+	if err := a.admit(ctx, req.Fence, req.Activation); err != nil {
 		return ExecResult{}, err
 	}
 	spec, err := a.processSpec(req.Argv, req.Env, req.Cwd, req.User)
@@ -211,7 +211,7 @@ func (a *Agent) Exec(ctx context.Context, req ExecRequest, out func(Output) erro
 
 // Launch starts the lease's one resident process; see Conn.
 func (a *Agent) Launch(ctx context.Context, req LaunchRequest) (LaunchStatus, error) {
-	if err := a.check(req.Fence); err != nil {
+	if err := a.admit(ctx, req.Fence, req.Activation); err != nil {
 		return LaunchStatus{}, err
 	}
 	spec, err := a.processSpec(req.Argv, req.Env, req.Cwd, req.User)
@@ -283,7 +283,7 @@ func (a *Agent) LaunchStatus(ctx context.Context, f Fence) (LaunchStatus, error)
 // WriteFile streams content into req.Path with req.User's rights; see
 // Conn.
 func (a *Agent) WriteFile(ctx context.Context, req WriteRequest, content io.Reader) (FileInfo, error) {
-	if err := a.check(req.Fence); err != nil {
+	if err := a.admit(ctx, req.Fence, req.Activation); err != nil {
 		return FileInfo{}, err
 	}
 	path, err := cleanPath("path", req.Path)
@@ -309,7 +309,7 @@ func (a *Agent) WriteFile(ctx context.Context, req WriteRequest, content io.Read
 
 // ReadFile opens req.Path with req.User's rights; see Conn.
 func (a *Agent) ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, int64, error) {
-	if err := a.check(req.Fence); err != nil {
+	if err := a.admit(ctx, req.Fence, req.Activation); err != nil {
 		return nil, 0, err
 	}
 	path, err := cleanPath("path", req.Path)
@@ -328,6 +328,20 @@ func (a *Agent) ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, i
 		return nil, 0, err
 	}
 	return a.readFile(ctx, cred, path, limit)
+}
+
+// admit activates the agent with act when a request carries one (see
+// Conn), then admits the request's fence f.
+func (a *Agent) admit(ctx context.Context, f Fence, act *Activation) error {
+	if act != nil {
+		if act.Fence != f {
+			return Errorf(CodeInvalid, "the request's activation names another fence than the request")
+		}
+		if err := a.Activate(ctx, *act); err != nil {
+			return err
+		}
+	}
+	return a.check(f)
 }
 
 // check admits a lease operation carrying f.

@@ -378,6 +378,37 @@ var scenarios = []scenario{
 			e.t.Fatalf("exec after replay: %+v", res)
 		}
 	}},
+	{"activation_carried_by_a_request", func(e *env) {
+		marker := filepath.Join(e.home, "carried")
+		// A request whose activation names another fence: refused, nothing
+		// activated or run.
+		mismatched := activation(time.Minute)
+		mismatched.LeaseID = "lease-2"
+		_, err := e.c.Exec(e.ctx, ExecRequest{Fence: testFence, Activation: &mismatched, Argv: sh("touch " + marker)}, nil)
+		wantCode(e.t, "activation of another fence", err, ErrInvalid)
+		if st, _ := e.c.Status(e.ctx); st.State != Waiting || exists(marker) {
+			e.t.Fatalf("after a mismatched activation: %+v, marker %v", st, exists(marker))
+		}
+		// The first request activates, the later ones replay (ttl_ms may
+		// differ), and the activation counts once.
+		act := activation(time.Minute)
+		res, err := e.c.Exec(e.ctx, ExecRequest{Fence: testFence, Activation: &act, Argv: sh("touch " + marker)}, nil)
+		if err != nil || res.ExitCode != 0 || !exists(marker) {
+			e.t.Fatalf("exec carrying the activation: %+v %v", res, err)
+		}
+		replay := activation(time.Second)
+		if _, err := e.c.WriteFile(e.ctx, WriteRequest{Fence: testFence, Activation: &replay, Path: marker + "2"}, strings.NewReader("x")); err != nil {
+			e.t.Fatalf("write carrying the replay: %v", err)
+		}
+		if st, _ := e.c.Status(e.ctx); st.State != Active || st.Activations != 1 {
+			e.t.Fatalf("after two carried activations: %+v", st)
+		}
+		// Another lease's activation on a later request is a refused fence.
+		other := activation(time.Minute)
+		other.LeaseID, other.Generation = "lease-2", 4
+		_, err = e.c.Exec(e.ctx, ExecRequest{Fence: other.Fence, Activation: &other, Argv: []string{"true"}}, nil)
+		wantCode(e.t, "another lease's activation", err, ErrFenceRefused)
+	}},
 	{"no_operation_before_activation", func(e *env) {
 		marker := filepath.Join(e.home, "marker")
 		_, err := e.c.Exec(e.ctx, ExecRequest{Fence: testFence, Argv: sh("touch " + marker)}, nil)

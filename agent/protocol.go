@@ -127,8 +127,10 @@ const (
 // plane; the agent checks them again and refuses what it cannot run.
 type ExecRequest struct {
 	Fence
-	Argv []string          `json:"argv"`
-	Env  map[string]string `json:"env,omitempty"`
+	// Activation, when set, is sent with the request: see Conn.
+	Activation *Activation       `json:"activation,omitempty"`
+	Argv       []string          `json:"argv"`
+	Env        map[string]string `json:"env,omitempty"`
 	// Cwd is absolute; empty means the cell's home (/home/cell).
 	Cwd   string `json:"cwd,omitempty"`
 	User  User   `json:"user,omitempty"`
@@ -188,10 +190,11 @@ type ExecResult struct {
 // stderr go to /home/cell/.launch/stdout and …/stderr.
 type LaunchRequest struct {
 	Fence
-	Argv []string          `json:"argv"`
-	Env  map[string]string `json:"env,omitempty"`
-	Cwd  string            `json:"cwd,omitempty"`
-	User User              `json:"user,omitempty"`
+	Activation *Activation       `json:"activation,omitempty"`
+	Argv       []string          `json:"argv"`
+	Env        map[string]string `json:"env,omitempty"`
+	Cwd        string            `json:"cwd,omitempty"`
+	User       User              `json:"user,omitempty"`
 }
 
 // Phase is a launched process's phase.
@@ -221,7 +224,8 @@ type LaunchStatus struct {
 // is replaced atomically.
 type WriteRequest struct {
 	Fence
-	Path string `json:"path"`
+	Activation *Activation `json:"activation,omitempty"`
+	Path       string      `json:"path"`
 	// Mode is the file's permission bits; zero means 0644.
 	Mode uint32 `json:"mode,omitempty"`
 	User User   `json:"user,omitempty"`
@@ -237,7 +241,8 @@ type FileInfo struct {
 // ReadRequest reads one file.
 type ReadRequest struct {
 	Fence
-	Path string `json:"path"`
+	Activation *Activation `json:"activation,omitempty"`
+	Path       string      `json:"path"`
 	// MaxBytes refuses a larger file (ErrTooLarge); zero means
 	// MaxFileBytes, more is ErrInvalid.
 	MaxBytes int64 `json:"max_bytes,omitempty"`
@@ -246,6 +251,12 @@ type ReadRequest struct {
 
 // Conn is the agent protocol: what the control side asks of one cell's
 // agent. Implementations are safe for concurrent use.
+//
+// A lease request (Exec, Launch, WriteFile, ReadFile) may carry its
+// Activation, whose Fence must be the request's: the agent then activates,
+// or accepts the exact replay, before it admits the request — the same
+// answers as Activate — so that one round trip does both. The plane sends
+// it with every operation.
 //
 // Errors the agent decides are *Error values, matched with errors.Is
 // against the sentinels below; anything else (a broken channel, a context

@@ -226,6 +226,18 @@ func (a *cellAgent) Status(ctx context.Context) (agent.Status, error) {
 	return st, nil
 }
 
+// activateWith activates the agent with the activation a request carries
+// (agent.Conn), which Received shows as an "activate" message of its own.
+func (a *cellAgent) activateWith(ctx context.Context, fence agent.Fence, act *agent.Activation) error {
+	switch {
+	case act == nil:
+		return nil
+	case act.Fence != fence:
+		return agent.Errorf(agent.CodeInvalid, "the activation names another fence than the request")
+	}
+	return a.Activate(ctx, *act)
+}
+
 // Activate implements agent.Conn.
 func (a *cellAgent) Activate(ctx context.Context, act agent.Activation) error {
 	f, err := a.receive(ctx, "activate", act, nil)
@@ -253,6 +265,9 @@ func (a *cellAgent) Activate(ctx context.Context, act agent.Activation) error {
 
 // Exec implements agent.Conn.
 func (a *cellAgent) Exec(ctx context.Context, req agent.ExecRequest, out func(agent.Output) error) (agent.ExecResult, error) {
+	if err := a.activateWith(ctx, req.Fence, req.Activation); err != nil {
+		return agent.ExecResult{}, err
+	}
 	f, err := a.receive(ctx, "exec", req, req.Stdin)
 	if err != nil {
 		return agent.ExecResult{}, err
@@ -361,11 +376,14 @@ func terminal(code int, signal string, reason agent.Reason, pid *int) agent.Laun
 
 // Launch implements agent.Conn.
 func (a *cellAgent) Launch(ctx context.Context, req agent.LaunchRequest) (agent.LaunchStatus, error) {
+	if err := a.activateWith(ctx, req.Fence, req.Activation); err != nil {
+		return agent.LaunchStatus{}, err
+	}
 	f, err := a.receive(ctx, "launch", req, nil)
 	if err != nil {
 		return agent.LaunchStatus{}, err
 	}
-	spec, _ := json.Marshal(req)
+	spec, _ := json.Marshal(agent.LaunchRequest{Fence: req.Fence, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User}) // the activation is not the spec
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.fenced(f, req.Fence); err != nil {
@@ -428,6 +446,9 @@ func (a *cellAgent) LaunchStatus(ctx context.Context, fence agent.Fence) (agent.
 
 // WriteFile implements agent.Conn.
 func (a *cellAgent) WriteFile(ctx context.Context, req agent.WriteRequest, content io.Reader) (agent.FileInfo, error) {
+	if err := a.activateWith(ctx, req.Fence, req.Activation); err != nil {
+		return agent.FileInfo{}, err
+	}
 	data, err := io.ReadAll(io.LimitReader(content, agent.MaxFileBytes+1))
 	if err != nil {
 		return agent.FileInfo{}, fmt.Errorf("fake: reading the content: %w", err)
@@ -454,6 +475,9 @@ func (a *cellAgent) WriteFile(ctx context.Context, req agent.WriteRequest, conte
 
 // ReadFile implements agent.Conn.
 func (a *cellAgent) ReadFile(ctx context.Context, req agent.ReadRequest) (io.ReadCloser, int64, error) {
+	if err := a.activateWith(ctx, req.Fence, req.Activation); err != nil {
+		return nil, 0, err
+	}
 	f, err := a.receive(ctx, "read_file", req, nil)
 	if err != nil {
 		return nil, 0, err
