@@ -10,10 +10,11 @@
 // tenant-influenced data: the plane proves the boundary by the provider's
 // read-back, never by the agent's word.
 //
-// Three things implement [Conn]: [Agent] (the state machine itself, used
-// in-process by the fake driver and by the agent binary), [Client] (the
-// same calls over HTTP, on whatever channel a driver opens to its cell),
-// and anything a driver author wraps around them. [NewHandler] serves a
+// Three things implement [Conn]: [Agent] (the state machine itself, which
+// the agent binary serves), [Client] (the same calls over HTTP, on
+// whatever channel a driver opens to its cell), and anything a driver
+// author wraps around them or writes for tests (driver/fake keeps an
+// in-memory one). [NewHandler] serves a
 // Conn over HTTP; cmd/sandboxwich-agent is the static binary that serves
 // an Agent on a listener inside the cell.
 //
