@@ -26,9 +26,11 @@ import (
 // never the attestation, its digest, the binding or a token — and only
 // then sends the operation, carrying the same fence.
 //
-// The activation is sent before every operation, an exact replay after the
-// first, which the agent accepts: the plane keeps no record of which cells
-// it activated, so a restarted plane or another replica acts the same.
+// The activation goes with every operation, in the operation's own request
+// (agent.Conn): the first activates the agent and the later ones are exact
+// replays it accepts, so the plane keeps no record of which cells it
+// activated, a restarted plane or another replica acts the same, and
+// activating costs no round trip of its own.
 //
 // The agent's answers are reports, never proof. A refused fence, or any
 // answer a sterile cell's agent never gives, quarantines the cell and is
