@@ -103,7 +103,9 @@ func FuzzErrorResponse(f *testing.F) {
 				t.Fatalf("error text %q quotes the body", e.Error())
 			}
 		}
-		want := status == 429 || (status >= 500 && status != 501 && e.Code != errcode.AuthNotConfigured) ||
+		// 501, auth_not_configured and insufficient_storage are definite
+		// answers: repeating the request cannot change them.
+		want := status == 429 || (status >= 500 && status != 501 && e.Code != errcode.AuthNotConfigured && e.Code != errcode.InsufficientStorage) ||
 			(status == 409 && e.Code == errcode.ClaimContended)
 		if retryableStatus(e) != want {
 			t.Fatalf("retryable(%d %s) = %v", status, e.Code, !want)
