@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,15 +17,14 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/client"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -43,27 +41,16 @@ type agentE2E struct {
 
 func startAgentE2E(t *testing.T, cells int) *agentE2E {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	keys, err := attest.NewKeyring([]byte("sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	digest := strings.Repeat("a", 64)
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	quiet := slog.New(slog.DiscardHandler)
 	e := &agentE2E{prov: fake.NewWithAgent(fake.Config{Mode: driver.Apply, Kind: "fake"})}
-	e.rel = wire.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest,
-		Signature: keys.SignRelease("release-set-2026-08-07", string(lease.GVisorLowerRisk), digest)}
+	e.rel = testenv.Release(keys, lease.GVisorLowerRisk)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithPools(pool.Config{
 		Name: testPool, TenantID: "acme", Release: e.rel, Target: cells, Provider: e.prov}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	plane.Pools().Pass(ctx)
+	plane.Pools().Pass(t.Context())
 	h, err := httpapi.New(httpapi.Config{Plane: plane, Logger: quiet, Auth: httpapi.Auth{TenantTokens: map[string]string{tenantToken: "acme"}}})
 	if err != nil {
 		t.Fatal(err)

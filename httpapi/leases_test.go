@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -348,32 +347,4 @@ func jsonKeys(v any) []string {
 		}
 	}
 	return out
-}
-
-// TestLeaseSchemasMatchWire: the documented schemas of the listing,
-// revocation, inventory and evidence bodies have exactly their wire
-// types' fields.
-func TestLeaseSchemasMatchWire(t *testing.T) {
-	d := loadDoc(t)
-	for name, v := range map[string]any{
-		"LeaseSummary": wire.LeaseSummary{}, "LeasesResponse": wire.LeasesResponse{}, "RevokeRequest": wire.RevokeRequest{},
-		"InventoryEntry": wire.InventoryEntry{}, "InventoryResponse": wire.InventoryResponse{},
-		"Evidence": wire.Evidence{}, "EvidenceResponse": wire.EvidenceResponse{},
-	} {
-		ref := d.Components.Schemas[name]
-		if ref == nil {
-			t.Errorf("no schema %s", name)
-			continue
-		}
-		var props []string
-		for p := range ref.Value.Properties {
-			props = append(props, p)
-		}
-		fields := jsonFields(reflect.TypeOf(v))
-		sort.Strings(props)
-		sort.Strings(fields)
-		if !slices.Equal(props, fields) {
-			t.Errorf("%s: schema properties %v, wire fields %v", name, props, fields)
-		}
-	}
 }

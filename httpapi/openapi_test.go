@@ -203,6 +203,9 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		"LaunchRequest": wire.LaunchRequest{}, "Launch": wire.Launch{}, "LaunchResponse": wire.LaunchResponse{},
 		"FileWriteRequest": wire.FileWriteRequest{}, "FileWriteResponse": wire.FileWriteResponse{},
 		"FileReadRequest": wire.FileReadRequest{},
+		"LeaseSummary":    wire.LeaseSummary{}, "LeasesResponse": wire.LeasesResponse{}, "RevokeRequest": wire.RevokeRequest{},
+		"InventoryEntry": wire.InventoryEntry{}, "InventoryResponse": wire.InventoryResponse{},
+		"Evidence": wire.Evidence{}, "EvidenceResponse": wire.EvidenceResponse{},
 	} {
 		ref := d.Components.Schemas[name]
 		if ref == nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -18,13 +17,12 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
-	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/httpapi"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
-	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -39,26 +37,16 @@ type cellTestServer struct {
 
 func startCellTestServer(t *testing.T, cells int) *cellTestServer {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	keys, err := attest.NewKeyring([]byte("sandboxwich-test-sterile-cell-signing-key-32-bytes-minimum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	digest := strings.Repeat("a", 64)
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	quiet := slog.New(slog.DiscardHandler)
 	s := &cellTestServer{prov: fake.NewWithAgent(fake.Config{Mode: driver.Apply, Kind: "fake"})}
-	s.rel = wire.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest,
-		Signature: keys.SignRelease("release-set-2026-08-07", string(lease.GVisorLowerRisk), digest)}
+	s.rel = testenv.Release(keys, lease.GVisorLowerRisk)
+	var err error
 	if s.plane, err = sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithPools(pool.Config{
 		Name: cliTestPool, TenantID: "acme", Release: s.rel, Target: cells, Provider: s.prov})); err != nil {
 		t.Fatal(err)
 	}
-	s.plane.Pools().Pass(ctx)
+	s.plane.Pools().Pass(t.Context())
 	h, err := httpapi.New(httpapi.Config{Plane: s.plane, Logger: quiet, Auth: httpapi.Auth{TenantTokens: map[string]string{cliTestTenantToken: "acme"}}})
 	if err != nil {
 		t.Fatal(err)
