@@ -63,6 +63,12 @@ const (
 	// EventsExpired (410): the requested events are older than the log's
 	// retention.
 	EventsExpired Code = "events_expired"
+
+	// StoreUnavailable (503, Retry-After): the database could not take the
+	// operation (unreachable, restarting, out of space). An operation whose
+	// connection broke during its commit may have committed: retry it as
+	// it was (a claim under the same claim_id; the fence decides).
+	StoreUnavailable Code = "store_unavailable"
 )
 
 // HTTPStatus is the status a code is answered with. InvalidRequest is 422
@@ -97,6 +103,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusRequestHeaderFieldsTooLarge
 	case InsufficientStorage:
 		return http.StatusInsufficientStorage
+	case StoreUnavailable:
+		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError
 	}
@@ -172,4 +180,5 @@ var (
 	ErrFileAccessDenied               = &Error{Code: FileAccessDenied}
 	ErrInsufficientStorage            = &Error{Code: InsufficientStorage}
 	ErrEventsExpired                  = &Error{Code: EventsExpired}
+	ErrStoreUnavailable               = &Error{Code: StoreUnavailable}
 )

@@ -28,7 +28,7 @@ func TestHTTPStatus(t *testing.T) {
 		InvalidIdempotencyKey: 400, IdempotencyKeyReused: 409, IdempotencyInProgress: 409,
 		ExecUnsupported: http.StatusNotImplemented, RequestHeaderTooLarge: 431,
 		CellAgentUnverified: 409, ImageDigestUnverified: 409, UserUnsupported: 422, FileNotFound: 404,
-		FileAccessDenied: 403, InsufficientStorage: 507, EventsExpired: 410,
+		FileAccessDenied: 403, InsufficientStorage: 507, EventsExpired: 410, StoreUnavailable: 503,
 	} {
 		if got := code.HTTPStatus(); got != status {
 			t.Errorf("%s: %d, want %d", code, got, status)

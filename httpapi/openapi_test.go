@@ -142,6 +142,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		errcode.PayloadTooLarge: "PayloadTooLarge", errcode.UnsupportedMediaType: "UnsupportedMediaType",
 		errcode.RequestHeaderTooLarge: "RequestHeaderTooLarge", errcode.Internal: "Internal", errcode.AuthNotConfigured: "Internal",
 		errcode.ExecUnsupported: "NotImplemented", errcode.InsufficientStorage: "InsufficientStorage",
+		errcode.StoreUnavailable: "ServiceUnavailable",
 	} {
 		if !slices.Contains(enum, any(string(code))) {
 			t.Errorf("%s is not in the ErrorResponse code enum", code)

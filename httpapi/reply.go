@@ -71,7 +71,11 @@ func jsonReply(status int, v any) (reply, error) {
 // code, and internal ones, become 500 internal with a generic message; their
 // cause is logged.
 func (h *handler) errorReply(r *http.Request, err error) reply {
-	return envelope(h.wireError(r, err))
+	rep := envelope(h.wireError(r, err))
+	if rep.status == http.StatusServiceUnavailable {
+		rep.header = http.Header{"Retry-After": {"1"}}
+	}
+	return rep
 }
 
 // wireError is the status, code and message err is answered with. Errors
@@ -83,6 +87,9 @@ func (h *handler) wireError(r *http.Request, err error) (int, errcode.Code, stri
 	switch {
 	case errors.As(err, &se):
 		return se.status, se.err.Code, se.err.Message
+	case errors.As(err, &ce) && ce.Code == errcode.StoreUnavailable:
+		h.logCause(r, slog.LevelWarn, "httpapi: database unavailable", err)
+		return ce.Code.HTTPStatus(), ce.Code, ce.Message
 	case errors.As(err, &ce) && ce.Code != errcode.Internal:
 		return ce.Code.HTTPStatus(), ce.Code, ce.Message
 	}
@@ -112,7 +119,12 @@ func envelope(status int, code errcode.Code, msg string) reply {
 // logInternal logs the cause of an internal error (never a secret: causes
 // are store and encoding errors, which do not carry request bodies).
 func (h *handler) logInternal(r *http.Request, err error) {
-	level := slog.LevelError
+	h.logCause(r, slog.LevelError, "httpapi: internal error", err)
+}
+
+// logCause logs err with its cause at level (info when the client went
+// away).
+func (h *handler) logCause(r *http.Request, level slog.Level, msg string, err error) {
 	if r.Context().Err() != nil {
 		level = slog.LevelInfo // the client went away
 	}
@@ -120,7 +132,7 @@ func (h *handler) logInternal(r *http.Request, err error) {
 	if ce, ok := errors.AsType[*errcode.Error](err); ok && ce.Err != nil {
 		cause += ": " + ce.Err.Error()
 	}
-	h.log.LogAttrs(r.Context(), level, "httpapi: internal error",
+	h.log.LogAttrs(r.Context(), level, msg,
 		slog.String("request_id", requestIDOf(r.Context())), slog.String("error", cause))
 }
 

@@ -105,7 +105,13 @@ harness crash-gvisor 12m "${bin[@]}" "${mode[@]}"
 # 3. Soak: 60 s quick, 10 minutes full.
 harness soak 15m "${bin[@]}" "${mode[@]}"
 
-# 4. Hostile input, security and provider faults: the Go tests of the
+# 4. The database goes away under load and comes back: a private
+#    PostgreSQL cluster restarted under two replicas, and SQLite's disk
+#    filling up (4 outages quick, 16 full).
+harness pg-restart 8m "${bin[@]}" "${mode[@]}"
+harness disk-full 8m "${bin[@]}" "${mode[@]}"
+
+# 5. Hostile input, security and provider faults: the Go tests of the
 #    other suites, one check. A fresh PostgreSQL database backs the tests
 #    that need one.
 hostile_db="sbw_rel_hostile_$$"
@@ -136,7 +142,7 @@ fi
 psql -h 127.0.0.1 -U postgres -d test -qc "DROP DATABASE IF EXISTS $hostile_db WITH (FORCE)" >/dev/null 2>&1 || true
 unset SANDBOXWICH_TEST_POSTGRES_URL
 
-# 5. Fuzzing: every fuzz target, found now (they are written concurrently),
+# 6. Fuzzing: every fuzz target, found now (they are written concurrently),
 #    gets its own `go test -fuzz` run. Quick runs share a budget for them:
 #    once it is spent, the remaining targets of a package run their seed
 #    corpus in one `go test` (every target is still checked, one line each).

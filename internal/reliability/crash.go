@@ -1,9 +1,12 @@
 package reliability
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -92,9 +95,16 @@ type crashRun struct {
 	stop  atomic.Bool
 	mu    sync.Mutex
 	rep   CrashReport
-	cl    *client.Client
+	cls   []*client.Client // load client i talks to cls[i % len]
 	dirOf string
 	acks  map[string]string // claim ID → lease ID of every answered claim
+	codes map[string]int    // "status/code" of every 5xx answer, retries included
+}
+
+func newCrashRun(env *Env, cfg CrashConfig) *crashRun {
+	r := &crashRun{cfg: cfg, env: env, hist: NewHistory(cfg.Target), acks: map[string]string{}, codes: map[string]int{}}
+	r.rep.Interrupted = map[string]int{}
+	return r
 }
 
 // RunCrash runs the loop: start the server, put claim and release load on
@@ -102,8 +112,7 @@ type crashRun struct {
 // state after every kill; then stop the load, let the pool converge, and
 // check the final state.
 func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, error) {
-	r := &crashRun{cfg: cfg, env: env, hist: NewHistory(cfg.Target), acks: map[string]string{}}
-	r.rep.Interrupted = map[string]int{}
+	r := newCrashRun(env, cfg)
 	if cfg.DatabaseURL == "" {
 		cfg.DatabaseURL = "sqlite://" + filepath.Join(env.Dir, "crash.sqlite")
 		r.cfg.DatabaseURL = cfg.DatabaseURL
@@ -158,8 +167,7 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		return r.rep, err
 	}
 	defer db.Close()
-	if r.cl, err = client.New("http://"+r.addr, client.WithToken(env.TenantToken),
-		client.WithRetry(8, 50*time.Millisecond, time.Second)); err != nil {
+	if err := r.connect(r.addr); err != nil {
 		return r.rep, err
 	}
 
@@ -200,7 +208,26 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 	r.stop.Store(true)
 	stopSampling()
 	wg.Wait()
+	r.settle(ctx, db, srv.Kill)
+	return r.rep, nil
+}
 
+// connect adds a load client of the server at addr.
+func (r *crashRun) connect(addr string) error {
+	hc := &http.Client{Transport: codeCounter{base: http.DefaultTransport, r: r}}
+	cl, err := client.New("http://"+addr, client.WithToken(r.env.TenantToken), client.WithHTTPClient(hc),
+		client.WithRetry(8, 50*time.Millisecond, time.Second))
+	if err == nil {
+		r.cls = append(r.cls, cl)
+	}
+	return err
+}
+
+// settle waits for the pool to converge once the load stopped, stops the
+// servers (stop) and checks the final state: the provider's objects, and
+// every lease a client was given.
+func (r *crashRun) settle(ctx context.Context, db *DB, stop func()) Snapshot {
+	cfg := r.cfg
 	t0 := time.Now()
 	settled := false
 	for time.Since(t0) < cfg.Converge && ctx.Err() == nil {
@@ -216,7 +243,7 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		time.Sleep(250 * time.Millisecond)
 	}
 	r.rep.ConvergeTime = time.Since(t0)
-	srv.Kill()
+	stop()
 	final := r.frozen(ctx, db, true)
 	if !settled {
 		r.hist.mu.Lock()
@@ -227,7 +254,7 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 	r.rep.Final = final.Counts()
 	r.rep.Snapshots, r.rep.MaxLive, r.rep.Leases = r.hist.Stats()
 	r.rep.Violations = append(r.rep.Violations, r.hist.Violations()...)
-	return r.rep, nil
+	return final
 }
 
 func (r *crashRun) objects(ctx context.Context) ([]string, error) {
@@ -295,6 +322,7 @@ func (r *crashRun) sample(ctx context.Context, db *DB) {
 // retried under the same claim ID.
 func (r *crashRun) load(i int) {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, uint64(100+i)))
+	cl := r.cls[i%len(r.cls)]
 	binding := lease.Binding{OrganizationID: "org-crash", WorkspaceID: "ws", ThreadID: fmt.Sprintf("t-%d", i), RunnerSessionID: "s"}
 	var claimID uuid.UUID
 	seconds := uint64(10) // below the pool's ready TTL, so that ready cells are claimable
@@ -303,7 +331,7 @@ func (r *crashRun) load(i int) {
 			claimID = uuid.Must(uuid.NewV7())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		c, err := r.cl.Claim(ctx, wire.ClaimRequest{ClaimID: &claimID, Release: r.env.Release, Binding: binding, LeaseSeconds: &seconds})
+		c, err := cl.Claim(ctx, wire.ClaimRequest{ClaimID: &claimID, Release: r.env.Release, Binding: binding, LeaseSeconds: &seconds})
 		cancel()
 		var ce *client.Error
 		switch {
@@ -330,7 +358,7 @@ func (r *crashRun) load(i int) {
 		}
 		for attempt := 0; attempt < 20 && !r.stop.Load(); attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err := r.cl.Release(ctx, c.Lease.LeaseID, c.Proof(), d)
+			_, err := cl.Release(ctx, c.Lease.LeaseID, c.Proof(), d)
 			cancel()
 			if err == nil || (errors.As(err, &ce) && ce.Status < 500) {
 				r.count(func() { r.rep.Releases++ })
@@ -339,6 +367,44 @@ func (r *crashRun) load(i int) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
+}
+
+// codeCounter counts every 5xx answer by status and wire code, each
+// attempt of the client's retries on its own.
+type codeCounter struct {
+	base http.RoundTripper
+	r    *crashRun
+}
+
+func (t codeCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(req)
+	if err != nil || resp.StatusCode < 500 {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	var e struct{ Code string }
+	_ = json.Unmarshal(body, &e)
+	t.r.count(func() { t.r.codes[fmt.Sprintf("%d/%s", resp.StatusCode, e.Code)]++ })
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
+}
+
+// failures returns a copy of the counts of 5xx answers by status/code.
+func (r *crashRun) failures() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.codes)
+}
+
+// claims returns the number of acknowledged claims.
+func (r *crashRun) claims() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rep.Claims
 }
 
 func (r *crashRun) count(fn func()) {
@@ -359,9 +425,29 @@ func (r *crashRun) checkAcknowledged(s Snapshot) {
 	r.mu.Lock()
 	acks := maps.Clone(r.acks)
 	r.mu.Unlock()
+	for _, v := range lostAcks(acks, s) {
+		r.violation("%s", v)
+	}
+}
+
+// ackCanary reports whether checkAcknowledged would catch a claim that
+// was answered with a lease the database does not hold: the acknowledged
+// claims plus one made up, checked against the final snapshot s.
+func (r *crashRun) ackCanary(s Snapshot) bool {
+	r.mu.Lock()
+	acks := maps.Clone(r.acks)
+	r.mu.Unlock()
+	acks[uuid.NewString()] = uuid.NewString()
+	return len(lostAcks(acks, s)) > 0
+}
+
+// lostAcks returns a violation for every acknowledged claim (claim ID →
+// lease ID) whose fence or lease s does not hold.
+func lostAcks(acks map[string]string, s Snapshot) []string {
+	var out []string
 	for claimID, leaseID := range acks {
 		if got, ok := s.Fences[claimID]; !ok || got != leaseID {
-			r.violation("acknowledged claim %s (lease %s) lost: fence holds %q", claimID, leaseID, got)
+			out = append(out, fmt.Sprintf("acknowledged claim %s (lease %s) lost: fence holds %q", claimID, leaseID, got))
 		}
 	}
 	found := map[string]bool{}
@@ -372,9 +458,10 @@ func (r *crashRun) checkAcknowledged(s Snapshot) {
 	}
 	for _, leaseID := range acks {
 		if !found[leaseID] {
-			r.violation("acknowledged lease %s is on no cell", leaseID)
+			out = append(out, fmt.Sprintf("acknowledged lease %s is on no cell", leaseID))
 		}
 	}
+	return out
 }
 
 // gvisorLister is the gVisor driver over the server's state root, listing

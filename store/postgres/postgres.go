@@ -30,11 +30,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
+	"syscall"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -113,6 +117,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 		WritableCTE:     true,
 		Retryable:       retryable,
 		UniqueViolation: uniqueViolation,
+		Unavailable:     unavailable,
 		SchemaVersion:   version,
 	})}, nil
 }
@@ -152,3 +157,23 @@ func retryable(err error) bool {
 }
 
 func uniqueViolation(err error) bool { return pqCode(err) == pqerror.UniqueViolation }
+
+// unavailable: the server is unreachable or the connection broke (a
+// network error, or the connection's end without an answer), it is
+// shutting down or starting (class 57: admin_shutdown, crash_shutdown,
+// cannot_connect_now), or it lacks resources (class 53: disk_full,
+// too_many_connections, …), or the connection failed (class 08).
+func unavailable(err error) bool {
+	if c := pqCode(err); c != "" {
+		switch c.Class() {
+		case pqerror.ClassConnectionException, pqerror.ClassInsufficientResources, pqerror.ClassOperatorIntervention:
+			return c != pqerror.QueryCanceled
+		}
+		return false
+	}
+	if _, ok := errors.AsType[*net.OpError](err); ok {
+		return true
+	}
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

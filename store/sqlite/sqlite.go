@@ -106,6 +106,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		Bind:            sqlx.QUESTION,
 		Retryable:       retryable,
 		UniqueViolation: uniqueViolation,
+		Unavailable:     unavailable,
 		SchemaVersion:   version,
 		HeldBegin:       "BEGIN IMMEDIATE",
 	})}, nil
@@ -154,6 +155,16 @@ func code(err error) int {
 func retryable(err error) bool {
 	switch code(err) & 0xff {
 	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
+}
+
+// unavailable: the disk is full, or the file cannot be read, written or
+// opened (SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN).
+func unavailable(err error) bool {
+	switch code(err) & 0xff {
+	case sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN:
 		return true
 	}
 	return false

@@ -46,6 +46,11 @@ type Dialect struct {
 	Retryable func(error) bool
 	// UniqueViolation reports whether err is a unique-constraint violation.
 	UniqueViolation func(error) bool
+	// Unavailable reports whether the database could not take the
+	// operation for a reason outside the request (unreachable, shutting
+	// down or restarting, out of space): such an error is answered 503
+	// store_unavailable, which clients retry.
+	Unavailable func(error) bool
 	// SchemaVersion is the migration version Ping requires.
 	SchemaVersion int64
 	// HeldBegin, when set, makes the Store hold one connection of the
@@ -266,9 +271,11 @@ func backoff(ctx context.Context, attempt int) error {
 }
 
 // fail maps an unexpected database error to an internal error that keeps
-// its cause for logs; wire errors pass through unchanged. An operation
-// whose context ended fails with the context's error, however the driver
-// reported it (Postgres: "canceling statement due to user request").
+// its cause for logs, or to store_unavailable when the dialect says the
+// database could not take it; wire errors pass through unchanged. An
+// operation whose context ended fails with the context's error, however
+// the driver reported it (Postgres: "canceling statement due to user
+// request").
 func (s *Store) fail(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
@@ -282,7 +289,11 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return fmt.Errorf("%s %s: %w (%v)", s.d.Name, op, cerr, err)
 	}
-	return errcode.Wrap(errcode.Internal, "storage failure", fmt.Errorf("%s %s: %w", s.d.Name, op, err))
+	cause := fmt.Errorf("%s %s: %w", s.d.Name, op, err)
+	if s.d.Unavailable != nil && s.d.Unavailable(err) {
+		return errcode.Wrap(errcode.StoreUnavailable, "the database is unavailable; retry later", cause)
+	}
+	return errcode.Wrap(errcode.Internal, "storage failure", cause)
 }
 
 func affected(res sql.Result, err error) (int64, error) {

@@ -13,6 +13,8 @@
 //	crash-dir          SIGKILL loop, SQLite, a pool on a file-backed provider that outlives the process
 //	crash-gvisor       SIGKILL loop, SQLite, a pool of real runsc (gVisor) cells
 //	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
+//	pg-restart         PostgreSQL stopped, started and restarted (fast and immediate) under two replicas' load
+//	disk-full          SQLite's disk fills up during commits, then space returns
 package main
 
 import (
@@ -112,6 +114,8 @@ func dispatch(ctx context.Context, env *reliability.Env, check string, o options
 		return crash(ctx, env, check, o)
 	case "soak":
 		return soak(ctx, env, o)
+	case "pg-restart", "disk-full":
+		return outage(ctx, env, check, o)
 	}
 	return false, "unknown check (see -h)"
 }
@@ -221,4 +225,20 @@ func soak(ctx context.Context, env *reliability.Env, o options) (bool, string) {
 		return false, "the server died during the soak: " + rep.String()
 	}
 	return rep.Passed(), fmt.Sprintf("%d clients for %s: %s", o.clients, d, rep)
+}
+
+func outage(ctx context.Context, env *reliability.Env, check string, o options) (bool, string) {
+	if o.bin == "" {
+		return false, "-bin is required"
+	}
+	cfg := reliability.OutageConfig{Bin: o.bin, Fault: check, Clients: 12, Between: 2 * time.Second, Hold: 2 * time.Second,
+		Recovery: 15 * time.Second, Converge: 60 * time.Second, Seed: o.seed, Outages: o.kills}
+	if cfg.Outages == 0 {
+		cfg.Outages = map[bool]int{true: 4, false: 16}[o.quick]
+	}
+	rep, err := reliability.RunOutage(ctx, env, cfg)
+	if err != nil {
+		return false, err.Error()
+	}
+	return len(rep.Violations) == 0, rep.String()
 }
