@@ -94,6 +94,9 @@ type Plane struct {
 
 	maxPrepare time.Duration // how far ahead a prepared cell may expire
 	maxOutput  int           // cap of each exec output stream, in bytes
+
+	clockEvery time.Duration // 0: Now is the plane's own clock
+	clock      clockOffset   // from the database's clock (clock.go)
 }
 
 // Option configures a Plane.
@@ -148,6 +151,7 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 		maxLease:   MaxLeaseSeconds,
 		maxPrepare: DefaultMaxPrepareAhead,
 		maxOutput:  MaxExecOutput,
+		clockEvery: DefaultClockSyncInterval,
 	}
 	for _, o := range opts {
 		o(p)
@@ -183,11 +187,18 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	return p, nil
 }
 
-// Run keeps the pools warm and sweeps expired cells until ctx ends. Call it
+// Run keeps the pools warm, sweeps expired cells and keeps the plane's
+// clock in step with the database's (SyncClock) until ctx ends. Call it
 // once, in its own goroutine; claims work without it, but pools are neither
 // refilled nor stopped.
 func (p *Plane) Run(ctx context.Context) error {
+	if err := p.SyncClock(ctx); err != nil && ctx.Err() == nil {
+		p.log.Warn("clock sync", "error", err)
+	}
 	g, ctx := errgroup.WithContext(ctx)
+	if _, ok := p.store.(store.Clock); ok && p.clockEvery > 0 {
+		g.Go(func() error { p.syncClock(ctx); return nil })
+	}
 	if p.pools != nil {
 		g.Go(func() error { return p.pools.Run(ctx) })
 	}
@@ -239,8 +250,11 @@ func (p *Plane) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 // the plane's own store.
 func (p *Plane) Idempotency() store.IdempotencyStore { return p.store }
 
-// Now returns the plane's current time, truncated to microseconds.
-func (p *Plane) Now() time.Time { return p.now().UTC().Truncate(time.Microsecond) }
+// Now returns the plane's current time, truncated to microseconds: its clock
+// (WithClock) plus its measured offset from the database's (SyncClock).
+func (p *Plane) Now() time.Time {
+	return p.now().Add(time.Duration(p.clock.offset.Load())).UTC().Truncate(time.Microsecond)
+}
 
 // ClaimRequest asks for one cell.
 type ClaimRequest struct {

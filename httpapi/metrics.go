@@ -61,7 +61,7 @@ func newMetrics(reg *prometheus.Registry, plane *sandboxwich.Plane) (*metrics, e
 	for _, r := range []sandboxwich.EmptyReason{sandboxwich.EmptyNoInventory, sandboxwich.EmptyExpiresTooSoon, sandboxwich.EmptyHeldBack} {
 		m.empty.WithLabelValues(string(r))
 	}
-	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(plane), buildInfo()}
+	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(plane), newClockCollector(plane), buildInfo()}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, done := range cs[:i] {
@@ -121,6 +121,32 @@ func (c *cellCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range []lease.State{lease.Ready, lease.Leased, lease.Destroyed, lease.Quarantined} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[s]), string(s))
+	}
+}
+
+// clockCollector reports the plane's measured offset from the database's
+// clock, when it has one (sandboxwich.Plane.ClockOffset).
+type clockCollector struct {
+	plane             *sandboxwich.Plane
+	offset, uncertain *prometheus.Desc
+}
+
+func newClockCollector(plane *sandboxwich.Plane) *clockCollector {
+	return &clockCollector{plane: plane,
+		offset: prometheus.NewDesc("sandboxwich_clock_offset_seconds",
+			"What this replica adds to its own clock to read the database's, which every expiry follows.", nil, nil),
+		uncertain: prometheus.NewDesc("sandboxwich_clock_uncertainty_seconds",
+			"Half the round trip of the best probe of the last clock-offset measurement.", nil, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *clockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.offset; ch <- c.uncertain }
+
+// Collect implements prometheus.Collector.
+func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
+	if off, unc, ok := c.plane.ClockOffset(); ok {
+		ch <- prometheus.MustNewConstMetric(c.offset, prometheus.GaugeValue, off.Seconds())
+		ch <- prometheus.MustNewConstMetric(c.uncertain, prometheus.GaugeValue, unc.Seconds())
 	}
 }
 

@@ -110,6 +110,8 @@ harness soak 15m "${bin[@]}" "${mode[@]}"
 #    filling up (4 outages quick, 16 full).
 harness pg-restart 8m "${bin[@]}" "${mode[@]}"
 harness disk-full 8m "${bin[@]}" "${mode[@]}"
+# … and replicas whose clocks disagree by 10 s.
+harness clock-skew 8m -postgres "$pg_admin" "${mode[@]}"
 
 # 5. Hostile input, security and provider faults: the Go tests of the
 #    other suites, one check. A fresh PostgreSQL database backs the tests

@@ -544,3 +544,14 @@ type IdempotencyResult struct {
 	Body      []byte
 	ExpiresAt time.Time
 }
+
+// Clock is implemented by a store whose database keeps the one clock every
+// replica sharing it can read (store/postgres). A plane over such a store
+// corrects its own clock by its measured offset from the database's, so
+// that replicas whose clocks disagree still agree on every expiry
+// (sandboxwich.WithClockSync). A store of one process (store/sqlite)
+// needs none: its replicas are one process on one clock.
+type Clock interface {
+	// DatabaseTime returns the database's current time.
+	DatabaseTime(ctx context.Context) (time.Time, error)
+}

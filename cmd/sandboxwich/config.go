@@ -36,6 +36,7 @@ type config struct {
 	MetricsPublic        bool
 	SweepInterval        time.Duration
 	PoolLockTTL          time.Duration
+	ClockSync            time.Duration
 	DisableExpirySweeper bool
 	MaxPrepareAhead      time.Duration
 	LogLevel             string
@@ -100,6 +101,8 @@ var settings = []setting{
 		apply: func(c *config, v string) error { return parseMillis(&c.SweepInterval, v) }},
 	{key: "pool_lock_ttl_ms", def: "15000", usage: "how long a pool member stays locked by a process that died acting on it",
 		apply: func(c *config, v string) error { return parseMillis(&c.PoolLockTTL, v) }},
+	{key: "clock_sync_interval_ms", def: "10000", usage: "how often to measure the offset from the database's clock (PostgreSQL), which every expiry follows; 0 trusts this host's clock",
+		apply: func(c *config, v string) error { return parseMillis(&c.ClockSync, v) }},
 	{key: "disable_expiry_sweeper", def: "false", usage: "do not quarantine expired cells of external workers",
 		apply: func(c *config, v string) error { return parseBool(&c.DisableExpirySweeper, v) }},
 	{key: "max_prepare_seconds", def: "604800", usage: "how far ahead a worker's prepare may set expires_at (1 s to 10 years)",

@@ -101,6 +101,7 @@ func dev(ctx context.Context, e env, args []string) error {
 		Workers: map[string]sandboxwich.Worker{workerToken: {ID: workerID, TenantID: "dev",
 			RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM}}},
 		SweepInterval:      time.Second,
+		ClockSync:          sandboxwich.DefaultClockSyncInterval,
 		LogLevel:           "info",
 		LogFormat:          "text",
 		ShutdownTimeout:    devShutdownGrace,

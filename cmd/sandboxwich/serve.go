@@ -114,7 +114,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
 		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds), sandboxwich.WithExecMaxOutput(c.ExecMaxOutputBytes),
 		sandboxwich.WithPoolOptions(pool.WithInterval(c.SweepInterval), pool.WithLockTTL(c.PoolLockTTL)), sandboxwich.WithSweepInterval(sweep),
-		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead))
+		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead), sandboxwich.WithClockSync(c.ClockSync))
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -151,6 +151,12 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		// oversized header with the JSON envelope (Go's own 431 is text).
 		MaxHeaderBytes: 16 * httpapi.MaxHeaderBytes,
 		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	// Expiries follow the database's clock from the first request on.
+	if err := s.plane.SyncClock(ctx); err != nil {
+		s.log.Warn("clock sync", "error", err)
+	} else if off, unc, ok := s.plane.ClockOffset(); ok {
+		s.log.Info("clock offset from the database", "offset", off, "uncertainty", unc)
 	}
 	planeCtx, stopPlane := context.WithCancel(context.WithoutCancel(ctx))
 	planeDone := make(chan error, 1)

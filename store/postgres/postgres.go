@@ -39,6 +39,7 @@ import (
 	"io/fs"
 	"net"
 	"syscall"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -61,7 +62,20 @@ type Store struct {
 	*sqlstore.Store
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store = (*Store)(nil)
+	_ store.Clock = (*Store)(nil)
+)
+
+// DatabaseTime implements store.Clock: the server's clock_timestamp(),
+// the time at the statement's execution (not at the transaction's start).
+func (s *Store) DatabaseTime(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if err := s.DB().QueryRowContext(ctx, "SELECT clock_timestamp()").Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("postgres: clock: %w", err)
+	}
+	return t, nil
+}
 
 // Options tunes Open. The zero value is the recommended configuration.
 type Options struct {

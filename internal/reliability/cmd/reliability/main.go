@@ -15,6 +15,7 @@
 //	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
 //	pg-restart         PostgreSQL stopped, started and restarted (fast and immediate) under two replicas' load
 //	disk-full          SQLite's disk fills up during commits, then space returns
+//	clock-skew         two replicas on PostgreSQL with clocks 5 s fast and 5 s slow: expiries follow the database's clock
 package main
 
 import (
@@ -116,6 +117,8 @@ func dispatch(ctx context.Context, env *reliability.Env, check string, o options
 		return soak(ctx, env, o)
 	case "pg-restart", "disk-full":
 		return outage(ctx, env, check, o)
+	case "clock-skew":
+		return skew(ctx, env, o)
 	}
 	return false, "unknown check (see -h)"
 }
@@ -241,4 +244,20 @@ func outage(ctx context.Context, env *reliability.Env, check string, o options) 
 		return false, err.Error()
 	}
 	return len(rep.Violations) == 0, rep.String()
+}
+
+func skew(ctx context.Context, env *reliability.Env, o options) (bool, string) {
+	if o.postgres == "" {
+		return false, "-postgres (or SANDBOXWICH_RELIABILITY_POSTGRES) is required"
+	}
+	cfg := reliability.SkewConfig{Postgres: o.postgres, Skew: 5 * time.Second, Leases: 40, Parallel: 8, LeaseSeconds: 2,
+		Bound: 100 * time.Millisecond, Canary: 4}
+	if !o.quick {
+		cfg.Leases = 400
+	}
+	rep, err := reliability.RunSkew(ctx, env, cfg)
+	if err != nil {
+		return false, err.Error()
+	}
+	return rep.Passed(), fmt.Sprintf("bound ±%s: %s", cfg.Bound, rep)
 }
