@@ -97,6 +97,9 @@ bin=(-bin "$artifacts/sandboxwich")
 harness lin-sqlite-worker 5m "${bin[@]}" -duration "$lin_time"
 harness lin-sqlite-pool 5m "${bin[@]}" -duration "$lin_time"
 harness lin-postgres 5m "${bin[@]}" -duration "$lin_time" -postgres "$pg_admin"
+# … and with the replicas' links to PostgreSQL cut and healed (network
+# namespaces; root).
+harness lin-partition 5m "${bin[@]}" -duration "$lin_time"
 
 # 2. Crash recovery: SIGKILL loops.
 harness crash-dir 8m "${bin[@]}" "${mode[@]}"
@@ -106,10 +109,12 @@ harness crash-gvisor 12m "${bin[@]}" "${mode[@]}"
 harness soak 15m "${bin[@]}" "${mode[@]}"
 
 # 4. The database goes away under load and comes back: a private
-#    PostgreSQL cluster restarted under two replicas, and SQLite's disk
-#    filling up (4 outages quick, 16 full).
+#    PostgreSQL cluster restarted under two replicas, SQLite's disk
+#    filling up, and one replica's link to PostgreSQL cut (4 outages
+#    quick, 16 full).
 harness pg-restart 8m "${bin[@]}" "${mode[@]}"
 harness disk-full 8m "${bin[@]}" "${mode[@]}"
+harness partition 8m "${bin[@]}" "${mode[@]}"
 # … and replicas whose clocks disagree by 10 s.
 harness clock-skew 8m -postgres "$pg_admin" "${mode[@]}"
 

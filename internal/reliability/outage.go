@@ -72,14 +72,18 @@ func (r OutageReport) String() string {
 
 // outage is one way of taking the database away and bringing it back.
 type outage interface {
+	// place returns the spec replica i runs with, and the address it
+	// listens on ("" for a free loopback port).
+	place(i int, spec ServerSpec) (ServerSpec, string)
 	// away takes the database away in the way of round k and reports what
 	// it did.
 	away(ctx context.Context, k int) (string, error)
 	// back brings it back.
 	back(ctx context.Context) error
-	// down reports whether the database is away in a way every /readyz
-	// must see (a stopped server; a full disk still answers reads).
-	down() bool
+	// gone returns the replicas whose database is away in a way their
+	// /readyz must see (a stopped server, a cut link; a full disk still
+	// answers reads).
+	gone() []int
 	// check returns a violation found in the database at the end, or "".
 	check(ctx context.Context, db *DB) string
 }
@@ -108,13 +112,21 @@ func RunOutage(ctx context.Context, env *Env, cfg OutageConfig) (OutageReport, e
 	)
 	switch cfg.Fault {
 	case "pg-restart":
-		c, err := StartCluster(ctx)
+		c, err := StartCluster(ctx, nil, nil)
 		if err != nil {
 			return rep, err
 		}
 		defer c.Remove()
 		crash.DatabaseURL, replicas = c.URL, 2
-		o = &pgOutage{c: c}
+		o = &pgOutage{c: c, n: replicas}
+	case "partition":
+		p, err := newNetSplit(ctx, cfg.Bin, 2)
+		if err != nil {
+			return rep, err
+		}
+		defer p.remove()
+		crash.DatabaseURL, replicas = p.c.URL, 2
+		o = p
 	case "disk-full":
 		d, err := newFullDisk(filepath.Join(env.Dir, "disk"), 32<<20)
 		if err != nil {
@@ -145,9 +157,9 @@ func RunOutage(ctx context.Context, env *Env, cfg OutageConfig) (OutageReport, e
 	}
 	defer func() { stopAll() }()
 	for i := range replicas {
-		spec := r.spec
+		spec, addr := o.place(i, r.spec)
 		spec.LogFile = filepath.Join(env.Dir, fmt.Sprintf("server-%d.log", i))
-		srv, err := env.Start(ctx, spec, "")
+		srv, err := env.Start(ctx, spec, addr)
 		if err != nil {
 			return rep, err
 		}
@@ -179,12 +191,10 @@ func RunOutage(ctx context.Context, env *Env, cfg OutageConfig) (OutageReport, e
 		}
 		rep.Outages++
 		rep.Modes = append(rep.Modes, mode)
-		if o.down() {
-			// Every replica must see that its database is gone.
-			for i, s := range servers {
-				if ready(s.URL) {
-					r.violation("outage %d (%s): server %d answered /readyz 200 with its database stopped", k+1, mode, i)
-				}
+		// A replica whose database is gone must say so.
+		for _, i := range o.gone() {
+			if ready(servers[i].URL) {
+				r.violation("outage %d (%s): server %d answered /readyz 200 without its database", k+1, mode, i)
 			}
 		}
 		time.Sleep(cfg.Hold)
@@ -238,8 +248,11 @@ func RunOutage(ctx context.Context, env *Env, cfg OutageConfig) (OutageReport, e
 // pgOutage stops and starts a private PostgreSQL cluster.
 type pgOutage struct {
 	c       *Cluster
+	n       int // replicas
 	stopped bool
 }
+
+func (p *pgOutage) place(_ int, spec ServerSpec) (ServerSpec, string) { return spec, "" }
 
 // The rounds cycle through pg_ctl restart and stop + hold + start, each
 // with the fast and the immediate shutdown mode.
@@ -266,7 +279,16 @@ func (p *pgOutage) back(ctx context.Context) error {
 	return p.c.Start(ctx)
 }
 
-func (p *pgOutage) down() bool { return p.stopped }
+func (p *pgOutage) gone() []int {
+	if !p.stopped {
+		return nil
+	}
+	all := make([]int, p.n)
+	for i := range all {
+		all[i] = i
+	}
+	return all
+}
 
 func (p *pgOutage) check(context.Context, *DB) string { return "" }
 
@@ -306,7 +328,9 @@ func (d *fullDisk) away(context.Context, int) (string, error) {
 
 func (d *fullDisk) back(context.Context) error { return os.Remove(d.filler()) }
 
-func (d *fullDisk) down() bool { return false }
+func (d *fullDisk) place(_ int, spec ServerSpec) (ServerSpec, string) { return spec, "" }
+
+func (d *fullDisk) gone() []int { return nil }
 
 // check runs SQLite's integrity check on the database the full disk held.
 func (d *fullDisk) check(ctx context.Context, db *DB) string {

@@ -24,19 +24,22 @@ type Cluster struct {
 	port   int
 	bindir string
 	owner  []string // runuser -u postgres -- when running as root
+	listen []string // addresses beside 127.0.0.1
 }
 
 // StartCluster creates and starts a cluster under a new directory of
 // os.TempDir() (PostgreSQL refuses to run as root, so as root the cluster
 // belongs to the user postgres, and its directory must be one that user
-// can reach).
-func StartCluster(ctx context.Context) (*Cluster, error) {
+// can reach). It listens on 127.0.0.1 and on the addresses of listen, and
+// lets user postgres in without a password from 127.0.0.1 and from the
+// networks of trust (CIDR).
+func StartCluster(ctx context.Context, listen, trust []string) (*Cluster, error) {
 	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
 	if len(bins) == 0 {
 		return nil, fmt.Errorf("no PostgreSQL server binaries (scripts/start-postgres.sh installs them)")
 	}
 	sort.Strings(bins)
-	c := &Cluster{bindir: filepath.Dir(bins[len(bins)-1])}
+	c := &Cluster{bindir: filepath.Dir(bins[len(bins)-1]), listen: listen}
 	dir, err := os.MkdirTemp("", "sbw-rel-pg-")
 	if err != nil {
 		return nil, err
@@ -64,6 +67,20 @@ func StartCluster(ctx context.Context) (*Cluster, error) {
 		c.Remove()
 		return nil, fmt.Errorf("initdb: %w: %s", err, out)
 	}
+	if len(trust) > 0 {
+		hba, err := os.OpenFile(filepath.Join(c.data(), "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			c.Remove()
+			return nil, err
+		}
+		for _, n := range trust {
+			fmt.Fprintf(hba, "host all postgres %s trust\n", n)
+		}
+		if err := hba.Close(); err != nil {
+			c.Remove()
+			return nil, err
+		}
+	}
 	if err := c.Start(ctx); err != nil {
 		c.Remove()
 		return nil, err
@@ -72,8 +89,13 @@ func StartCluster(ctx context.Context) (*Cluster, error) {
 		c.Remove()
 		return nil, fmt.Errorf("create database: %w: %s", err, out)
 	}
-	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/rel?sslmode=disable", c.port)
+	c.URL = c.URLAt("127.0.0.1")
 	return c, nil
+}
+
+// URLAt is the URL of the database "rel" through the address host.
+func (c *Cluster) URLAt(host string) string {
+	return fmt.Sprintf("postgres://postgres@%s/rel?sslmode=disable", net.JoinHostPort(host, strconv.Itoa(c.port)))
 }
 
 func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
@@ -82,7 +104,8 @@ func (c *Cluster) log() string  { return filepath.Join(c.dir, "postgres.log") }
 // opts are the server's options: loopback only, the socket in the
 // cluster's directory.
 func (c *Cluster) opts() string {
-	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200", c.port, c.dir)
+	return fmt.Sprintf("-c listen_addresses=%s -p %d -k %s -c max_connections=200",
+		strings.Join(append([]string{"127.0.0.1"}, c.listen...), ","), c.port, c.dir)
 }
 func (c *Cluster) admin() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)

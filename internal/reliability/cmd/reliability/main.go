@@ -10,11 +10,13 @@
 //	lin-sqlite-worker  linearizability, SQLite, inventory prepared by an external worker
 //	lin-sqlite-pool    linearizability, SQLite, a dry-run pool
 //	lin-postgres       linearizability, PostgreSQL, two servers sharing the database, worker and pool inventory
+//	lin-partition      lin-postgres with the servers in network namespaces whose links to PostgreSQL are cut and healed
 //	crash-dir          SIGKILL loop, SQLite, a pool on a file-backed provider that outlives the process
 //	crash-gvisor       SIGKILL loop, SQLite, a pool of real runsc (gVisor) cells
 //	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
 //	pg-restart         PostgreSQL stopped, started and restarted (fast and immediate) under two replicas' load
 //	disk-full          SQLite's disk fills up during commits, then space returns
+//	partition          two replicas in network namespaces; one's link to PostgreSQL is cut and healed
 //	clock-skew         two replicas on PostgreSQL with clocks 5 s fast and 5 s slow: expiries follow the database's clock
 package main
 
@@ -109,13 +111,13 @@ func (o options) dur(quick, full time.Duration) time.Duration {
 
 func dispatch(ctx context.Context, env *reliability.Env, check string, o options) (bool, string) {
 	switch check {
-	case "lin-sqlite-worker", "lin-sqlite-pool", "lin-postgres":
+	case "lin-sqlite-worker", "lin-sqlite-pool", "lin-postgres", "lin-partition":
 		return lin(ctx, env, check, o)
 	case "crash-dir", "crash-gvisor":
 		return crash(ctx, env, check, o)
 	case "soak":
 		return soak(ctx, env, o)
-	case "pg-restart", "disk-full":
+	case "pg-restart", "disk-full", "partition":
 		return outage(ctx, env, check, o)
 	case "clock-skew":
 		return skew(ctx, env, o)
@@ -138,13 +140,20 @@ func lin(ctx context.Context, env *reliability.Env, check string, o options) (bo
 		cfg.Worker = true
 	case "lin-sqlite-pool":
 		cfg.Pool = true
-	case "lin-postgres":
+	case "lin-postgres", "lin-partition":
 		cfg.Worker, cfg.Pool = true, true
 		servers = 2
 	}
 	if cfg.Pool {
 		spec.Pool = reliability.PoolSpec{Provider: "dry-run", Target: 24, MaxProvisioning: 8,
 			Settings: map[string]string{"latency_ms": "20"}}
+	}
+	if check == "lin-partition" {
+		rep, cuts, err := reliability.RunLinPartition(ctx, env, cfg, spec)
+		if err != nil {
+			return false, err.Error()
+		}
+		return rep.Passed(minDrop), fmt.Sprintf("%d clients, 2 servers, %d database links cut, %s", cfg.Clients, cuts, rep)
 	}
 	if servers == 2 {
 		if o.postgres == "" {
