@@ -84,8 +84,9 @@ if ! command -v runsc >/dev/null 2>&1 && [ -f scripts/install-runsc.sh ]; then
 	bash scripts/install-runsc.sh >"$artifacts/install-runsc.log" 2>&1 || true
 fi
 
-# Build the server and the harness once.
+# Build the server, its cell agent and the harness once.
 if ! go build -o "$artifacts/sandboxwich" ./cmd/sandboxwich >"$artifacts/build.log" 2>&1 ||
+	! CGO_ENABLED=0 go build -trimpath -o "$artifacts/sandboxwich-agent" ./cmd/sandboxwich-agent >>"$artifacts/build.log" 2>&1 ||
 	! go build -o "$artifacts/reliability" ./internal/reliability/cmd/reliability >>"$artifacts/build.log" 2>&1; then
 	report FAIL "build: $(tail -n 3 "$artifacts/build.log" | tr '\n' ' ')"
 	echo "reliability: $passed checks passed, $failed failed"
@@ -104,6 +105,9 @@ harness lin-partition 5m "${bin[@]}" -duration "$lin_time"
 # 2. Crash recovery: SIGKILL loops.
 harness crash-dir 8m "${bin[@]}" "${mode[@]}"
 harness crash-gvisor 12m "${bin[@]}" "${mode[@]}"
+# … and the cell agent's fence on real gVisor cells (the agent binary sits
+# next to the server's, where the gVisor driver looks first).
+harness agent-fence 8m "${bin[@]}" "${mode[@]}"
 
 # 3. Soak: 60 s quick, 10 minutes full.
 harness soak 15m "${bin[@]}" "${mode[@]}"

@@ -138,7 +138,7 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		// database, which names the installation they carry.
 		defer func() {
 			if g, ok := r.prov.(*gvisor.Provider); ok {
-				r.cleanupGVisor(g)
+				cleanupGVisor(g, settings["state_dir"])
 			}
 		}()
 	default:
@@ -176,7 +176,7 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		return r.rep, err
 	}
 	if cfg.Provider == "gvisor" {
-		if r.prov, err = r.gvisorLister(ctx, db, settings); err != nil {
+		if r.prov, err = gvisorLister(ctx, db, settings); err != nil {
 			srv.Kill()
 			return r.rep, err
 		}
@@ -466,7 +466,7 @@ func lostAcks(acks map[string]string, s Snapshot) []string {
 
 // gvisorLister is the gVisor driver over the server's state root, listing
 // the containers of the installation db names, as the server's own does.
-func (r *crashRun) gvisorLister(ctx context.Context, db *DB, settings map[string]string) (*gvisor.Provider, error) {
+func gvisorLister(ctx context.Context, db *DB, settings map[string]string) (*gvisor.Provider, error) {
 	installation, err := db.Installation(ctx)
 	if err != nil {
 		return nil, err
@@ -475,8 +475,9 @@ func (r *crashRun) gvisorLister(ctx context.Context, db *DB, settings map[string
 		Installation: driver.InstallationTag(installation), Logger: slog.New(slog.DiscardHandler)})
 }
 
-// cleanupGVisor destroys every runsc container the run left.
-func (r *crashRun) cleanupGVisor(g *gvisor.Provider) {
+// cleanupGVisor destroys every runsc container of g's installation and
+// removes the state root.
+func cleanupGVisor(g *gvisor.Provider, stateDir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	objs, err := g.List(ctx)
@@ -486,5 +487,5 @@ func (r *crashRun) cleanupGVisor(g *gvisor.Provider) {
 	for _, o := range objs {
 		_ = g.Destroy(ctx, o)
 	}
-	_ = gvisor.RemoveStateDir(filepath.Join(r.env.Dir, "runsc-state"))
+	_ = gvisor.RemoveStateDir(stateDir)
 }

@@ -17,6 +17,7 @@
 //	pg-restart         PostgreSQL stopped, started and restarted (fast and immediate) under two replicas' load
 //	disk-full          SQLite's disk fills up during commits, then space returns
 //	partition          two replicas in network namespaces; one's link to PostgreSQL is cut and healed
+//	agent-fence        real gVisor cells: sterile, exec and files only under the lease's fence, one agent digest
 //	clock-skew         two replicas on PostgreSQL with clocks 5 s fast and 5 s slow: expiries follow the database's clock
 package main
 
@@ -121,6 +122,8 @@ func dispatch(ctx context.Context, env *reliability.Env, check string, o options
 		return outage(ctx, env, check, o)
 	case "clock-skew":
 		return skew(ctx, env, o)
+	case "agent-fence":
+		return agentFence(ctx, env, o)
 	}
 	return false, "unknown check (see -h)"
 }
@@ -269,4 +272,19 @@ func skew(ctx context.Context, env *reliability.Env, o options) (bool, string) {
 		return false, err.Error()
 	}
 	return rep.Passed(), fmt.Sprintf("bound ±%s: %s", cfg.Bound, rep)
+}
+
+func agentFence(ctx context.Context, env *reliability.Env, o options) (bool, string) {
+	if o.bin == "" {
+		return false, "-bin is required"
+	}
+	if _, err := exec.LookPath("runsc"); err != nil {
+		return false, "runsc is not installed (scripts/install-runsc.sh)"
+	}
+	rep, err := reliability.RunAgentFence(ctx, env, reliability.AgentFenceConfig{Bin: o.bin, Clients: 2,
+		Duration: o.dur(20*time.Second, 3*time.Minute)})
+	if err != nil {
+		return false, err.Error()
+	}
+	return rep.Passed(), rep.String()
 }
