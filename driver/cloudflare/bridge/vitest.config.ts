@@ -9,7 +9,7 @@ export default defineConfig({
       main: "./test/entry.ts",
       miniflare: {
         compatibilityDate: "2026-04-26",
-        compatibilityFlags: ["nodejs_compat"],
+        compatibilityFlags: ["nodejs_compat", "enable_request_signal"],
         durableObjects: { CELLS: "CellObject", REGISTRY: "Registry" },
         bindings: {
           BRIDGE_TOKEN: TEST_TOKEN,

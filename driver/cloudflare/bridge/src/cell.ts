@@ -52,9 +52,27 @@ const DELETE_READBACK_MS = 10_000;
 
 export const IDENTITY_HEADER = "X-Sandboxwich-Identity";
 
+/**
+ * REQUEST_HEADER names an exec request so that the driver can cancel it
+ * (POST /v1/cells/:id/agent-cancel): a client's disconnect does not reach
+ * the Durable Object's subrequest to the container on its own.
+ */
+export const REQUEST_HEADER = "X-Sandboxwich-Request";
+
 export class CellObject extends DurableObject<Env> {
   private rec: CellRecord | undefined;
   private tomb: Tombstone | undefined;
+  /** lifecycle serializes create and delete: a delete waits for a create's container start. */
+  private lifecycle: Promise<unknown> = Promise.resolve();
+
+  /** inflight holds the abort of every exec forwarded to the container, by request ID. */
+  private readonly inflight = new Map<string, AbortController>();
+
+  private serialized<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.lifecycle.then(fn, fn);
+    this.lifecycle = run.catch(() => undefined);
+    return run;
+  }
   protected readonly container: CellContainer;
 
   constructor(ctx: DurableObjectState, env: Env) {
@@ -79,10 +97,24 @@ export class CellObject extends DurableObject<Env> {
   override async fetch(req: Request): Promise<Response> {
     const url = new URL(req.url);
     try {
-      if (url.pathname === "/create" && req.method === "POST") return await this.create(req);
+      if (url.pathname === "/create" && req.method === "POST") {
+        const body = await req.json();
+        return await this.serialized(() => this.create(body));
+      }
       if (url.pathname === "/status" && req.method === "GET") return await this.status();
-      if (url.pathname === "/delete" && req.method === "POST") return await this.delete(req.headers.get(IDENTITY_HEADER));
+      if (url.pathname === "/delete" && req.method === "POST") {
+        const identity = req.headers.get(IDENTITY_HEADER);
+        return await this.serialized(() => this.delete(identity));
+      }
       if (url.pathname.startsWith("/agent/")) return await this.agent(req, url.pathname.slice("/agent".length), url.search);
+      if (url.pathname === "/cancel" && req.method === "POST") {
+        const b = (await readJSON(req)) as Record<string, unknown> | null;
+        const id = v.uuid(b?.["request_id"], "request_id");
+        const ac = this.inflight.get(id);
+        ac?.abort();
+        this.inflight.delete(id);
+        return json(200, { cancelled: ac !== undefined });
+      }
       return refuse("not_found", "no such route");
     } catch (e) {
       if (e instanceof v.Invalid) return refuse("invalid_request", e.message);
@@ -109,8 +141,8 @@ export class CellObject extends DurableObject<Env> {
     };
   }
 
-  private async create(req: Request): Promise<Response> {
-    const body = v.createRequest(await req.json());
+  private async create(raw: unknown): Promise<Response> {
+    const body = v.createRequest(raw);
     if (this.tomb !== undefined) {
       return refuse("cell_deleted", "this cell ID was deleted and is never used again", { identity: this.tomb.identity });
     }
@@ -312,10 +344,30 @@ export class CellObject extends DurableObject<Env> {
     }
     const refused = await this.admit(fence, act, op);
     if (refused !== null) {
-      if (body instanceof ReadableStream) await body.cancel();
+      // The rest of the body is read, not cancelled: the client's
+      // connection stays usable for its next request.
+      if (body instanceof ReadableStream) await drainStream(body);
       return refused;
     }
-    const resp = await this.forward(op + query, { method: "POST", body, headers: { "Content-Type": "application/json" } }, req.signal);
+    let signal = req.signal;
+    const reqID = op === "/v1/exec" ? req.headers.get(REQUEST_HEADER) : null;
+    let done = (): void => {};
+    if (reqID !== null && reqID !== "") {
+      const id = v.uuid(reqID, REQUEST_HEADER);
+      const ac = new AbortController();
+      this.inflight.set(id, ac);
+      signal = AbortSignal.any([req.signal, ac.signal]);
+      done = () => {
+        if (this.inflight.get(id) === ac) this.inflight.delete(id);
+      };
+    }
+    let resp = await this.forward(op + query, { method: "POST", body, headers: { "Content-Type": "application/json" } }, signal);
+    if (resp.body !== null && reqID !== null) {
+      const end = done;
+      resp = new Response(resp.body.pipeThrough(new TransformStream<Uint8Array, Uint8Array>({ flush: end })), resp);
+    } else {
+      done();
+    }
     if (resp.status === 200 && op === "/v1/release") {
       const cur = this.rec!;
       if (cur.state === "active") await this.save({ ...cur, state: "ended", ended_reason: "released" });
@@ -421,6 +473,15 @@ async function splitHeader(body: ReadableStream<Uint8Array>): Promise<{ header: 
     next.set(buf);
     next.set(value, buf.byteLength);
     buf = next;
+  }
+}
+
+/** drainStream reads a stream to its end, discarding it. */
+async function drainStream(s: ReadableStream<Uint8Array>): Promise<void> {
+  const reader = s.getReader();
+  for (;;) {
+    const { done } = await reader.read();
+    if (done) return;
   }
 }
 

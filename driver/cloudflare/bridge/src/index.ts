@@ -9,9 +9,11 @@
 //   GET    /v1/cells/:id                   the cell's status (identity, state, image, instance type, readiness)
 //   DELETE /v1/cells/:id                   destroy, with a read-back of absence (X-Sandboxwich-Identity: the identity)
 //   *      /v1/cells/:id/agent/v1/...      the agent protocol (agent/http.go), validated and forwarded
-//                                          (X-Sandboxwich-Identity required)
+//                                          (X-Sandboxwich-Identity required; an exec may name itself
+//                                          with X-Sandboxwich-Request: <uuid>)
+//   POST   /v1/cells/:id/agent-cancel      {request_id}: abort that exec (its command is killed)
 
-import { CellObject, IDENTITY_HEADER } from "./cell.js";
+import { CellObject, IDENTITY_HEADER, REQUEST_HEADER } from "./cell.js";
 import type { Env } from "./env.js";
 import { json, refuse } from "./errors.js";
 import { Registry } from "./registry.js";
@@ -106,13 +108,18 @@ async function handle(req: Request, env: Env): Promise<Response> {
       }
       return refuse("not_found", "no such route");
     }
+    if (parts[4] === "agent-cancel" && parts.length === 5 && req.method === "POST") {
+      return stub.fetch("https://cell/cancel", { method: "POST", body: await req.text() });
+    }
     if (parts[4] === "agent") {
       const rest = "/" + parts.slice(5).join("/");
       const headers = new Headers();
       headers.set(IDENTITY_HEADER, req.headers.get(IDENTITY_HEADER) ?? "");
+      const rid = req.headers.get(REQUEST_HEADER);
+      if (rid !== null) headers.set(REQUEST_HEADER, rid);
       const len = req.headers.get("Content-Length");
       if (len !== null) headers.set("Content-Length", len);
-      const init: RequestInit = { method: req.method, headers };
+      const init: RequestInit = { method: req.method, headers, signal: req.signal };
       if (req.method !== "GET" && req.method !== "HEAD") init.body = req.body;
       return stub.fetch(`https://cell/agent${rest}${url.search}`, init);
     }
