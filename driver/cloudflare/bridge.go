@@ -34,6 +34,7 @@ type BridgeError struct {
 	Message string
 }
 
+// Error describes the refusal.
 func (e *BridgeError) Error() string {
 	return fmt.Sprintf("cloudflare bridge: HTTP %d: %s: %s", e.Status, e.Code, e.Message)
 }

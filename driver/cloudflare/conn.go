@@ -34,6 +34,7 @@ type agentTransport struct {
 	identity string
 }
 
+// RoundTrip sends one agent request through the bridge.
 func (t *agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Body != nil {
 		defer r.Body.Close()

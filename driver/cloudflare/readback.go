@@ -41,6 +41,9 @@ type ReadBack struct {
 	AccountID string
 	// WorkerName is the bridge Worker's script name (wrangler's "name").
 	WorkerName string
+	// WorkerID is the Worker's ID for the Workers (beta) API that reads a
+	// version; "" means WorkerName.
+	WorkerID string
 	// ContainerApplicationID is the container application's ID
 	// (`wrangler containers list`).
 	ContainerApplicationID string
@@ -73,6 +76,7 @@ type Deployment struct {
 // (runtime_class_boundary_unverified).
 type ReadBackError struct{ Reason string }
 
+// Error describes what the read-back did not prove.
 func (e *ReadBackError) Error() string { return "cloudflare read-back: " + e.Reason }
 
 func mismatch(format string, args ...any) error {
@@ -215,10 +219,12 @@ func (r *readBack) verify(ctx context.Context) (Deployment, error) {
 	if len(deps.Deployments) == 0 {
 		return Deployment{}, mismatch("the Worker %s has no deployment", worker)
 	}
+	// The API lists the deployment serving traffic first; a list whose
+	// creation times disagree with that order proves nothing.
 	live := deps.Deployments[0]
 	for _, d := range deps.Deployments[1:] {
 		if d.CreatedOn.After(live.CreatedOn) {
-			live = d
+			return Deployment{}, mismatch("deployment %s is listed first but %s is newer", live.ID, d.ID)
 		}
 	}
 	if len(live.Versions) != 1 || live.Versions[0].Percentage != 100 {
@@ -229,7 +235,11 @@ func (r *readBack) verify(ctx context.Context) (Deployment, error) {
 	// 2. The live version: its container class, Durable Object binding, variables and compatibility settings.
 	var verQ workers.BetaWorkerVersionGetParams
 	verQ.AccountID.Value, verQ.AccountID.Present = account, true
-	v, err := workers.NewBetaWorkerVersionService(opts...).Get(ctx, worker, versionID, verQ)
+	workerID := r.cfg.WorkerID
+	if workerID == "" {
+		workerID = worker
+	}
+	v, err := workers.NewBetaWorkerVersionService(opts...).Get(ctx, workerID, versionID, verQ)
 	if err != nil {
 		return Deployment{}, rec.wrap("reading the live version", err)
 	}

@@ -66,8 +66,12 @@ func TestReadBackFailsClosed(t *testing.T) {
 			// The newest deployment sends all traffic back to an older version
 			// that predates the container class.
 			f.versions["ver-0"] = versionJSON("ver-0", "", "registry.example/old@sha256:"+"1111111111111111111111111111111111111111111111111111111111111111")
-			f.deployments = append(f.deployments, map[string]any{"id": "dep-2", "created_on": "2026-12-01T09:00:00Z", "source": "api",
-				"strategy": "percentage", "versions": []any{map[string]any{"percentage": 100, "version_id": "ver-0"}}})
+			f.deployments = append([]map[string]any{{"id": "dep-2", "created_on": "2026-12-01T09:00:00Z", "source": "api",
+				"strategy": "percentage", "versions": []any{map[string]any{"percentage": 100, "version_id": "ver-0"}}}}, f.deployments...)
+		},
+		"listed order disagrees": func(f *fakeAPI) {
+			f.deployments = append(f.deployments, map[string]any{"id": "dep-0", "created_on": "2026-12-01T09:00:00Z", "source": "api",
+				"strategy": "percentage", "versions": []any{map[string]any{"percentage": 100, "version_id": "ver-1"}}})
 		},
 		"split deployment": func(f *fakeAPI) {
 			f.deployments[0]["versions"] = []any{map[string]any{"percentage": 50, "version_id": "ver-1"}, map[string]any{"percentage": 50, "version_id": "ver-0"}}

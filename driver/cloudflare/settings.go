@@ -14,7 +14,7 @@ import (
 // binary's SANDBOXWICH_CLOUDFLARE_<KEY> variables, lower-cased.
 var Settings = []string{
 	"bridge_url", "bridge_token_file", "runtime_class", "image", "instance_type", "container_class", "agent_digest",
-	"api_base_url", "api_token_file", "account_id", "worker_name", "container_application_id",
+	"api_base_url", "api_token_file", "account_id", "worker_name", "worker_id", "container_application_id",
 	"durable_object_binding", "compatibility_date", "compatibility_flags",
 	"read_back_interval_ms", "ready_timeout_ms",
 }
@@ -34,6 +34,7 @@ var Settings = []string{
 //	account_id, worker_name, container_application_id,
 //	compatibility_date         what the read-back compares (required)
 //	compatibility_flags        comma-separated (default none)
+//	worker_id                  the Worker's ID for the version read (worker_name)
 //	durable_object_binding     the cells' binding (CELLS)
 //	api_base_url               the Cloudflare API (DefaultAPIBaseURL)
 //	read_back_interval_ms      age of the read-back the class is admitted on
@@ -64,7 +65,7 @@ func ConfigFromSettings(pool string, values map[string]string) (Config, error) {
 		AgentDigest: values["agent_digest"],
 		ReadBack: ReadBack{
 			APIBaseURL: values["api_base_url"], APITokenFile: values["api_token_file"], AccountID: values["account_id"],
-			WorkerName: values["worker_name"], ContainerApplicationID: values["container_application_id"],
+			WorkerName: values["worker_name"], WorkerID: values["worker_id"], ContainerApplicationID: values["container_application_id"],
 			DurableObjectBinding: values["durable_object_binding"], CompatibilityDate: values["compatibility_date"],
 		},
 	}

@@ -144,7 +144,7 @@ export class CellObject extends DurableObject<Env> {
   private async create(raw: unknown): Promise<Response> {
     const body = v.createRequest(raw);
     if (this.tomb !== undefined) {
-      return refuse("cell_deleted", "this cell ID was deleted and is never used again", { identity: this.tomb.identity });
+      return refuse("cell_deleted", "this cell ID was deleted and is never used again", { identity: this.tomb.identity || null });
     }
     let rec = this.rec;
     if (rec !== undefined && rec.pool !== body.pool) {
@@ -198,7 +198,7 @@ export class CellObject extends DurableObject<Env> {
   private async status(): Promise<Response> {
     const rec = this.rec;
     if (rec === undefined) {
-      return refuse("cell_not_found", "no such cell", this.tomb ? { deleted: true, identity: this.tomb.identity } : { deleted: false });
+      return refuse("cell_not_found", "no such cell", this.tomb ? { deleted: true, identity: this.tomb.identity || null } : { deleted: false });
     }
     if (rec.instance === undefined) return json(200, this.view(rec, { ready: false, agent: null }));
     if (!(await this.alive(rec))) return json(200, this.view(this.rec!, { ready: false, agent: null }));
@@ -227,7 +227,14 @@ export class CellObject extends DurableObject<Env> {
   private async delete(identity: string | null): Promise<Response> {
     const rec = this.rec;
     if (rec === undefined) {
-      return json(200, { cell_id: null, absent: true, identity: this.tomb?.identity ?? null });
+      // Deleting a cell never created closes its ID too: a create still in
+      // flight (its caller gave up) must not make the object afterwards.
+      if (this.tomb === undefined) {
+        const tomb: Tombstone = { cell_id: "", identity: "", deleted_at: new Date().toISOString() };
+        await this.ctx.storage.put(TOMBSTONE, tomb);
+        this.tomb = tomb;
+      }
+      return json(200, { cell_id: null, absent: true, identity: this.tomb.identity === "" ? null : this.tomb.identity });
     }
     if (identity !== null && identity !== "" && identity !== rec.identity) {
       return refuse("identity_mismatch", "the cell ID belongs to another identity", { identity: rec.identity });

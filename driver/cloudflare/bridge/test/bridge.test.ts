@@ -366,6 +366,21 @@ describe.skipIf(skip !== "")("bridge", () => {
       r = await call("/v1/cells", { method: "POST", body: JSON.stringify({ cell_id: c.id, pool: POOL }) });
       expect(r.status).toBe(409);
       expect((await body(r))["code"]).toBe("cell_deleted");
+      list = await body(await call(`/v1/cells?pool=${encodeURIComponent(POOL)}`));
+      expect(list["cells"]).not.toContain(c.id);
+    });
+
+    it("closes a never-created cell ID on delete, so a create still in flight makes nothing", async () => {
+      const id = crypto.randomUUID();
+      let r = await call(`/v1/cells/${id}`, { method: "DELETE" });
+      expect(r.status).toBe(200);
+      expect(await body(r)).toEqual({ cell_id: null, absent: true, identity: null });
+      r = await call("/v1/cells", { method: "POST", body: JSON.stringify({ cell_id: id, pool: POOL }) });
+      expect(r.status).toBe(409);
+      expect((await body(r))["code"]).toBe("cell_deleted");
+      expect(await running()).not.toContain(id);
+      const list = await body(await call(`/v1/cells?pool=${encodeURIComponent(POOL)}`));
+      expect(list["cells"]).not.toContain(id);
     });
   });
 });
