@@ -94,10 +94,11 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// readToken reads a token file: one line, no whitespace inside. The error
-// names the file, never its content.
+// readToken reads a token file: one line, no whitespace inside, readable
+// by its owner only (mode 0600 or stricter). The error names the file,
+// never its content.
 func readToken(path string) (string, error) {
-	b, err := readSmallFile(path, 4096)
+	b, err := readSmallFile(path, 4096, true)
 	if err != nil {
 		return "", fmt.Errorf("cloudflare: token file %s: %w", path, err)
 	}

@@ -303,6 +303,45 @@ describe.skipIf(skip !== "")("bridge", () => {
     });
   });
 
+  describe("exec cancellation", () => {
+    it("aborts a named exec on agent-cancel: the agent kills the command", async () => {
+      const c = await create();
+      const a = activation(c);
+      const f = fenceOf(a);
+      const secs = 600 + Math.floor(Math.random() * 300);
+      const rid = crypto.randomUUID();
+      const pending = call(`/v1/cells/${c.id}/agent/v1/exec`, {
+        method: "POST",
+        headers: { "X-Sandboxwich-Identity": c.identity, "X-Sandboxwich-Request": rid },
+        body: JSON.stringify({ ...f, activation: a, argv: ["sh", "-c", `echo started; exec sleep ${secs}`] }),
+      });
+      const ps = async (): Promise<string> => {
+        const r = await agentCall(c, "exec", { ...f, argv: ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"] }, "?collect=1");
+        const res = (await body(r))["result"] as Record<string, string> | undefined;
+        return res ? atob(res["stdout"] ?? "") : "";
+      };
+      // Wait until the command runs.
+      for (let i = 0; !(await ps()).includes(`sleep ${secs}`); i++) {
+        if (i > 200) throw new Error("the command never ran");
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      const cr = await call(`/v1/cells/${c.id}/agent-cancel`, { method: "POST", body: JSON.stringify({ request_id: rid }) });
+      expect(await body(cr)).toEqual({ cancelled: true });
+      const resp = await pending;
+      await resp.arrayBuffer().catch(() => undefined); // ends: cut off or with the agent's last frame
+      for (let i = 0; (await ps()).includes(`sleep ${secs}`); i++) {
+        if (i > 200) throw new Error("the cancelled command still runs");
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      const again = await call(`/v1/cells/${c.id}/agent-cancel`, { method: "POST", body: JSON.stringify({ request_id: rid }) });
+      expect(await body(again)).toEqual({ cancelled: false });
+      const bad = await call(`/v1/cells/${c.id}/agent-cancel`, { method: "POST", body: JSON.stringify({ request_id: "x" }) });
+      expect(bad.status).toBe(422);
+      await bad.body?.cancel();
+      await destroy(c);
+    });
+  });
+
   describe("container restart", () => {
     it("ends the cell with cell_lost, and a replayed activation cannot revive it", async () => {
       const c = await create();
