@@ -15,11 +15,12 @@ export class Invalid extends Error {
 export const MAX_PATH = 4096;
 export const MAX_STDIN = 1 << 20;
 export const MAX_FILE_BYTES = 256 << 20;
-export const MAX_OUTPUT = 16 << 20;
+export const MAX_OUTPUT = 64 << 20;
 export const MAX_ARGV = 4096;
-export const MAX_ARG_BYTES = 128 << 10;
-export const MAX_ENV = 1024;
 export const MAX_JSON_BODY = (2 << 20) + (64 << 10);
+/** argv and env are bounded as a whole by the JSON body they arrive in. */
+export const MAX_ARG_BYTES = MAX_JSON_BODY;
+export const MAX_ENV = 1024;
 
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 const POOL_RE = /^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$/;
@@ -164,8 +165,9 @@ function argv(o: Obj, what: string): string[] {
     throw new Invalid(`${what}: argv must be 1 to ${MAX_ARGV} strings`);
   }
   let total = 0;
-  return v.map((a) => {
+  return v.map((a, i) => {
     if (typeof a !== "string" || a.includes("\0")) throw new Invalid(`${what}: argv must hold strings without NUL`);
+    if (i === 0 && a === "") throw new Invalid(`${what}: argv[0] must not be empty`);
     total += a.length;
     if (total > MAX_ARG_BYTES) throw new Invalid(`${what}: argv is longer than ${MAX_ARG_BYTES}`);
     return a;
