@@ -35,15 +35,21 @@ type agentTransport struct {
 }
 
 // RoundTrip sends one agent request through the bridge.
+// The request's body passes to the inner request, whose transport closes
+// it (as RoundTrip must); it is closed here only when no request is made.
 func (t *agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Body != nil {
-		defer r.Body.Close()
+	closeBody := func() {
+		if r.Body != nil {
+			r.Body.Close()
+		}
 	}
 	tok, err := readToken(t.b.tokenFile)
 	if err != nil {
+		closeBody()
 		return nil, err
 	}
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
+		closeBody()
 		return nil, fmt.Errorf("cloudflare: agent route %q", r.URL.Path)
 	}
 	u := *t.b.base
@@ -55,6 +61,7 @@ func (t *agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), body)
 	if err != nil {
+		closeBody()
 		return nil, err
 	}
 	out.ContentLength = r.ContentLength
@@ -74,11 +81,21 @@ func (t *agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		cancel.stop = context.AfterFunc(r.Context(), cancel.send)
 	}
 	resp, err := t.b.hc.Do(out)
+	if cancel != nil {
+		switch {
+		case err == nil && resp.StatusCode == http.StatusOK:
+			resp.Body = &execBody{ReadCloser: resp.Body, c: cancel}
+		case err != nil:
+			// No answer: the exec may run at the agent. Cancel it (once:
+			// AfterFunc may have sent it already, when the context ended).
+			cancel.stop()
+			cancel.send()
+		default:
+			cancel.stop() // a refusal: nothing runs
+		}
+	}
 	if err != nil {
 		return nil, scrub(err)
-	}
-	if cancel != nil {
-		resp.Body = &execBody{ReadCloser: resp.Body, c: cancel}
 	}
 	// 401 is the bridge's (or Cloudflare's edge's); a 403 is the agent's
 	// file_access_denied unless the bridge marked it as its own.
