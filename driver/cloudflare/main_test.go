@@ -98,7 +98,7 @@ func launch() (*bridgeEnv, error) {
 		return nil, err
 	}
 	env := &bridgeEnv{TokenFile: tokenFile, AgentDigest: "sha256:" + hex.EncodeToString(sum[:]), dir: dir, stderr: &lockedBuilder{b: &strings.Builder{}}}
-	env.cmd = exec.Command(node, "scripts/serve.mjs", "--agent", bin, "--token-file", tokenFile, "--image", testImage, "--instance-type", "basic")
+	env.cmd = exec.Command(node, "scripts/serve.mjs", "--agent", bin, "--token-file", tokenFile, "--image", testImage, "--instance-type", "basic", "--record")
 	env.cmd.Dir = "bridge"
 	env.cmd.Stderr = env.stderr
 	if env.stdin, err = env.cmd.StdinPipe(); err != nil {

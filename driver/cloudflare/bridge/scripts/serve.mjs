@@ -4,7 +4,7 @@
 // against. TEST ONLY: the cells are the test backend, never a Cloudflare
 // Container.
 //
-//   node scripts/serve.mjs --agent BIN --token-file FILE --image REF --instance-type T
+//   node scripts/serve.mjs --agent BIN --token-file FILE --image REF --instance-type T [--record]
 //
 // Prints one JSON line {"bridge": URL, "manager": URL} when ready, and
 // stops (killing every cell) when its stdin closes or on SIGTERM.
@@ -26,6 +26,7 @@ const { values } = parseArgs({
     image: { type: "string" },
     "instance-type": { type: "string", default: "basic" },
     "container-class": { type: "string", default: "CellObject" },
+    record: { type: "boolean", default: false },
   },
 });
 for (const k of ["agent", "token-file", "image"]) {
@@ -47,7 +48,7 @@ await build({
   outfile: script,
   logLevel: "error",
 });
-const manager = await startManager(values.agent);
+const manager = await startManager(values.agent, { record: values.record });
 const mf = new Miniflare({
   modules: true,
   scriptPath: script,

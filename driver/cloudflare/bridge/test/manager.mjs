@@ -8,6 +8,7 @@
 //   GET    /containers/:cell          the running instance, or 404
 //   DELETE /containers/:cell          stop it (SIGKILL of the namespace)
 //   POST   /containers/:cell/restart  TEST FAULT: stop it and start a new instance
+//   GET    /containers/:cell/record   with {record: true}: what its agent received
 //   GET    /containers                every running cell
 //
 // It needs root (namespaces, the agent's user switch) and listens on
@@ -15,7 +16,7 @@
 
 import { spawn, execFileSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { copyFileSync, chmodSync, mkdtempSync, rmSync } from "node:fs";
+import { copyFileSync, chmodSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import http from "node:http";
 import { join } from "node:path";
@@ -55,14 +56,17 @@ const INIT = [
   "mount -t tmpfs -o mode=1777 sbw-tmp /tmp",
   "mount -t tmpfs -o mode=0755 sbw-home /home",
   "mkdir -p /home/cell && chown 1000:1000 /home/cell",
+  'if [ -n "$3" ]; then exec "$0" -listen "tcp:127.0.0.1:$1" -cell-id "$2" -record "$3"; fi',
   'exec "$0" -listen "tcp:127.0.0.1:$1" -cell-id "$2"',
 ].join("\n");
 
 /**
  * startManager serves the manager on a loopback port for the agent binary
- * at agentBin and returns {url, close, running}.
+ * at agentBin and returns {url, close, running}. With options.record, each
+ * agent runs with -record (TEST ONLY: it appends every request it receives
+ * to a file) and GET /containers/:cell/record returns that file.
  */
-export async function startManager(agentBin) {
+export async function startManager(agentBin, options = {}) {
   if (process.getuid && process.getuid() !== 0) throw new Error("the loopback container manager needs root");
   execFileSync("unshare", ["--mount", "--pid", "--fork", "--mount-proc", "true"]);
   // The binary is copied out of /tmp (each cell mounts its own /tmp) into a
@@ -82,8 +86,13 @@ export async function startManager(agentBin) {
     if (starting.has(cell)) return starting.get(cell);
     const p = (async () => {
       const port = await freePort();
+      const record = options.record ? join(dir, `${cell}.record`) : "";
       const proc = spawn("unshare", ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
-        "sh", "-c", INIT, bin, String(port), cell], { stdio: ["ignore", "ignore", "pipe"] });
+        "sh", "-c", INIT, bin, String(port), cell, record], {
+        stdio: ["ignore", "ignore", "pipe"],
+        // A container starts with the image's environment, not its host's.
+        env: { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" },
+      });
       let stderr = "";
       proc.stderr.on("data", (d) => { stderr = (stderr + d).slice(-4096); });
       const run = { instance: randomUUID(), port, proc };
@@ -139,6 +148,16 @@ export async function startManager(agentBin) {
         return send(res, 200, { ok: true });
       }
       if (parts[2] === "start" && req.method === "POST") return send(res, 200, view(await start(cell)));
+      if (parts[2] === "record" && req.method === "GET" && options.record) {
+        let data = Buffer.alloc(0);
+        try {
+          data = readFileSync(join(dir, `${cell}.record`));
+        } catch {
+          // nothing recorded yet
+        }
+        res.writeHead(200, { "Content-Type": "application/octet-stream" });
+        return res.end(data);
+      }
       if (parts[2] === "restart" && req.method === "POST") {
         await stop(cell);
         return send(res, 200, view(await start(cell)));
