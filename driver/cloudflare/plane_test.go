@@ -141,3 +141,64 @@ func TestPlaneNoSecretReachesTheCell(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaneUnprovenDeploymentNotAdmitted: when the read-back does not
+// prove the deployment (here the container application runs another
+// image), the pool admits no cell: each is stopped as
+// runtime_class_boundary_unverified and destroyed with proof, and a claim
+// finds nothing.
+func TestPlaneUnprovenDeploymentNotAdmitted(t *testing.T) {
+	env := startBridge(t)
+	api := newFakeAPI(t)
+	api.set(func(f *fakeAPI) {
+		f.app["configuration"] = map[string]any{"image": "registry.example/other@sha256:" + strings.Repeat("9", 64), "instance_type": "basic"}
+	})
+	prov := newProvider(t, config(t, env, api, "unproven"))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	keys := testenv.Keyring(t)
+	rel := testenv.Release(keys, testClass)
+	st := testenv.SQLite(t)
+	logs := &testenv.Buffer{}
+	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
+		sandboxwich.WithPools(pool.Config{Name: "cf", TenantID: "acme", Release: rel, Target: 1, Provider: prov}),
+		sandboxwich.WithPoolOptions(pool.WithProvisionTimeout(time.Minute), pool.WithDestroyTimeout(30*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		plane.Pools().Pass(ctx)
+	}
+	ms, err := st.Members(ctx, "cf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) == 0 {
+		t.Fatal("the pool provisioned nothing")
+	}
+	for _, m := range ms {
+		if m.State == lease.MemberReady || m.State == lease.MemberLeased {
+			t.Fatalf("member %s admitted (%s) on an unproven deployment", m.CellID, m.State)
+		}
+		stopped := false
+		for _, line := range strings.Split(logs.String(), "\n") {
+			stopped = stopped || strings.Contains(line, "cell stopping") && strings.Contains(line, m.CellID.String()) &&
+				strings.Contains(line, "runtime class boundary unverified")
+		}
+		if m.State != lease.MemberQuarantined || !stopped {
+			t.Errorf("member %s: %s, want quarantined with the boundary unverified; logs:\n%s", m.CellID, m.State, logs.String())
+		}
+	}
+	res, err := plane.Claim(ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: rel,
+		Binding: lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}})
+	if err != nil || res.Lease != nil {
+		t.Fatalf("claim on an unproven deployment: %+v, %v", res.Lease, err)
+	}
+	_ = plane.Pools().SetTarget("cf", 0)
+	if err := plane.Pools().Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := prov.List(ctx); err != nil || len(left) != 0 {
+		t.Fatalf("cells left: %v %v", left, err)
+	}
+}
