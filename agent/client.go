@@ -39,6 +39,14 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	return &Client{hc: &http.Client{Transport: tr}}
 }
 
+// NewClientTransport returns a Client whose requests rt carries: a
+// driver whose channel is itself HTTP (a bridge in front of the cell, as
+// for Cloudflare) maps the agent's routes onto it there. The requests it
+// receives name the host "agent" and the routes of the HTTP form above.
+func NewClientTransport(rt http.RoundTripper) *Client {
+	return &Client{hc: &http.Client{Transport: rt}}
+}
+
 // CloseIdleConnections closes the client's idle connections.
 func (c *Client) CloseIdleConnections() { c.hc.CloseIdleConnections() }
 

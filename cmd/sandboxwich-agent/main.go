@@ -9,6 +9,12 @@
 // Usage:
 //
 //	sandboxwich-agent -listen /run/sandboxwich/agent.sock -cell-id <cell>
+//	sandboxwich-agent -listen tcp:0.0.0.0:8080 -cell-id <cell>
+//
+// A -listen value "tcp:<host>:<port>" serves on TCP instead of a Unix
+// socket: a provider that reaches its cells only over a port (a
+// Cloudflare Container, whose one client is the bridge's Durable Object,
+// CONTRACT §18) runs it so.
 //
 // Its digest ("sha256:<hex>" of its own executable, read from
 // /proc/self/exe at start) is what Status reports. As PID 1 it reaps every
@@ -37,6 +43,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -52,7 +59,7 @@ func main() {
 }
 
 func run() error {
-	listen := flag.String("listen", "", "the Unix socket to serve on (a stale one is replaced)")
+	listen := flag.String("listen", "", "the Unix socket to serve on (a stale one is replaced), or tcp:<host>:<port>")
 	cellID := flag.String("cell-id", "", "the cell this agent serves")
 	home := flag.String("home", agent.DefaultHome, "the cell user's home")
 	record := flag.String("record", "", "TEST ONLY: append every request received to this file")
@@ -76,12 +83,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(*listen); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
-	}
-	old := syscall.Umask(0o177) // the socket is born 0600: only root connects
-	ln, err := net.Listen("unix", *listen)
-	syscall.Umask(old)
+	ln, err := listenOn(*listen)
 	if err != nil {
 		return err
 	}
@@ -104,11 +106,27 @@ func run() error {
 		a.Shutdown()
 		_ = srv.Shutdown(context.Background())
 	}()
-	log.Info("cell agent serving", "cell_id", *cellID, "digest", digest, "listen", *listen, "pid", os.Getpid())
+	log.Info("cell agent serving", "cell_id", *cellID, "digest", digest, "listen", ln.Addr().String(), "pid", os.Getpid())
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// listenOn opens the listener of a -listen value: "tcp:<host>:<port>",
+// or the path of a Unix socket, born 0600 (only root connects), replacing
+// a stale one.
+func listenOn(listen string) (net.Listener, error) {
+	if addr, ok := strings.CutPrefix(listen, "tcp:"); ok {
+		return net.Listen("tcp", addr)
+	}
+	if err := os.Remove(listen); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", listen)
+	syscall.Umask(old)
+	return ln, err
 }
 
 // selfDigest is "sha256:<hex>" of the running executable.

@@ -260,3 +260,60 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 	t.Fatalf("%s: still not the case after 30s", what)
 }
+
+// TestListenTCP: -listen tcp:<host>:<port> serves the protocol on TCP (a
+// Cloudflare Container's port), and the agent logs the address it bound.
+func TestListenTCP(t *testing.T) {
+	bin := build(t)
+	home := t.TempDir()
+	cmd := exec.Command(bin, "-listen", "tcp:127.0.0.1:0", "-cell-id", "cell-tcp", "-home", home)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := make(chan string, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		var seen []byte
+		for {
+			n, err := stderr.Read(buf)
+			seen = append(seen, buf[:n]...)
+			if _, rest, ok := bytes.Cut(seen, []byte("listen=")); ok {
+				if a, _, ok := bytes.Cut(rest, []byte(" ")); ok {
+					addr <- string(a)
+					return
+				}
+			}
+			if err != nil {
+				close(addr)
+				return
+			}
+		}
+	}()
+	var a string
+	select {
+	case a = <-addr:
+	case <-time.After(time.Minute):
+		t.Fatal("the agent logged no listen address")
+	}
+	if !strings.HasPrefix(a, "127.0.0.1:") || strings.HasSuffix(a, ":0") {
+		t.Fatalf("listen address %q", a)
+	}
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", a)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != agent.Waiting || st.CellID != "cell-tcp" {
+		t.Fatalf("status %+v", st)
+	}
+}

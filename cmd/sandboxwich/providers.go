@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/agentsandbox"
+	"github.com/sandboxwich/sandboxwich/driver/cloudflare"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
@@ -110,6 +111,43 @@ var providers = map[string]providerFactory{
 		cfg.Installation, cfg.Logger = installation, log
 		return agentsandbox.New(cfg)
 	},
+	// cloudflare runs each cell as a Cloudflare Container behind the
+	// project's bridge Worker, the deployment read back with cloudflare-go
+	// (settings: SANDBOXWICH_CLOUDFLARE_*, see driver/cloudflare).
+	"cloudflare": newCloudflare,
+}
+
+// cloudflareStartup bounds the start-up read-back of a cloudflare pool.
+const cloudflareStartup = 30 * time.Second
+
+// newCloudflare builds a cloudflare pool's provider and reads its
+// deployment back once: a refused token stops the start; any other
+// failure is logged, and the runtime class stays unadmitted until a
+// later read-back proves the deployment.
+func newCloudflare(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+	cfg, err := cloudflare.ConfigFromSettings(pool, s)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Installation, cfg.Logger = installation, log
+	p, err := cloudflare.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cloudflareStartup)
+	defer cancel()
+	d, err := p.VerifyDeployment(ctx)
+	switch {
+	case errors.Is(err, cloudflare.ErrUnauthorized):
+		return nil, err
+	case err != nil:
+		log.Warn("cloudflare: the deployment is not proven: cells are not admitted until it is (runtime_class_boundary_unverified)",
+			"pool", pool, "error", err.Error())
+	default:
+		log.Info("cloudflare: deployment proven", "pool", pool, "deployment", d.DeploymentID, "version", d.VersionID,
+			"image", d.Image, "instance_type", d.InstanceType)
+	}
+	return p, nil
 }
 
 // gvisorPoolName maps a pool name to the characters runsc container IDs

@@ -1,13 +1,20 @@
 package main
 
 import (
+	"errors"
 	"log/slog"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/cloudflare"
 	"github.com/sandboxwich/sandboxwich/internal/dirprovider"
 )
 
@@ -49,5 +56,42 @@ func TestDirProviderSettings(t *testing.T) {
 	want := &dirprovider.Provider{Dir: dir, MinLatency: time.Millisecond, MaxLatency: 2 * time.Millisecond, DestroyUncertain: 0.25}
 	if err != nil || !reflect.DeepEqual(p, want) || p.Capabilities().Mode != driver.DryRun {
 		t.Errorf("dir provider = %+v, %v; want %+v in mode dry_run", p, err, want)
+	}
+}
+
+// TestCloudflareProviderSettings: the cloudflare provider names a missing
+// or unknown setting, and a Cloudflare API that refuses the token stops
+// the start (a configuration error), without the token in the error.
+func TestCloudflareProviderSettings(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "tok")
+	if err := os.WriteFile(tok, []byte("secret-token-value-0123456789abcdef"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"success":false,"errors":[{"code":10000,"message":"Authentication error"}],"messages":[],"result":null}`))
+	}))
+	defer api.Close()
+	s := map[string]string{"bridge_url": "https://bridge.invalid", "bridge_token_file": tok, "runtime_class": "gvisor_lower_risk",
+		"image": "registry.example/cell@sha256:" + strings.Repeat("a", 64), "instance_type": "basic",
+		"agent_digest": "sha256:" + strings.Repeat("b", 64), "api_token_file": tok, "account_id": "acct",
+		"worker_name": "sandboxwich-bridge", "container_application_id": "app", "compatibility_date": "2026-04-26",
+		"api_base_url": api.URL}
+	for _, key := range []string{"runtime_class", "image", "api_token_file"} {
+		c := maps.Clone(s)
+		delete(c, key)
+		if _, err := providers["cloudflare"]("p", "inst", c, slog.Default()); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("without %s: %v, want it named", key, err)
+		}
+	}
+	c := maps.Clone(s)
+	c["typo"] = "1"
+	if _, err := providers["cloudflare"]("p", "inst", c, slog.Default()); err == nil || !strings.Contains(err.Error(), "typo") {
+		t.Errorf("unknown setting: %v", err)
+	}
+	_, err := providers["cloudflare"]("p", "inst", s, slog.Default())
+	if !errors.Is(err, cloudflare.ErrUnauthorized) || strings.Contains(err.Error(), "secret-token-value") {
+		t.Fatalf("a refused API token: %v, want ErrUnauthorized without the token", err)
 	}
 }
