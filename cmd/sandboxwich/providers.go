@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,7 +59,7 @@ var providers = map[string]providerFactory{
 	// gvisor runs each cell as a runsc container on this host.
 	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
-			"memory_limit_bytes", "cpus", "pids_limit"); err != nil {
+			"memory_limit_bytes", "cpus", "pids_limit", "image", "image_cache_dir", "registry_auth_file"); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
@@ -66,6 +67,7 @@ var providers = map[string]providerFactory{
 		}
 		cfg := gvisor.Config{RunscPath: s["runsc"], AgentPath: s["agent_path"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
 			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool),
+			Image: s["image"], ImageCacheDir: s["image_cache_dir"], RegistryAuthFile: s["registry_auth_file"],
 			Installation: installation, Logger: log}
 		if v := s["memory_limit_bytes"]; v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -111,6 +113,11 @@ var providers = map[string]providerFactory{
 		return agentsandbox.New(cfg)
 	},
 }
+
+// imageProviders are the providers that pull a pool's image (key image)
+// themselves and report the admitted digest read back, which the plane
+// verifies (CONTRACT §15). Their factories read it as setting image.
+var imageProviders = map[string]bool{"gvisor": true}
 
 // gvisorPoolName maps a pool name to the characters runsc container IDs
 // allow.
@@ -158,7 +165,21 @@ func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Pr
 		return nil, fmt.Errorf("pool %q: provider %q is not available in this build (available: %s)",
 			p.Name, p.Provider, strings.Join(kinds, ", "))
 	}
-	prov, err := f(p.Name, installation, p.Settings, log)
+	settings := p.Settings
+	if p.Image != "" {
+		if !imageProviders[p.Provider] {
+			return nil, fmt.Errorf("pool %q: key image: provider %s runs no pinned image (gvisor does)", p.Name, p.Provider)
+		}
+		if v, ok := settings["image"]; ok && v != p.Image {
+			return nil, fmt.Errorf("pool %q: key image and setting image name different images", p.Name)
+		}
+		settings = maps.Clone(settings)
+		if settings == nil {
+			settings = map[string]string{}
+		}
+		settings["image"] = p.Image
+	}
+	prov, err := f(p.Name, installation, settings, log)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: provider %s: %w", p.Name, p.Provider, err)
 	}
