@@ -133,11 +133,17 @@ func TestPrepareFailureCreatesNoMember(t *testing.T) {
 	if e := f.lastError(); !strings.Contains(e, "MANIFEST_UNKNOWN") {
 		t.Fatalf("last_error = %q, want the pull's error", e)
 	}
+	if sts, _ := f.pools.Status(f.ctx); sts[0].PrepareError == "" {
+		t.Fatalf("status while Prepare fails: %+v", sts[0])
+	}
 	prov.set(pinnedDigest, nil)
 	f.pools.Pass(f.ctx)
 	f.wantCounts(map[lease.MemberState]int{lease.MemberReady: 2})
 	if e := f.lastError(); e != "" {
 		t.Fatalf("last_error = %q after a good pass", e)
+	}
+	if sts, _ := f.pools.Status(f.ctx); sts[0].PrepareError != "" {
+		t.Fatalf("status once prepared: %+v", sts[0])
 	}
 }
 

@@ -220,6 +220,7 @@ type poolState struct {
 	caps          driver.Capabilities
 	lastReconcile time.Time
 	lastError     string
+	prepareError  string
 	lastOrphans   time.Time
 	verified      map[uuid.UUID]time.Time
 }
@@ -366,7 +367,14 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (
 	_ = g.Wait()
 
 	if prep, ok := cfg.Provider.(driver.Preparer); ok && cfg.Target > 0 {
-		if err := prep.Prepare(ctx); err != nil {
+		err := prep.Prepare(ctx)
+		r.mu.Lock()
+		ps.prepareError = ""
+		if err != nil && ctx.Err() == nil {
+			ps.prepareError = err.Error()
+		}
+		r.mu.Unlock()
+		if err != nil {
 			// No member is created before the provider can serve one (its
 			// image pulled): the error is the pool's last_error.
 			errs.add(fmt.Errorf("provider not prepared: %w", err))
@@ -684,6 +692,11 @@ type Status struct {
 	Members       map[lease.MemberState]int
 	LastReconcile time.Time // zero before the first pass
 	LastError     string
+	// PrepareError is the provider's last failed Prepare (driver.Preparer),
+	// such as an image that cannot be pulled; "" once it succeeded, or for
+	// a provider that prepares nothing. While it is set the pool creates
+	// no member.
+	PrepareError string
 }
 
 // Status reports every pool, in configuration order.
@@ -702,7 +715,7 @@ func (r *Reconciler) Status(ctx context.Context) ([]Status, error) {
 			members[st] = counts[name][st]
 		}
 		out = append(out, Status{Config: ps.cfg, Capabilities: ps.caps, Members: members,
-			LastReconcile: ps.lastReconcile, LastError: ps.lastError})
+			LastReconcile: ps.lastReconcile, LastError: ps.lastError, PrepareError: ps.prepareError})
 	}
 	return out, nil
 }
