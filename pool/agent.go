@@ -67,17 +67,15 @@ type ImageError struct{ Reason string }
 func (e *ImageError) Error() string { return string(errcode.ImageDigestUnverified) + ": " + e.Reason }
 
 // VerifyImage compares the image digest a provider read back for a cell
-// (obs.ImageDigest) with the digest cfg.Image pins. A pool without an
-// image requires the provider to report none. The plane calls it before
-// every lease operation; the reconciler at admission and at every
-// verification.
+// (obs.ImageDigest) with the digest cfg.Image pins. A pool that pins no
+// image checks nothing (its provider's image, if any, is its own
+// setting). The plane calls it before every lease operation; the
+// reconciler at admission and at every verification.
 func VerifyImage(cfg Config, obs driver.Observation) error {
 	want := cfg.imageDigest()
 	switch {
-	case want == "" && obs.ImageDigest == "":
-		return nil
 	case want == "":
-		return &ImageError{Reason: "the pool pins no image, the provider reports one"}
+		return nil
 	case obs.ImageDigest == "":
 		return &ImageError{Reason: "the provider reports no admitted image digest"}
 	case obs.ImageDigest != want:

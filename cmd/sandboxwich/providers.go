@@ -114,10 +114,11 @@ var providers = map[string]providerFactory{
 	},
 }
 
-// imageProviders are the providers that pull a pool's image (key image)
-// themselves and report the admitted digest read back, which the plane
-// verifies (CONTRACT §15). Their factories read it as setting image.
-var imageProviders = map[string]bool{"gvisor": true}
+// imageProviders are the providers that run a pool's image (key image)
+// and report the admitted digest read back, which the plane verifies
+// (CONTRACT §15): gvisor pulls it, kubernetes reads the kubelet's
+// imageID. Their factories read it as setting image.
+var imageProviders = map[string]bool{"gvisor": true, "kubernetes": true}
 
 // gvisorPoolName maps a pool name to the characters runsc container IDs
 // allow.
@@ -168,7 +169,7 @@ func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Pr
 	settings := p.Settings
 	if p.Image != "" {
 		if !imageProviders[p.Provider] {
-			return nil, fmt.Errorf("pool %q: key image: provider %s runs no pinned image (gvisor does)", p.Name, p.Provider)
+			return nil, fmt.Errorf("pool %q: key image: provider %s runs no pinned image (gvisor and kubernetes do)", p.Name, p.Provider)
 		}
 		if v, ok := settings["image"]; ok && v != p.Image {
 			return nil, fmt.Errorf("pool %q: key image and setting image name different images", p.Name)
