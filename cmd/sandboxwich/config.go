@@ -51,14 +51,14 @@ type config struct {
 
 // poolConfig is one pool as configured.
 type poolConfig struct {
-	Name            string            `json:"name"`
-	Provider        string            `json:"provider"`
-	TenantID        string            `json:"tenant_id"`
-	Release         lease.Release     `json:"release"`
-	Target          int               `json:"target"`
-	ReadyFloor      int               `json:"ready_floor"`
-	MaxProvisioning int               `json:"max_provisioning"`
-	ReadyTTLSeconds int               `json:"ready_ttl_seconds"`
+	Name            string        `json:"name"`
+	Provider        string        `json:"provider"`
+	TenantID        string        `json:"tenant_id"`
+	Release         lease.Release `json:"release"`
+	Target          int           `json:"target"`
+	ReadyFloor      int           `json:"ready_floor"`
+	MaxProvisioning int           `json:"max_provisioning"`
+	ReadyTTLSeconds int           `json:"ready_ttl_seconds"`
 	// Image is the pool's cell image, an OCI reference pinned by digest
 	// (CONTRACT §15); "" for the provider's own root filesystem.
 	Image    string            `json:"image"`
