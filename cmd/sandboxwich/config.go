@@ -49,20 +49,20 @@ type config struct {
 	Pools                []poolConfig
 }
 
-// poolConfig is one pool as configured.
+// poolConfig is one pool as configured. Image is the pool's cell image,
+// an OCI reference pinned by digest (CONTRACT §15); "" for the provider's
+// own root filesystem.
 type poolConfig struct {
-	Name            string        `json:"name"`
-	Provider        string        `json:"provider"`
-	TenantID        string        `json:"tenant_id"`
-	Release         lease.Release `json:"release"`
-	Target          int           `json:"target"`
-	ReadyFloor      int           `json:"ready_floor"`
-	MaxProvisioning int           `json:"max_provisioning"`
-	ReadyTTLSeconds int           `json:"ready_ttl_seconds"`
-	// Image is the pool's cell image, an OCI reference pinned by digest
-	// (CONTRACT §15); "" for the provider's own root filesystem.
-	Image    string            `json:"image"`
-	Settings map[string]string `json:"settings"`
+	Name            string            `json:"name"`
+	Provider        string            `json:"provider"`
+	TenantID        string            `json:"tenant_id"`
+	Release         lease.Release     `json:"release"`
+	Target          int               `json:"target"`
+	ReadyFloor      int               `json:"ready_floor"`
+	MaxProvisioning int               `json:"max_provisioning"`
+	ReadyTTLSeconds int               `json:"ready_ttl_seconds"`
+	Image           string            `json:"image"`
+	Settings        map[string]string `json:"settings"`
 }
 
 // setting is one scalar configuration key.
