@@ -45,7 +45,9 @@
 //     reach a cell. Without it the pull is anonymous.
 //   - Cache: Config.ImageCacheDir (default
 //     os.UserCacheDir()/sandboxwich/images, or image-cache under
-//     BundleDir) holds each image once, unpacked in sha256-<hex>/rootfs,
+//     BundleDir; made 0700, as unpacked images keep their owners and
+//     modes, set-id programs included) holds each image once, unpacked in
+//     sha256-<hex>/rootfs,
 //     with the digest in sha256-<hex>/digest and the manifest beside it.
 //     A pull holds the flock sha256-<hex>.lock, unpacks into
 //     .tmp-sha256-<hex> and renames it into place only when complete (the
@@ -77,7 +79,7 @@
 //     in refs/<installation>-<pool>, before it pulls. After a successful
 //     pull, an image no refs file names and no container under the state
 //     root mounts is removed, under its lock and after reading the refs
-//     again, renamed away first. A pool removed from every configuration
+//     again, renamed away first, with what crashed pulls left of it. A pool removed from every configuration
 //     keeps its refs file: delete it to release the image.
 //
 // # The cell agent

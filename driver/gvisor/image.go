@@ -103,7 +103,12 @@ func newImageStore(ref, cache, authFile, installation, pool string, log *slog.Lo
 		keys = kc
 	}
 	s := &imageStore{ref: d, digest: d.DigestStr(), cache: cache, refKey: installation + "-" + pool, keys: keys, log: log}
-	if err := os.MkdirAll(filepath.Join(cache, imageRefsDir), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(cache, imageRefsDir), 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: image cache: %w", err)
+	}
+	// Unpacked images keep their owners and modes, set-id programs
+	// included: only the owner (root, as runsc needs) may enter the cache.
+	if err := os.Chmod(cache, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: image cache: %w", err)
 	}
 	if err := writeIfChanged(filepath.Join(cache, imageRefsDir, s.refKey), []byte(s.digest+"\n")); err != nil {
@@ -455,13 +460,20 @@ func (s *imageStore) collect(ctx context.Context) error {
 			return err
 		}
 	}
-	var errs []error
+	// An image's directory, or what a crashed pull or removal left of it.
+	digests := map[string]bool{}
 	for _, e := range entries {
-		base, ok := strings.CutPrefix(e.Name(), "sha256-")
-		if !ok || !e.IsDir() || strings.Contains(base, ".") {
-			continue
+		n := e.Name()
+		for _, prefix := range []string{".tmp-", ".blobs-", ".trash-"} {
+			n = strings.TrimPrefix(n, prefix)
 		}
-		d := "sha256:" + base
+		base, ok := strings.CutPrefix(n, "sha256-")
+		if ok && e.IsDir() && len(base) == 64 && strings.Trim(base, "0123456789abcdef") == "" {
+			digests["sha256:"+base] = true
+		}
+	}
+	var errs []error
+	for d := range digests {
 		if d == s.digest || inUse[d] {
 			continue
 		}
@@ -484,16 +496,18 @@ func (s *imageStore) remove(d string) error {
 	if err != nil || refs[d] {
 		return err
 	}
-	trash := filepath.Join(s.cache, ".trash-"+filepath.Base(dir))
+	base := filepath.Base(dir)
+	trash := filepath.Join(s.cache, ".trash-"+base)
 	if err := os.RemoveAll(trash); err != nil {
 		return err
 	}
-	if err := os.Rename(dir, trash); err != nil {
+	if err := os.Rename(dir, trash); err == nil {
+		s.log.Info("image cache: removed an image no pool references", "digest", d)
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	s.log.Info("image cache: removed an image no pool references", "digest", d)
-	_ = os.RemoveAll(filepath.Join(s.cache, ".blobs-"+filepath.Base(dir)))
-	return os.RemoveAll(trash)
+	return errors.Join(os.RemoveAll(trash), os.RemoveAll(filepath.Join(s.cache, ".tmp-"+base)),
+		os.RemoveAll(filepath.Join(s.cache, ".blobs-"+base)))
 }
 
 // references reads every installation and pool's recorded digest.

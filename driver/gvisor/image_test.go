@@ -420,6 +420,27 @@ func TestImageCollect(t *testing.T) {
 			t.Errorf("collection left %s", d)
 		}
 	}
+	// What a crashed pull of an unreferenced digest left goes too; that
+	// of a referenced one stays (its pull resumes from it).
+	gone := filepath.Join(cache, ".blobs-sha256-"+strings.Repeat("e", 64))
+	kept := filepath.Join(cache, ".blobs-"+filepath.Base(other.dir(other.digest)))
+	for _, d := range []string{gone, kept} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := moved.collect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(gone); err == nil {
+		t.Error("the blobs of an unreferenced crashed pull were kept")
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("the blobs of a referenced image were removed: %v", err)
+	}
+	if fi, err := os.Stat(cache); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the cache is %v (%v), want 0700: it holds the images' set-id programs", fi.Mode(), err)
+	}
 }
 
 func TestApplyLayerWhiteoutsAndEscapes(t *testing.T) {
