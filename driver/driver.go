@@ -161,6 +161,23 @@ func PinnedDigest(ref string) (string, bool) {
 	return d, true
 }
 
+// RepoDigest returns the digest of a container runtime's image ID when it
+// is a repo digest ("repo@sha256:<hex>", also behind a scheme such as
+// "docker-pullable://"), as the kubelet reports in
+// status.containerStatuses[].imageID for an image it pulled; "" for a
+// bare local image ID ("sha256:<hex>" of an imported image carries no
+// repo digest) or anything else.
+func RepoDigest(imageID string) string {
+	if _, rest, ok := strings.Cut(imageID, "://"); ok {
+		imageID = rest
+	}
+	if !strings.Contains(imageID, "@") {
+		return ""
+	}
+	d, _ := PinnedDigest(imageID)
+	return d
+}
+
 // Execer is implemented by providers that can run a command in a cell.
 type Execer interface {
 	// Exec runs one command in the object and waits for it, within ctx and

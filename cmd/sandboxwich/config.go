@@ -211,10 +211,10 @@ func (c *config) check() error {
 	seen := map[string]bool{}
 	for i := range c.Pools {
 		p := &c.Pools[i]
-		// A provider that pulls images may also take it as a setting
-		// (SANDBOXWICH_GVISOR_IMAGE): it is the pool's image all the same.
-		if v := p.Settings["image"]; p.Image == "" && v != "" && imageProviders[p.Provider] {
-			p.Image = v
+		// A provider's image setting (SANDBOXWICH_GVISOR_IMAGE,
+		// SANDBOXWICH_KUBERNETES_IMAGE) is the pool's image all the same.
+		if key := imageProviders[p.Provider]; key != "" && p.Image == "" && p.Settings[key] != "" {
+			p.Image = p.Settings[key]
 		}
 		if seen[p.Name] {
 			return fmt.Errorf("invalid pools: name %q is used twice", p.Name)

@@ -114,11 +114,13 @@ var providers = map[string]providerFactory{
 	},
 }
 
-// imageProviders are the providers that run a pool's image (key image)
-// and report the admitted digest read back, which the plane verifies
-// (CONTRACT §15): gvisor pulls it, kubernetes reads the kubelet's
-// imageID. Their factories read it as setting image.
-var imageProviders = map[string]bool{"gvisor": true, "kubernetes": true}
+// imageProviders are the providers that report the admitted image digest
+// read back, which the plane verifies against a pool's key image (CONTRACT
+// §15), each with the setting its factory reads the image from: gvisor
+// pulls it, kubernetes makes it the Pod's image and reads the kubelet's
+// imageID back. agent-sandbox reads the bound Pod's imageID back, but its
+// template, not the plane, names the image: no setting.
+var imageProviders = map[string]string{"gvisor": "image", "kubernetes": "image", "agent-sandbox": ""}
 
 // gvisorPoolName maps a pool name to the characters runsc container IDs
 // allow.
@@ -168,17 +170,20 @@ func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Pr
 	}
 	settings := p.Settings
 	if p.Image != "" {
-		if !imageProviders[p.Provider] {
-			return nil, fmt.Errorf("pool %q: key image: provider %s runs no pinned image (gvisor and kubernetes do)", p.Name, p.Provider)
+		key, ok := imageProviders[p.Provider]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("pool %q: key image: provider %s reports no admitted image (gvisor, kubernetes and agent-sandbox do)", p.Name, p.Provider)
+		case key == "":
+		case settings[key] != "" && settings[key] != p.Image:
+			return nil, fmt.Errorf("pool %q: key image and setting %s name different images", p.Name, key)
+		default:
+			settings = maps.Clone(settings)
+			if settings == nil {
+				settings = map[string]string{}
+			}
+			settings[key] = p.Image
 		}
-		if v, ok := settings["image"]; ok && v != p.Image {
-			return nil, fmt.Errorf("pool %q: key image and setting image name different images", p.Name)
-		}
-		settings = maps.Clone(settings)
-		if settings == nil {
-			settings = map[string]string{}
-		}
-		settings["image"] = p.Image
 	}
 	prov, err := f(p.Name, installation, settings, log)
 	if err != nil {

@@ -412,15 +412,7 @@ func admittedImage(pod *corev1.Pod) string {
 		if cs.Name != ContainerName {
 			continue
 		}
-		id := cs.ImageID
-		if _, rest, ok := strings.Cut(id, "://"); ok {
-			id = rest
-		}
-		if !strings.Contains(id, "@") {
-			return ""
-		}
-		d, _ := driver.PinnedDigest(id)
-		return d
+		return driver.RepoDigest(cs.ImageID)
 	}
 	return ""
 }
