@@ -71,10 +71,14 @@
 //     kernel check needs uname in the image (a static busybox serves).
 //   - Admitted digest: the image's digest is annotated in the spec
 //     (dev.sandboxwich.image-digest), and Inspect reports
-//     Observation.ImageDigest only when the digest file of the cache
-//     directory the container's spec mounts (read through runsc's record
-//     of its bundle) agrees with that annotation and with the directory's
-//     name; the plane compares it with the pool's pinned digest.
+//     Observation.ImageDigest from what runsc really mounted: the mount
+//     table of the container's gofer (/proc/<pid>/mountinfo of the
+//     runsc-gofer process, which serves the root to the sandbox) must
+//     show its root as a read-only mount of <cache>/sha256-<hex>/rootfs,
+//     that digest must be the annotated one, and the cache directory must
+//     record it as completely unpacked. Anything else reports no digest
+//     (and says why in the detail); the plane compares it with the pool's
+//     pinned digest.
 //   - Collection: each installation and pool records the digest it uses
 //     in refs/<installation>-<pool>, before it pulls. After a successful
 //     pull, an image no refs file names and no container under the state

@@ -134,6 +134,8 @@ type Provider struct {
 	agents sync.Map
 	// image is the pool's cell image; nil without Config.Image.
 	image *imageStore
+	// gofers caches the host pid of each container identity's gofer.
+	gofers sync.Map
 }
 
 var (
@@ -584,7 +586,7 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Obs
 	if st := p.r.stateFile(id); st != nil && st.Status == statusRunning {
 		identity := identityOf(st)
 		if _, ok := p.verified.Load(identity); ok && p.isSandboxProcess(st.Pid, id) {
-			image, why := mountedImage(st)
+			image, why := p.mountedImage(st)
 			return driver.Observation{Exists: true, Identity: identity, RuntimeClass: lease.GVisorLowerRisk, Ready: true,
 				AgentDigest: st.Annotations[agentDigestAnnotation], ImageDigest: image,
 				Detail: fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid) +
@@ -598,7 +600,7 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Obs
 	if st == nil {
 		return driver.Observation{Detail: "runsc reports no container " + id}, nil
 	}
-	image, imgWhy := mountedImage(st)
+	image, imgWhy := p.mountedImage(st)
 	o = driver.Observation{Exists: true, Identity: identityOf(st), AgentDigest: st.Annotations[agentDigestAnnotation], ImageDigest: image}
 	defer func() {
 		if err == nil {
@@ -637,14 +639,16 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Obs
 	return o, nil
 }
 
-// forget drops the verified identities of a container.
+// forget drops the verified identities of a container, and its gofer.
 func (p *Provider) forget(id string) {
-	p.verified.Range(func(k, _ any) bool {
-		if strings.HasPrefix(k.(string), id+"@") {
-			p.verified.Delete(k)
-		}
-		return true
-	})
+	for _, m := range []*sync.Map{&p.verified, &p.gofers} {
+		m.Range(func(k, _ any) bool {
+			if strings.HasPrefix(k.(string), id+"@") {
+				m.Delete(k)
+			}
+			return true
+		})
+	}
 }
 
 // sandboxedKernel compares the kernel release the host runs with the one a

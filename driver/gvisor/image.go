@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -533,38 +533,115 @@ func (s *imageStore) references() (map[string]bool, error) {
 	return refs, nil
 }
 
-// mountedImage reads back the image a container's root was made from: the
-// digest recorded in the cache directory its spec's root is in, which
-// must agree with the digest annotated at creation. It returns "" and why
-// when there is none or they differ.
-func mountedImage(st *containerState) (string, string) {
+// mountedImage reads back the image a running container's root really is:
+// the mount table of the container's gofer (the runsc process that serves
+// the root to the sandbox), whose root mount must be a read-only mount of
+// an unpacked image, <cache>/sha256-<hex>/rootfs. That digest must be
+// the one annotated at creation and, in this provider's cache, the one
+// the directory records as unpacked. It returns "" and why otherwise.
+func (p *Provider) mountedImage(st *containerState) (string, string) {
 	want := st.Annotations[imageDigestAnnotation]
 	if want == "" {
 		return "", ""
 	}
-	raw, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if st.Status != statusRunning {
+		return "", "the container is not running"
+	}
+	pid, ok := p.goferOf(st)
+	if !ok {
+		return "", "no gofer process of the container"
+	}
+	raw, err := os.ReadFile(filepath.Join(p.procRoot, strconv.Itoa(pid), "mountinfo"))
 	if err != nil {
-		return "", "the container's bundle cannot be read: " + err.Error()
+		return "", "the gofer's mount table cannot be read"
 	}
-	var spec struct {
-		Root ociRoot `json:"root"`
+	got, why := rootImage(raw)
+	switch {
+	case why != "":
+		return "", why
+	case got != want:
+		return "", "the container's root is another image than it was created with"
 	}
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		return "", "the container's spec cannot be decoded"
-	}
-	if filepath.Base(spec.Root.Path) != imageRootFS {
-		return "", "the container's root is not an unpacked image"
-	}
-	dir := filepath.Dir(spec.Root.Path)
-	b, err := os.ReadFile(filepath.Join(dir, imageDigestFile))
-	if err != nil {
-		return "", "the image directory the container mounts records no digest"
-	}
-	got := strings.TrimSpace(string(b))
-	if got != want || filepath.Base(dir) != strings.Replace(got, ":", "-", 1) {
-		return "", "the image directory the container mounts records another digest than its creation"
+	if p.image != nil {
+		dir := filepath.Join(p.image.cache, strings.Replace(got, ":", "-", 1))
+		if !complete(dir, got) {
+			return "", "the mounted image directory does not record its digest"
+		}
 	}
 	return got, ""
+}
+
+// rootImage finds the root mount ("/") in a mountinfo table and returns the
+// digest of the unpacked image it mounts, which must be mounted
+// read-only.
+func rootImage(mountinfo []byte) (string, string) {
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || f[4] != "/" {
+			continue
+		}
+		src := unescapeMount(f[3])
+		if filepath.Base(src) != imageRootFS {
+			return "", "the container's root is not an unpacked image"
+		}
+		base, ok := strings.CutPrefix(filepath.Base(filepath.Dir(src)), "sha256-")
+		if !ok || len(base) != 64 || strings.Trim(base, "0123456789abcdef") != "" {
+			return "", "the container's root is not an unpacked image"
+		}
+		if !slices.Contains(strings.Split(f[5], ","), "ro") {
+			return "", "the container's image is mounted writable"
+		}
+		return "sha256:" + base, ""
+	}
+	return "", "the gofer's mount table has no root mount"
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// goferOf returns the host pid of a container's gofer, remembered per
+// container identity and checked again at each use.
+func (p *Provider) goferOf(st *containerState) (int, bool) {
+	identity := identityOf(st)
+	bundle := p.bundlePath(st.ID)
+	isGofer := func(argv []string) bool {
+		return len(argv) > 0 && filepath.Base(argv[0]) == "runsc-gofer" && belongs(argv, p.r.root, st.ID, bundle)
+	}
+	if v, ok := p.gofers.Load(identity); ok {
+		pid := v.(int)
+		raw, err := os.ReadFile(filepath.Join(p.procRoot, strconv.Itoa(pid), "cmdline"))
+		if err == nil && isGofer(strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")) {
+			return pid, true
+		}
+		p.gofers.Delete(identity)
+	}
+	procs, err := containerProcesses(p.procRoot, p.r.root, st.ID, bundle)
+	if err != nil {
+		return 0, false
+	}
+	for _, pr := range procs {
+		if isGofer(pr.argv) {
+			p.gofers.Store(identity, pr.pid)
+			return pr.pid, true
+		}
+	}
+	return 0, false
 }
 
 // imageDetail is what an observation's detail says of an image read-back

@@ -619,3 +619,28 @@ func TestImageConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestRootImage(t *testing.T) {
+	t.Parallel()
+	hex := strings.Repeat("ab", 32)
+	line := func(src, point, opts string) string {
+		return "158 152 254:0 " + src + " " + point + " " + opts + " - ext4 /dev/vda rw\n"
+	}
+	agent := line("/root/.cache/sandboxwich/agent/sha256-"+strings.Repeat("0", 64)+"/sandboxwich-agent", "/.sandboxwich/agent", "ro,nosuid")
+	for _, tc := range []struct {
+		table, want string
+		ok          bool
+	}{
+		{line("/var/cache/images/sha256-"+hex+"/rootfs", "/", "ro,nosuid,nodev,relatime") + agent, "sha256:" + hex, true},
+		{line("/srv/my\\040cache/sha256-"+hex+"/rootfs", "/", "ro"), "sha256:" + hex, true},
+		{line("/var/cache/images/sha256-"+hex+"/rootfs", "/", "rw,nosuid"), "", false},
+		{line("/srv/rootfs", "/", "ro"), "", false},
+		{line("/var/cache/images/sha256-"+hex[:10]+"/rootfs", "/", "ro"), "", false},
+		{agent, "", false},
+	} {
+		got, why := rootImage([]byte(tc.table))
+		if got != tc.want || (why == "") != tc.ok {
+			t.Errorf("rootImage(%q) = %q, %q; want %q", tc.table, got, why, tc.want)
+		}
+	}
+}
