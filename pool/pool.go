@@ -366,6 +366,7 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (
 	}
 	_ = g.Wait()
 
+	prepared := true
 	if prep, ok := cfg.Provider.(driver.Preparer); ok && cfg.Target > 0 {
 		err := prep.Prepare(ctx)
 		r.mu.Lock()
@@ -378,15 +379,18 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (
 			// No member is created before the provider can serve one (its
 			// image pulled): the error is the pool's last_error.
 			errs.add(fmt.Errorf("provider not prepared: %w", err))
-			return 0, errs.err()
+			prepared = false
 		}
 	}
-	created, err := r.store.Replenish(ctx, store.ReplenishParams{
-		Pool: cfg.Name, TenantID: cfg.TenantID, Target: cfg.Target, MaxProvisioning: cfg.MaxProvisioning,
-		NewID: r.opt.NewID, Owner: r.opt.Owner, LockUntil: now.Add(r.opt.LockTTL), Now: now,
-	})
-	if err != nil {
-		errs.add(err)
+	var created []store.Member
+	if prepared {
+		created, err = r.store.Replenish(ctx, store.ReplenishParams{
+			Pool: cfg.Name, TenantID: cfg.TenantID, Target: cfg.Target, MaxProvisioning: cfg.MaxProvisioning,
+			NewID: r.opt.NewID, Owner: r.opt.Owner, LockUntil: now.Add(r.opt.LockTTL), Now: now,
+		})
+		if err != nil {
+			errs.add(err)
+		}
 	}
 	p := new(errgroup.Group)
 	for _, m := range created {
