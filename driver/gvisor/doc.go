@@ -29,8 +29,10 @@
 // resolved), every cell's root is that image (CONTRACT §15):
 //
 //   - Pull: Prepare (driver.Preparer; the reconciler calls it before it
-//     creates cells, never on a claim's path, and Provision calls it too)
-//     fetches the image with go-containerregistry over the OCI
+//     creates cells, never on a claim's path) starts the pull in the
+//     background and reports "being pulled" until it completed, so a pass
+//     never waits for it; PullImage, which Provision calls, waits. The
+//     pull fetches the image with go-containerregistry over the OCI
 //     distribution API, by digest only. The manifest is checked against
 //     the reference's digest (for an index, the linux manifest of this
 //     architecture against the index's entry, and the index against the

@@ -267,12 +267,28 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
-// Prepare pulls and unpacks the pool's image into the cache unless it is
-// there (driver.Preparer): the reconciler calls it before creating cells,
-// so no pull ever runs on a claim. A failure is retried with a back-off
-// from 1 s doubling to 5 min; a call during the back-off returns the last
-// error at once. Without Config.Image it does nothing.
-func (p *Provider) Prepare(ctx context.Context) error {
+// Prepare reports whether the pool's image is pulled and unpacked in the
+// cache (driver.Preparer), and starts pulling it in the background when it
+// is not: the reconciler calls it before creating cells and never waits
+// for a pull, and no pull ever runs on a claim. Until the pull completed
+// it returns an error saying the image is being pulled, or the last
+// failure: a failure is retried with a back-off from 1 s doubling to 5 min,
+// and a call during the back-off returns the last error at once. Without
+// Config.Image it does nothing. Provision waits for the pull instead.
+func (p *Provider) Prepare(context.Context) error {
+	if p.image == nil {
+		return nil
+	}
+	if err := p.image.start(); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	return nil
+}
+
+// PullImage pulls and unpacks the pool's image unless it is ready,
+// waiting for it (within ctx), with Prepare's back-off; Provision calls it.
+// Without Config.Image it does nothing.
+func (p *Provider) PullImage(ctx context.Context) error {
 	if p.image == nil {
 		return nil
 	}
@@ -463,7 +479,7 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 		return driver.Object{}, fmt.Errorf("gvisor: provision: %w", err)
 	}
 	id := p.containerID(req.CellID)
-	if err := p.Prepare(ctx); err != nil {
+	if err := p.PullImage(ctx); err != nil {
 		return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
 	}
 	unlock, err := p.locks.lock(ctx, id)

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -73,6 +74,9 @@ type imageStore struct {
 	// inUse lists the image digests of this state root's containers, so
 	// the collector never removes what a running cell mounts.
 	inUse func(context.Context) (map[string]bool, error)
+
+	// pulling is set while a background pull (start) runs.
+	pulling atomic.Bool
 
 	mu      sync.Mutex
 	ready   bool
@@ -154,6 +158,41 @@ func (s *imageStore) prepare(ctx context.Context) error {
 		s.log.Warn("image cache: collecting unreferenced images", "error", err)
 	}
 	return nil
+}
+
+// imagePullTimeout bounds a background pull.
+const imagePullTimeout = time.Hour
+
+// start is prepare without waiting: when the image is ready it returns
+// nil, during a back-off the last error; otherwise it starts a pull in the
+// background (one at a time) and reports that the image is being pulled.
+// The reconciler's pass never waits for a pull, so other pools and
+// cleanups go on meanwhile.
+func (s *imageStore) start() error {
+	if !s.pulling.CompareAndSwap(false, true) {
+		return fmt.Errorf("image %s is being pulled", s.ref.String())
+	}
+	if s.mu.TryLock() {
+		ready := s.ready && complete(s.dir(s.digest), s.digest)
+		backoff := s.lastErr != nil && time.Now().Before(s.retryAt)
+		lastErr := s.lastErr
+		s.mu.Unlock()
+		switch {
+		case ready:
+			s.pulling.Store(false)
+			return nil
+		case backoff:
+			s.pulling.Store(false)
+			return lastErr
+		}
+	}
+	go func() {
+		defer s.pulling.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), imagePullTimeout)
+		defer cancel()
+		_ = s.prepare(ctx)
+	}()
+	return fmt.Errorf("image %s is being pulled", s.ref.String())
 }
 
 // complete reports whether dir is a completed unpack of digest d: only a

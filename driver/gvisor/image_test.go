@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -509,8 +510,14 @@ func TestImageCells(t *testing.T) {
 	cfg, digest := imageConfig(t, reg, busybox)
 	p := newProvider(t, cfg)
 	ctx := context.Background()
-	if err := p.Prepare(ctx); err != nil {
-		t.Fatalf("Prepare: %v", err)
+	// Prepare never waits: it starts the pull and says so, until done.
+	if err := p.Prepare(ctx); err == nil || !strings.Contains(err.Error(), "is being pulled") {
+		t.Fatalf("the first Prepare = %v, want the pull started", err)
+	}
+	for deadline := time.Now().Add(time.Minute); p.Prepare(ctx) != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Prepare after a minute: %v", p.Prepare(ctx))
+		}
 	}
 	lower := p.image.rootfs()
 	lowerIno := inode(t, lower)
@@ -549,7 +556,7 @@ func TestImageCells(t *testing.T) {
 	other := cfg
 	other.Pool = "test-other"
 	q := newProvider(t, other)
-	if err := q.Prepare(ctx); err != nil || q.image.pulls != 0 {
+	if err := q.PullImage(ctx); err != nil || q.image.pulls != 0 {
 		t.Fatalf("Prepare of a second pool: %v, %d pulls", err, q.image.pulls)
 	}
 	if q.image.rootfs() != lower || inode(t, q.image.rootfs()) != lowerIno {
@@ -595,8 +602,11 @@ func TestImageUnavailable(t *testing.T) {
 	cfg.Image = reg.host + "/absent@sha256:" + strings.Repeat("cd", 32)
 	cfg.ImageCacheDir = filepath.Join(filepath.Dir(cfg.StateDir), "images")
 	p := newProvider(t, cfg)
-	if err := p.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), cfg.Image) {
-		t.Errorf("Prepare = %v, want an error naming the image", err)
+	if err := p.PullImage(context.Background()); err == nil || !strings.Contains(err.Error(), cfg.Image) {
+		t.Errorf("PullImage = %v, want an error naming the image", err)
+	}
+	if err := p.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "fetching the manifest") {
+		t.Errorf("Prepare during the back-off = %v, want the pull's error", err)
 	}
 	_, err := p.Provision(context.Background(), driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
 	if err == nil {

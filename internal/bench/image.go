@@ -89,7 +89,7 @@ func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, erro
 	}
 	rep := &ImageReport{}
 	t0 := time.Now()
-	if err := fromImage.Prepare(ctx); err != nil {
+	if err := fromImage.PullImage(ctx); err != nil {
 		return nil, err
 	}
 	rep.PullMS = ms(time.Since(t0))
@@ -142,7 +142,7 @@ func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, erro
 			return nil, err
 		}
 		t0 := time.Now()
-		if err := lp.Prepare(ctx); err != nil {
+		if err := lp.PullImage(ctx); err != nil {
 			return nil, err
 		}
 		rep.LargePullMS = ms(time.Since(t0))
