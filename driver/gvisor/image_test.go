@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -651,6 +652,62 @@ func TestRootImage(t *testing.T) {
 		got, why := rootImage([]byte(tc.table))
 		if got != tc.want || (why == "") != tc.ok {
 			t.Errorf("rootImage(%q) = %q, %q; want %q", tc.table, got, why, tc.want)
+		}
+	}
+}
+
+// TestImageIndexAndCrashedUnpack: a reference naming an index pulls the
+// linux manifest of this architecture (the admitted digest stays the
+// index's), and what a crash left (a half-unpacked temporary directory, a
+// directory without its digest file) is never used: the pull redoes it.
+func TestImageIndexAndCrashedUnpack(t *testing.T) {
+	t.Parallel()
+	reg := newTestRegistry(t)
+	img := imageOf(t, layerOf(t, tarEntry{name: "arch", body: runtime.GOARCH}))
+	other := imageOf(t, layerOf(t, tarEntry{name: "arch", body: "other"}))
+	idx := mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: other, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "riscv64"}}},
+		mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}}})
+	tag, err := name.NewTag(reg.host + "/multi:latest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(tag, idx); err != nil {
+		t.Fatal(err)
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.host + "/multi@" + d.String()
+	cache := t.TempDir()
+	s := testStore(t, ref, cache, "inst", "p")
+	final := s.dir(s.digest)
+	// What a crash left: a half-unpacked temporary directory, and a
+	// directory renamed without its digest file.
+	for _, junk := range []string{filepath.Join(cache, ".tmp-"+filepath.Base(final), "rootfs", "arch"), filepath.Join(final, "rootfs", "arch")} {
+		if err := os.MkdirAll(filepath.Dir(junk), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(junk, []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if complete(final, s.digest) {
+		t.Fatal("a directory without its digest file counts as complete")
+	}
+	if err := s.prepare(context.Background()); err != nil {
+		t.Fatalf("prepare of an index: %v", err)
+	}
+	if s.digest != d.String() {
+		t.Errorf("admitted digest %s, want the index's %s", s.digest, d)
+	}
+	if b, err := os.ReadFile(filepath.Join(s.rootfs(), "arch")); err != nil || string(b) != runtime.GOARCH {
+		t.Errorf("unpacked %q, %v; want this architecture's image", b, err)
+	}
+	for _, e := range cachedImages(t, cache) {
+		if strings.HasPrefix(e, ".tmp-") {
+			t.Errorf("the crashed unpack's %s is left", e)
 		}
 	}
 }
