@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
@@ -296,6 +297,12 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 		}
 		return nil, p.quarantine(ctx, m, "runtime unverified before a lease operation", err, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified,
 			"the cell's runtime class could not be verified; the cell is quarantined", err))
+	}
+	if cfg, ok := p.pools.Pool(m.Pool); ok { // p.pools is set: prov is the pool's
+		if err := pool.VerifyImage(cfg, obs); err != nil {
+			return nil, p.quarantine(ctx, m, string(errcode.ImageDigestUnverified), err, errcode.Wrap(errcode.ImageDigestUnverified,
+				"the cell's admitted image is not the one its pool pins; the cell is quarantined", err))
+		}
 	}
 	if host == nil {
 		c.execer = execer

@@ -222,7 +222,8 @@ type Evidence struct {
 	// admitted; "" when none was recorded (a cell admitted by an earlier
 	// version).
 	RuntimeClass lease.RuntimeClass
-	// ImageDigest is the admitted image digest; "" until pools pin images.
+	// ImageDigest is the image digest the provider reported as admitted
+	// ("sha256:<hex>"); "" when the cell's pool pins no image.
 	ImageDigest string
 	// AgentDigest is the cell agent's build digest the provider reported;
 	// "" when the cell runs no agent.
@@ -245,7 +246,7 @@ func (p *Plane) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID
 			"cell was prepared by an external worker; the plane holds no evidence of it")
 	}
 	out := Evidence{CellID: ev.CellID, Pool: ev.Pool, RuntimeClass: ev.RuntimeClass, AgentDigest: ev.AgentDigest,
-		AdmittedAt: ev.AdmittedAt, LastVerifiedAt: ev.VerifiedAt}
+		ImageDigest: ev.ImageDigest, AdmittedAt: ev.AdmittedAt, LastVerifiedAt: ev.VerifiedAt}
 	if p.pools != nil {
 		if cfg, ok := p.pools.Pool(ev.Pool); ok {
 			caps := cfg.Provider.Capabilities()

@@ -20,6 +20,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -115,6 +116,12 @@ type Observation struct {
 	// (the bundle, the Pod spec), or "" when the object runs no agent. The
 	// plane expects the agent to report exactly this digest.
 	AgentDigest string
+	// ImageDigest is the digest ("sha256:<hex>") of the image the provider
+	// read back as mounted or pulled for this object (the content the
+	// runtime actually serves, not the request), or "" when the object
+	// runs no pinned image. The plane requires exactly the pool's pinned
+	// digest (CONTRACT §15).
+	ImageDigest string
 	// Detail explains the observation for logs (never a secret).
 	Detail string
 }
@@ -124,6 +131,51 @@ type Observation struct {
 type Lister interface {
 	// List returns every object the provider holds for this pool.
 	List(ctx context.Context) ([]Object, error)
+}
+
+// Preparer is implemented by providers that must fetch something once
+// before they can provision, such as a pool's image. The reconciler calls
+// Prepare before it creates members, never on a claim's path, and creates
+// none while it fails: the error is the pool's last_error. Prepare must
+// be cheap once it succeeded, and pace its own retries (a call during a
+// back-off returns the last error at once).
+type Preparer interface {
+	Prepare(ctx context.Context) error
+}
+
+// PinnedDigest returns the digest ("sha256:<64 hex>") an image reference
+// is pinned by ("host/repo@sha256:…" or "host/repo:tag@sha256:…"), and
+// false when it is not pinned by a SHA-256 digest. It checks the digest
+// only; the command that reads the configuration checks the whole
+// reference.
+func PinnedDigest(ref string) (string, bool) {
+	i := strings.LastIndexByte(ref, '@')
+	if i <= 0 {
+		return "", false
+	}
+	d := ref[i+1:]
+	hexPart, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(hexPart) != 64 || strings.Trim(hexPart, "0123456789abcdef") != "" {
+		return "", false
+	}
+	return d, true
+}
+
+// RepoDigest returns the digest of a container runtime's image ID when it
+// is a repo digest ("repo@sha256:<hex>", also behind a scheme such as
+// "docker-pullable://"), as the kubelet reports in
+// status.containerStatuses[].imageID for an image it pulled; "" for a
+// bare local image ID ("sha256:<hex>" of an imported image carries no
+// repo digest) or anything else.
+func RepoDigest(imageID string) string {
+	if _, rest, ok := strings.Cut(imageID, "://"); ok {
+		imageID = rest
+	}
+	if !strings.Contains(imageID, "@") {
+		return ""
+	}
+	d, _ := PinnedDigest(imageID)
+	return d
 }
 
 // Execer is implemented by providers that can run a command in a cell.

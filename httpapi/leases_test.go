@@ -248,6 +248,7 @@ func TestEvidenceRoute(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		e := newEnv(t, b)
 		const agent = "sha256:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+		const image = "sha256:ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
 		ctx, id, admitted := context.Background(), uuid.Must(uuid.NewV7()), e.plane.Now()
 		if _, err := e.st.CreateMember(ctx, store.CreateMemberParams{CellID: id, Pool: "p1", TenantID: "acme", Now: admitted}); err != nil {
 			t.Fatal(err)
@@ -255,12 +256,12 @@ func TestEvidenceRoute(t *testing.T) {
 		if _, err := e.st.AdmitMember(ctx, store.AdmitParams{CellID: id, Pool: "p1", WorkerID: "pool:p1",
 			ProviderCellID: id.String(), Identity: "uid", Release: e.release(lease.GVisorLowerRisk),
 			ReadyDeadline: admitted.Add(10 * time.Minute), Now: admitted,
-			AdmittedClass: lease.GVisorLowerRisk, AgentDigest: agent}); err != nil {
+			AdmittedClass: lease.GVisorLowerRisk, AgentDigest: agent, ImageDigest: image}); err != nil {
 			t.Fatal(err)
 		}
 		verified := admitted.Add(time.Second)
 		if err := e.st.RecordVerification(ctx, store.VerificationParams{CellID: id, RuntimeClass: lease.GVisorLowerRisk,
-			AgentDigest: agent, Now: verified}); err != nil {
+			AgentDigest: agent, ImageDigest: image, Now: verified}); err != nil {
 			t.Fatal(err)
 		}
 		c := e.claimFor(tokAcme, "session-1", lease.GVisorLowerRisk)
@@ -268,7 +269,7 @@ func TestEvidenceRoute(t *testing.T) {
 		checkSchema(t, "EvidenceResponse", r.body)
 		// The pool is not configured in this plane: provider and mode null.
 		want := `{"ok":true,"evidence":{"cell_id":"` + id.String() + `","pool":"p1","provider":null,"provider_mode":null,` +
-			`"runtime_class":"gvisor_lower_risk","image_digest":null,"agent_digest":"` + agent + `","admitted_at":"` +
+			`"runtime_class":"gvisor_lower_risk","image_digest":"` + image + `","agent_digest":"` + agent + `","admitted_at":"` +
 			attest.WireTime(admitted) + `","last_verified_at":"` + attest.WireTime(verified) + `"}}`
 		if string(r.body) != want {
 			t.Errorf("evidence\n got %s\nwant %s", r.body, want)
@@ -296,7 +297,8 @@ func TestBodiesCarryNoDigest(t *testing.T) {
 		c := decodeAs[wire.ClaimResponse](t, claim)
 		cellID := e.poolCell("acme", lease.GVisorLowerRisk)
 		if err := e.st.RecordVerification(context.Background(), store.VerificationParams{CellID: cellID,
-			RuntimeClass: lease.GVisorLowerRisk, AgentDigest: "sha256:" + strings.Repeat("0", 64), Now: e.plane.Now()}); err != nil {
+			RuntimeClass: lease.GVisorLowerRisk, AgentDigest: "sha256:" + strings.Repeat("0", 64),
+			ImageDigest: "sha256:" + strings.Repeat("1", 64), Now: e.plane.Now()}); err != nil {
 			t.Fatal(err)
 		}
 		pc := e.claimFor(tokAcme, "session-2", lease.GVisorLowerRisk)

@@ -61,7 +61,8 @@ func newMetrics(reg *prometheus.Registry, plane *sandboxwich.Plane) (*metrics, e
 	for _, r := range []sandboxwich.EmptyReason{sandboxwich.EmptyNoInventory, sandboxwich.EmptyExpiresTooSoon, sandboxwich.EmptyHeldBack} {
 		m.empty.WithLabelValues(string(r))
 	}
-	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(plane), newClockCollector(plane), buildInfo()}
+	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(plane), newClockCollector(plane),
+		newPoolCollector(plane), buildInfo()}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, done := range cs[:i] {
@@ -147,6 +148,41 @@ func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
 	if off, unc, ok := c.plane.ClockOffset(); ok {
 		ch <- prometheus.MustNewConstMetric(c.offset, prometheus.GaugeValue, off.Seconds())
 		ch <- prometheus.MustNewConstMetric(c.uncertain, prometheus.GaugeValue, unc.Seconds())
+	}
+}
+
+// poolCollector reports, per configured pool, whether its provider is
+// failing to prepare (its image cannot be pulled, CONTRACT §15), read from
+// the reconciler at scrape time.
+type poolCollector struct {
+	plane *sandboxwich.Plane
+	desc  *prometheus.Desc
+}
+
+func newPoolCollector(plane *sandboxwich.Plane) *poolCollector {
+	return &poolCollector{plane: plane, desc: prometheus.NewDesc("sandboxwich_pool_unprepared",
+		"1 while the pool's provider cannot prepare its cells (such as a pinned image that cannot be pulled; "+
+			"the pool creates no cell and retries with back-off, /v1/pools last_error says why), else 0.", []string{"pool"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sts, err := c.plane.PoolStatus(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for _, st := range sts {
+		v := 0.0
+		if st.PrepareError != "" {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, st.Config.Name)
 	}
 }
 

@@ -52,6 +52,17 @@ type Config struct {
 	ReadyTTL time.Duration
 	// Provider creates the pool's cells.
 	Provider driver.Provider
+	// Image is the OCI reference of the pool's cell image, pinned by
+	// digest ("host/repo@sha256:<hex>"), or "" when the provider's own
+	// root filesystem serves. Every verification requires the provider to
+	// report exactly that digest as admitted (driver.Observation.ImageDigest).
+	Image string
+}
+
+// imageDigest is the digest c.Image is pinned by, or "" without an image.
+func (c Config) imageDigest() string {
+	d, _ := driver.PinnedDigest(c.Image)
+	return d
 }
 
 // DefaultReadyTTL is the least default ready TTL: three times the default
@@ -87,6 +98,8 @@ func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 		return bad("ready_ttl_seconds", "must be positive")
 	case c.Provider == nil:
 		return bad("provider", "is required")
+	case c.Image != "" && c.imageDigest() == "":
+		return bad("image", "must be pinned by digest (host/repo@sha256:<64 hex digits>)")
 	case !slices.Contains(c.Provider.Capabilities().RuntimeClasses, c.Release.RuntimeClass):
 		return bad("release.runtime_class", fmt.Sprintf("%q is not served by provider %s",
 			c.Release.RuntimeClass, c.Provider.Capabilities().Kind))
@@ -207,6 +220,7 @@ type poolState struct {
 	caps          driver.Capabilities
 	lastReconcile time.Time
 	lastError     string
+	prepareError  string
 	lastOrphans   time.Time
 	verified      map[uuid.UUID]time.Time
 }
@@ -352,12 +366,31 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (
 	}
 	_ = g.Wait()
 
-	created, err := r.store.Replenish(ctx, store.ReplenishParams{
-		Pool: cfg.Name, TenantID: cfg.TenantID, Target: cfg.Target, MaxProvisioning: cfg.MaxProvisioning,
-		NewID: r.opt.NewID, Owner: r.opt.Owner, LockUntil: now.Add(r.opt.LockTTL), Now: now,
-	})
-	if err != nil {
-		errs.add(err)
+	prepared := true
+	if prep, ok := cfg.Provider.(driver.Preparer); ok && cfg.Target > 0 {
+		err := prep.Prepare(ctx)
+		r.mu.Lock()
+		ps.prepareError = ""
+		if err != nil && ctx.Err() == nil {
+			ps.prepareError = err.Error()
+		}
+		r.mu.Unlock()
+		if err != nil {
+			// No member is created before the provider can serve one (its
+			// image pulled): the error is the pool's last_error.
+			errs.add(fmt.Errorf("provider not prepared: %w", err))
+			prepared = false
+		}
+	}
+	var created []store.Member
+	if prepared {
+		created, err = r.store.Replenish(ctx, store.ReplenishParams{
+			Pool: cfg.Name, TenantID: cfg.TenantID, Target: cfg.Target, MaxProvisioning: cfg.MaxProvisioning,
+			NewID: r.opt.NewID, Owner: r.opt.Owner, LockUntil: now.Add(r.opt.LockTTL), Now: now,
+		})
+		if err != nil {
+			errs.add(err)
+		}
 	}
 	p := new(errgroup.Group)
 	for _, m := range created {
@@ -415,7 +448,7 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 			ps.verified[m.CellID] = now
 			r.mu.Unlock()
 			return r.store.RecordVerification(ctx, store.VerificationParams{CellID: m.CellID,
-				RuntimeClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest, Now: r.opt.Now()})
+				RuntimeClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest, ImageDigest: obs.ImageDigest, Now: r.opt.Now()})
 		}
 	case lease.MemberLeased:
 		c := m.Cell
@@ -566,7 +599,7 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		CellID: m.CellID, Pool: cfg.Name, WorkerID: cfg.Provider.Capabilities().Identity,
 		ProviderCellID: m.CellID.String(), Identity: obj.Identity, Release: cfg.Release,
 		ReadyDeadline: now.Add(cfg.ReadyTTL), Now: now,
-		AdmittedClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest,
+		AdmittedClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest, ImageDigest: obs.ImageDigest,
 	})
 	if err == nil {
 		r.opt.Logger.Info("cell ready", "pool", cfg.Name, "cell_id", m.CellID)
@@ -575,8 +608,8 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 }
 
 // verify reads the member's object back and checks it against the pool's
-// signed runtime class, then its agent's readiness evidence. It returns
-// what it read: the member's evidence once verified.
+// signed runtime class and pinned image, then its agent's readiness
+// evidence. It returns what it read: the member's evidence once verified.
 func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) (driver.Observation, error) {
 	obj := driver.Object{CellID: m.CellID, Identity: m.Identity}
 	obs, err := cfg.Provider.Inspect(ctx, obj)
@@ -584,6 +617,10 @@ func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) (dr
 		return obs, fmt.Errorf("inspect: %w", err)
 	}
 	if err := driver.Verify(obj, obs, cfg.Release.RuntimeClass); err != nil {
+		return obs, err
+	}
+	if err := VerifyImage(cfg, obs); err != nil {
+		r.opt.Logger.Warn("cell image unverified", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
 		return obs, err
 	}
 	return obs, r.verifyAgent(ctx, cfg, obj, obs)
@@ -659,6 +696,11 @@ type Status struct {
 	Members       map[lease.MemberState]int
 	LastReconcile time.Time // zero before the first pass
 	LastError     string
+	// PrepareError is the provider's last failed Prepare (driver.Preparer),
+	// such as an image that cannot be pulled; "" once it succeeded, or for
+	// a provider that prepares nothing. While it is set the pool creates
+	// no member.
+	PrepareError string
 }
 
 // Status reports every pool, in configuration order.
@@ -677,7 +719,7 @@ func (r *Reconciler) Status(ctx context.Context) ([]Status, error) {
 			members[st] = counts[name][st]
 		}
 		out = append(out, Status{Config: ps.cfg, Capabilities: ps.caps, Members: members,
-			LastReconcile: ps.lastReconcile, LastError: ps.lastError})
+			LastReconcile: ps.lastReconcile, LastError: ps.lastError, PrepareError: ps.prepareError})
 	}
 	return out, nil
 }

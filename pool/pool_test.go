@@ -56,6 +56,8 @@ func newFixtureOn(t *testing.T, st store.Store, cfg pool.Config) *fixture {
 		prov = p.Provider
 	case noDigest:
 		prov = p.Provider
+	case *imageProvider:
+		prov = p.Provider
 	}
 	if cfg.Name == "" {
 		cfg.Name = "p1"

@@ -358,6 +358,10 @@ type Evidence struct {
 	// AgentDigest is the cell agent's build digest ("sha256:<hex>") the
 	// provider reported, as last read back; "" when the cell runs none.
 	AgentDigest string
+	// ImageDigest is the image digest ("sha256:<hex>") the provider
+	// reported as admitted, as last read back; "" when the cell runs no
+	// pinned image.
+	ImageDigest string
 	// AdmittedAt and VerifiedAt are when the member was admitted and last
 	// verified; zero when not recorded.
 	AdmittedAt time.Time
@@ -371,6 +375,7 @@ type VerificationParams struct {
 	// (driver.Observation).
 	RuntimeClass lease.RuntimeClass
 	AgentDigest  string
+	ImageDigest  string
 	Now          time.Time
 }
 
@@ -487,6 +492,7 @@ type AdmitParams struct {
 	// member's evidence, admitted and verified at Now.
 	AdmittedClass lease.RuntimeClass
 	AgentDigest   string
+	ImageDigest   string
 }
 
 // StopIntent records that a member's provider object is to be destroyed.

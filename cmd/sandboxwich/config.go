@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/internal/imageref"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -49,7 +50,9 @@ type config struct {
 	Pools                []poolConfig
 }
 
-// poolConfig is one pool as configured.
+// poolConfig is one pool as configured. Image is the pool's cell image,
+// an OCI reference pinned by digest (CONTRACT §15); "" for the provider's
+// own root filesystem.
 type poolConfig struct {
 	Name            string            `json:"name"`
 	Provider        string            `json:"provider"`
@@ -59,6 +62,7 @@ type poolConfig struct {
 	ReadyFloor      int               `json:"ready_floor"`
 	MaxProvisioning int               `json:"max_provisioning"`
 	ReadyTTLSeconds int               `json:"ready_ttl_seconds"`
+	Image           string            `json:"image"`
 	Settings        map[string]string `json:"settings"`
 }
 
@@ -145,7 +149,7 @@ func parseMaxLease(dst *uint64, v string) error {
 
 // poolEnv lists the single pool's environment keys (SANDBOXWICH_STERILE_POOL_*).
 var poolEnv = []string{"NAME", "PROVIDER", "TARGET", "READY_FLOOR", "MAX_PROVISIONING", "READY_TTL_SECONDS",
-	"TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE"}
+	"TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE", "IMAGE"}
 
 // loadConfig reads the configuration for a command from args, the
 // environment and the config file named by --config or SANDBOXWICH_CONFIG.
@@ -208,14 +212,38 @@ func (c *config) check() error {
 		}
 	}
 	seen := map[string]bool{}
-	for _, p := range c.Pools {
+	for i := range c.Pools {
+		p := &c.Pools[i]
+		// A provider's image setting (SANDBOXWICH_GVISOR_IMAGE,
+		// SANDBOXWICH_KUBERNETES_IMAGE) is the pool's image all the same.
+		if key := imageProviders[p.Provider]; key != "" && p.Image == "" && p.Settings[key] != "" {
+			p.Image = p.Settings[key]
+		}
 		if seen[p.Name] {
 			return fmt.Errorf("invalid pools: name %q is used twice", p.Name)
 		}
 		seen[p.Name] = true
+		if p.Image != "" {
+			if _, err := imageref.Parse(p.Image); err != nil {
+				return &poolImageError{Pool: p.Name, Err: err}
+			}
+		}
 	}
 	return nil
 }
+
+// poolImageError is a pool whose image is not pinned by digest, or
+// malformed (CONTRACT §15): start-up stops, naming the pool and the key.
+type poolImageError struct {
+	Pool string
+	Err  error // an *imageref.Error
+}
+
+func (e *poolImageError) Error() string {
+	return fmt.Sprintf("invalid pool %q: key image (SANDBOXWICH_STERILE_POOL_IMAGE for the environment's pool): %v", e.Pool, e.Err)
+}
+
+func (e *poolImageError) Unwrap() error { return e.Err }
 
 // authConfigured reports whether any token mode is configured.
 func (c *config) authConfigured() bool {
@@ -292,6 +320,7 @@ func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
 			PolicyDigest: v["POLICY_DIGEST"],
 			Signature:    v["RELEASE_SIGNATURE"],
 		},
+		Image:    v["IMAGE"],
 		Settings: map[string]string{},
 	}
 	for _, f := range []struct {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -146,5 +147,50 @@ func TestServeRefusesWithoutSigningKey(t *testing.T) {
 func TestRedactURL(t *testing.T) {
 	if got := redactURL("postgres://sbw:s3cret@db:5432/x"); strings.Contains(got, "s3cret") || !strings.Contains(got, "sbw:***@db") {
 		t.Fatal(got)
+	}
+}
+
+// TestConfigPoolImage: a pool's image must be pinned by digest; a tag
+// alone or a malformed reference stops start-up naming the pool and the
+// key (CONTRACT §15, §17), from the environment and the config file alike.
+func TestConfigPoolImage(t *testing.T) {
+	pinned := "registry.example/team/cell@sha256:" + strings.Repeat("0a", 32)
+	e, _, _ := testEnv(map[string]string{"SANDBOXWICH_STERILE_POOL_TARGET": "1", "SANDBOXWICH_STERILE_POOL_NAME": "evals",
+		"SANDBOXWICH_STERILE_POOL_IMAGE": pinned})
+	c, err := loadConfig(e, "serve", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pools[0].Image != pinned {
+		t.Fatalf("pool image = %q", c.Pools[0].Image)
+	}
+	for _, bad := range []string{"registry.example/team/cell:latest", "registry.example/team/cell", "registry.example/cell@sha256:abc",
+		"registry.example/cell@md5:" + strings.Repeat("0a", 16)} {
+		e, _, _ := testEnv(map[string]string{"SANDBOXWICH_STERILE_POOL_TARGET": "1", "SANDBOXWICH_STERILE_POOL_NAME": "evals",
+			"SANDBOXWICH_STERILE_POOL_IMAGE": bad})
+		_, err := loadConfig(e, "serve", nil)
+		var pe *poolImageError
+		if !errors.As(err, &pe) || pe.Pool != "evals" || !strings.Contains(err.Error(), `pool "evals"`) ||
+			!strings.Contains(err.Error(), "SANDBOXWICH_STERILE_POOL_IMAGE") {
+			t.Errorf("image %q: %v, want a poolImageError naming pool evals and the key", bad, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(file, []byte(`{"pools": [{"name": "swe", "provider": "gvisor", "target": 1, "image": "cell:v1"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e, _, _ = testEnv(map[string]string{"SANDBOXWICH_CONFIG": file})
+	if _, err := loadConfig(e, "serve", nil); err == nil || !strings.Contains(err.Error(), `pool "swe"`) || !strings.Contains(err.Error(), "key image") {
+		t.Errorf("config file pool with a tag-only image: %v", err)
+	}
+	// A provider that runs no pinned image refuses one.
+	p := poolConfig{Name: "sim", Provider: "dry-run", Image: pinned}
+	if _, err := newProvider(p, driver.InstallationTag("test"), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "key image") {
+		t.Errorf("dry-run pool with an image: %v", err)
+	}
+	// The gvisor setting image is the pool's image.
+	e, _, _ = testEnv(map[string]string{"SANDBOXWICH_STERILE_POOL_TARGET": "1", "SANDBOXWICH_GVISOR_IMAGE": pinned})
+	if c, err := loadConfig(e, "serve", nil); err != nil || c.Pools[0].Image != pinned {
+		t.Errorf("SANDBOXWICH_GVISOR_IMAGE: %v, %+v", err, c)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,7 +60,7 @@ var providers = map[string]providerFactory{
 	// gvisor runs each cell as a runsc container on this host.
 	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
-			"memory_limit_bytes", "cpus", "pids_limit"); err != nil {
+			"memory_limit_bytes", "cpus", "pids_limit", "image", "image_cache_dir", "registry_auth_file"); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
@@ -67,6 +68,7 @@ var providers = map[string]providerFactory{
 		}
 		cfg := gvisor.Config{RunscPath: s["runsc"], AgentPath: s["agent_path"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
 			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool),
+			Image: s["image"], ImageCacheDir: s["image_cache_dir"], RegistryAuthFile: s["registry_auth_file"],
 			Installation: installation, Logger: log}
 		if v := s["memory_limit_bytes"]; v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -150,6 +152,14 @@ func newCloudflare(pool, installation string, s map[string]string, log *slog.Log
 	return p, nil
 }
 
+// imageProviders are the providers that report the admitted image digest
+// read back, which the plane verifies against a pool's key image (CONTRACT
+// §15), each with the setting its factory reads the image from: gvisor
+// pulls it, kubernetes makes it the Pod's image and reads the kubelet's
+// imageID back. agent-sandbox reads the bound Pod's imageID back, but its
+// template, not the plane, names the image: no setting.
+var imageProviders = map[string]string{"gvisor": "image", "kubernetes": "image", "agent-sandbox": ""}
+
 // gvisorPoolName maps a pool name to the characters runsc container IDs
 // allow.
 func gvisorPoolName(pool string) string {
@@ -196,7 +206,24 @@ func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Pr
 		return nil, fmt.Errorf("pool %q: provider %q is not available in this build (available: %s)",
 			p.Name, p.Provider, strings.Join(kinds, ", "))
 	}
-	prov, err := f(p.Name, installation, p.Settings, log)
+	settings := p.Settings
+	if p.Image != "" {
+		key, ok := imageProviders[p.Provider]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("pool %q: key image: provider %s reports no admitted image (gvisor, kubernetes and agent-sandbox do)", p.Name, p.Provider)
+		case key == "":
+		case settings[key] != "" && settings[key] != p.Image:
+			return nil, fmt.Errorf("pool %q: key image and setting %s name different images", p.Name, key)
+		default:
+			settings = maps.Clone(settings)
+			if settings == nil {
+				settings = map[string]string{}
+			}
+			settings[key] = p.Image
+		}
+	}
+	prov, err := f(p.Name, installation, settings, log)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: provider %s: %w", p.Name, p.Provider, err)
 	}

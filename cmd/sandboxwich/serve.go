@@ -104,7 +104,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		pools = append(pools, pool.Config{
 			Name: p.Name, TenantID: p.TenantID, Release: p.Release, Target: p.Target,
 			ReadyFloor: p.ReadyFloor, MaxProvisioning: p.MaxProvisioning,
-			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, Provider: prov,
+			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, Provider: prov, Image: p.Image,
 		})
 	}
 	sweep := c.SweepInterval

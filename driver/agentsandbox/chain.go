@@ -219,6 +219,7 @@ func (c *chain) observe(obj driver.Object) driver.Observation {
 	if !o.Exists {
 		return o
 	}
+	o.ImageDigest = podImage(c.pod)
 	switch {
 	case obj.Identity != "" && obj.Identity != o.Identity:
 		o.Detail += "; not the recorded chain " + obj.Identity
@@ -228,4 +229,27 @@ func (c *chain) observe(obj driver.Object) driver.Observation {
 		o.Ready = c.ready()
 	}
 	return o
+}
+
+// podImage is the admitted image of the bound Pod's first container (the
+// template's main container): the repo digest the kubelet reports in its
+// imageID, provided the container's image, as the template set it, is
+// pinned by no other digest; "" when the kubelet reports no repo digest.
+// The plane compares it with the pool's pinned digest (CONTRACT §15).
+func podImage(pod *corev1.Pod) string {
+	if pod == nil || len(pod.Spec.Containers) == 0 {
+		return ""
+	}
+	main := pod.Spec.Containers[0]
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != main.Name {
+			continue
+		}
+		d := driver.RepoDigest(cs.ImageID)
+		if spec, ok := driver.PinnedDigest(main.Image); ok && spec != d {
+			return ""
+		}
+		return d
+	}
+	return ""
 }

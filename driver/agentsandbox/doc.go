@@ -26,7 +26,11 @@
 //     when the same three UIDs are found, the chain is consistent, and
 //     the Pod is Running with zero restarts and the configured
 //     runtimeClassName. Exec re-verifies the same way before every
-//     command.
+//     command. Observation.ImageDigest is the repo digest in the bound
+//     Pod's first container's imageID ("repo@sha256:…"), "" when the
+//     kubelet reports none (a locally imported image) or when the
+//     template's image is pinned by another digest; a pool whose key
+//     image pins a digest admits only a chain reporting it (CONTRACT §15).
 //   - Destroy deletes the claim with foreground propagation and a UID
 //     precondition, then reads the claim, the Sandbox and the Pod back by
 //     name until each is absent or its name belongs to another UID. Until

@@ -18,8 +18,75 @@
 //
 // A pool of provider "gvisor" takes the settings runsc, agent_path,
 // state_dir, bundle_dir, rootfs, network, platform, memory_limit_bytes,
-// cpus and pids_limit (SANDBOXWICH_GVISOR_<KEY> for the environment's
+// cpus, pids_limit, image (the pool's key image), image_cache_dir and
+// registry_auth_file (SANDBOXWICH_GVISOR_<KEY> for the environment's
 // pool), the Config fields of the same names.
+//
+// # Cell images
+//
+// With Config.Image, an OCI reference pinned by digest
+// ("host/repo@sha256:<hex>", optionally with a tag that is never
+// resolved), every cell's root is that image (CONTRACT §15):
+//
+//   - Pull: Prepare (driver.Preparer; the reconciler calls it before it
+//     creates cells, never on a claim's path) starts the pull in the
+//     background and reports "being pulled" until it completed, so a pass
+//     never waits for it; PullImage, which Provision calls, waits. The
+//     pull fetches the image with go-containerregistry over the OCI
+//     distribution API, by digest only. The manifest is checked against
+//     the reference's digest (for an index, the linux manifest of this
+//     architecture against the index's entry, and the index against the
+//     reference), the configuration and every layer blob against their
+//     digests in the manifest; a blob of another digest is refused and
+//     nothing of it kept. Layers must be tar (plain, gzip or zstd). A
+//     failed pull is retried with a back-off from 1 s doubling to 5 min,
+//     and the pool shows it in /v1/pools last_error and
+//     sandboxwich_pool_unprepared. Credentials come from
+//     Config.RegistryAuthFile, a Docker config.json (its auths entries;
+//     credential helpers are not run), read at each pull; they never
+//     reach a cell. Without it the pull is anonymous.
+//   - Cache: Config.ImageCacheDir (default
+//     os.UserCacheDir()/sandboxwich/images, or image-cache under
+//     BundleDir; made 0700, as unpacked images keep their owners and
+//     modes, set-id programs included) holds each image once, unpacked in
+//     sha256-<hex>/rootfs,
+//     with the digest in sha256-<hex>/digest and the manifest beside it.
+//     A pull holds the flock sha256-<hex>.lock, unpacks into
+//     .tmp-sha256-<hex> and renames it into place only when complete (the
+//     digest file written last): providers of any process produce one
+//     copy, and a crash leaves only the temporary directory, which the
+//     next pull removes. Verified blobs are kept in .blobs-sha256-<hex>
+//     until the unpack completes, so a pull interrupted by a restart
+//     fetches only what it lacked. Unpacking applies OCI whiteouts
+//     (".wh.<name>", ".wh..wh..opq"), refuses an entry that climbs out of
+//     the root ("..", a parent that is a symlink, a hard link outside),
+//     skips device nodes and FIFOs, and adds the cells' mount points the
+//     image lacks (/proc, /dev, /sys, /tmp, /var/tmp, /home/cell,
+//     /run/sandboxwich, /.sandboxwich/agent), so runsc never writes into
+//     the shared copy.
+//   - Cells: the root is the shared copy, and runsc runs with
+//     --overlay2=root:memory: each cell writes to a private upper layer in
+//     its own memory (counted against its memory limit), which vanishes
+//     with it; a second cell of the same image, in any pool, adds no copy
+//     of the lower layer. The agent is bind-mounted into the image as
+//     everywhere and runs as PID 1; it needs no C library. Inspect's
+//     kernel check needs uname in the image (a static busybox serves).
+//   - Admitted digest: the image's digest is annotated in the spec
+//     (dev.sandboxwich.image-digest), and Inspect reports
+//     Observation.ImageDigest from what runsc really mounted: the mount
+//     table of the container's gofer (/proc/<pid>/mountinfo of the
+//     runsc-gofer process, which serves the root to the sandbox) must
+//     show its root as a read-only mount of <cache>/sha256-<hex>/rootfs,
+//     that digest must be the annotated one, and the cache directory must
+//     record it as completely unpacked. Anything else reports no digest
+//     (and says why in the detail); the plane compares it with the pool's
+//     pinned digest.
+//   - Collection: each installation and pool records the digest it uses
+//     in refs/<installation>-<pool>, before it pulls. After a successful
+//     pull, an image no refs file names and no container under the state
+//     root mounts is removed, under its lock and after reading the refs
+//     again, renamed away first, with what crashed pulls left of it. A pool removed from every configuration
+//     keeps its refs file: delete it to release the image.
 //
 // # The cell agent
 //
@@ -172,6 +239,9 @@
 // process limit ends the sandbox (the cell is then lost, as above).
 //
 // # What a cell can see
+//
+// With Config.Image, the cell's / is the image under its private writable
+// layer (see "Cell images"), plus the mounts below.
 //
 // With an operator-provided Config.RootFS, the cell's / is that directory,
 // read-only (it is shared by all cells), plus the mounts below (runsc makes

@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/internal/imageref"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -87,6 +88,22 @@ type Config struct {
 	// secret ever reached a cell. Never set it in production: the file
 	// grows with every request and holds whatever was sent.
 	RecordAgentMessages bool
+	// Image is the pool's cell image, an OCI reference pinned by digest
+	// ("host/repo@sha256:<hex>"; setting image, the pool's key image).
+	// The driver pulls it once into ImageCacheDir (Prepare, never on a
+	// claim) and every cell's root is that image, read-only and shared,
+	// under a private writable layer in the cell's memory. Exclusive with
+	// RootFS. See "Cell images" in the package documentation.
+	Image string
+	// ImageCacheDir is the content-addressed image cache; setting
+	// image_cache_dir. Default os.UserCacheDir()/sandboxwich/images (or
+	// image-cache under BundleDir without a user cache directory).
+	// Installations and pools sharing it share unpacked images.
+	ImageCacheDir string
+	// RegistryAuthFile is a Docker config.json whose auths hold the
+	// registry's credentials; setting registry_auth_file. "" pulls
+	// anonymously. Credentials never reach a cell, its argv or env.
+	RegistryAuthFile string
 	// Installation is the plane's installation tag,
 	// driver.InstallationTag(store.Installation): required. Container IDs
 	// are "sbw-<installation>-<cell>", and List returns only containers
@@ -115,12 +132,17 @@ type Provider struct {
 	verified sync.Map
 	// agents caches one agent client per identity (*agent.Client).
 	agents sync.Map
+	// image is the pool's cell image; nil without Config.Image.
+	image *imageStore
+	// gofers caches the host pid of each container identity's gofer.
+	gofers sync.Map
 }
 
 var (
 	_ driver.Provider  = (*Provider)(nil)
 	_ driver.Lister    = (*Provider)(nil)
 	_ driver.AgentHost = (*Provider)(nil)
+	_ driver.Preparer  = (*Provider)(nil)
 )
 
 var poolRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -147,6 +169,19 @@ func New(cfg Config) (*Provider, error) {
 	case "", "ptrace", "kvm", "systrap":
 	default:
 		return nil, fmt.Errorf("gvisor: platform %q: want ptrace, kvm or systrap", cfg.Platform)
+	}
+	if cfg.Image != "" {
+		if cfg.RootFS != "" {
+			return nil, errors.New("gvisor: settings image and rootfs exclude each other")
+		}
+		if _, err := imageref.Parse(cfg.Image); err != nil {
+			return nil, fmt.Errorf("gvisor: setting image: %w", err)
+		}
+		if cfg.RegistryAuthFile != "" {
+			if _, err := fileKeychain(cfg.RegistryAuthFile); err != nil {
+				return nil, fmt.Errorf("gvisor: setting registry_auth_file: %w", err)
+			}
+		}
 	}
 	if cfg.MemoryLimitBytes < 0 || cfg.CPUs < 0 {
 		return nil, errors.New("gvisor: negative memory or CPU limit")
@@ -205,17 +240,78 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("gvisor: host kernel release: %w", err)
 	}
 
-	if cfg.RootFS == "" {
+	switch {
+	case cfg.Image != "":
+		if cfg.ImageCacheDir == "" {
+			cfg.ImageCacheDir = imageCacheDir(cfg.BundleDir)
+		}
+		p.cfg.ImageCacheDir = cfg.ImageCacheDir
+		if p.image, err = newImageStore(cfg.Image, cfg.ImageCacheDir, cfg.RegistryAuthFile, cfg.Installation, cfg.Pool, p.log); err != nil {
+			return nil, err
+		}
+		p.image.inUse = p.imagesInUse
+		p.rootfs = p.image.rootfs()
+		// Each cell's writes go to an upper layer in its own memory; the
+		// unpacked image below is never written.
+		p.r.overlay = "root:memory"
+	case cfg.RootFS == "":
 		p.rootfs = filepath.Join(cfg.BundleDir, defaultRootFSDir)
 		if p.hostMounts, err = buildDefaultRootFS(p.rootfs, "/"); err != nil {
 			return nil, fmt.Errorf("gvisor: default root filesystem: %w", err)
 		}
-	} else {
+	default:
 		if p.rootfs, err = operatorRootFS(cfg.RootFS); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
+}
+
+// Prepare reports whether the pool's image is pulled and unpacked in the
+// cache (driver.Preparer), and starts pulling it in the background when it
+// is not: the reconciler calls it before creating cells and never waits
+// for a pull, and no pull ever runs on a claim. Until the pull completed
+// it returns an error saying the image is being pulled, or the last
+// failure: a failure is retried with a back-off from 1 s doubling to 5 min,
+// and a call during the back-off returns the last error at once. Without
+// Config.Image it does nothing. Provision waits for the pull instead.
+func (p *Provider) Prepare(context.Context) error {
+	if p.image == nil {
+		return nil
+	}
+	if err := p.image.start(); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	return nil
+}
+
+// PullImage pulls and unpacks the pool's image unless it is ready,
+// waiting for it (within ctx), with Prepare's back-off; Provision calls it.
+// Without Config.Image it does nothing.
+func (p *Provider) PullImage(ctx context.Context) error {
+	if p.image == nil {
+		return nil
+	}
+	if err := p.image.prepare(ctx); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	return nil
+}
+
+// imagesInUse lists the image digests of the containers under the state
+// root, of any installation.
+func (p *Provider) imagesInUse(ctx context.Context) (map[string]bool, error) {
+	cs, err := p.r.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, c := range cs {
+		if d := c.Annotations[imageDigestAnnotation]; d != "" {
+			used[d] = true
+		}
+	}
+	return used, nil
 }
 
 // lookRunsc finds runsc and checks that it runs.
@@ -383,6 +479,9 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 		return driver.Object{}, fmt.Errorf("gvisor: provision: %w", err)
 	}
 	id := p.containerID(req.CellID)
+	if err := p.PullImage(ctx); err != nil {
+		return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
+	}
 	unlock, err := p.locks.lock(ctx, id)
 	if err != nil {
 		return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
@@ -495,7 +594,7 @@ func randomHex(n int) (string, error) {
 // identity read runsc's state file and check that the container's sandbox
 // process is still runsc's. A container cannot change runtime without
 // changing identity (a new container gets a new nonce).
-func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
+func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Observation, err error) {
 	id, ok := p.objectID(obj)
 	if !ok {
 		return driver.Observation{Detail: fmt.Sprintf("identity %q names no container of cell %s", obj.Identity, obj.CellID)}, nil
@@ -503,9 +602,11 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	if st := p.r.stateFile(id); st != nil && st.Status == statusRunning {
 		identity := identityOf(st)
 		if _, ok := p.verified.Load(identity); ok && p.isSandboxProcess(st.Pid, id) {
+			image, why := p.mountedImage(st)
 			return driver.Observation{Exists: true, Identity: identity, RuntimeClass: lease.GVisorLowerRisk, Ready: true,
-				AgentDigest: st.Annotations[agentDigestAnnotation],
-				Detail:      fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid)}, nil
+				AgentDigest: st.Annotations[agentDigestAnnotation], ImageDigest: image,
+				Detail: fmt.Sprintf("runsc's state shows container %s running in sandbox pid %d; its gVisor kernel was verified from inside earlier", id, st.Pid) +
+					imageDetail(why)}, nil
 		}
 	}
 	st, err := p.r.state(ctx, id)
@@ -515,7 +616,13 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	if st == nil {
 		return driver.Observation{Detail: "runsc reports no container " + id}, nil
 	}
-	o := driver.Observation{Exists: true, Identity: identityOf(st), AgentDigest: st.Annotations[agentDigestAnnotation]}
+	image, imgWhy := p.mountedImage(st)
+	o = driver.Observation{Exists: true, Identity: identityOf(st), AgentDigest: st.Annotations[agentDigestAnnotation], ImageDigest: image}
+	defer func() {
+		if err == nil {
+			o.Detail += imageDetail(imgWhy)
+		}
+	}()
 	if st.Status != statusRunning {
 		o.Detail = fmt.Sprintf("runsc reports container %s %s", id, st.Status)
 		return o, nil
@@ -548,14 +655,16 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	return o, nil
 }
 
-// forget drops the verified identities of a container.
+// forget drops the verified identities of a container, and its gofer.
 func (p *Provider) forget(id string) {
-	p.verified.Range(func(k, _ any) bool {
-		if strings.HasPrefix(k.(string), id+"@") {
-			p.verified.Delete(k)
-		}
-		return true
-	})
+	for _, m := range []*sync.Map{&p.verified, &p.gofers} {
+		m.Range(func(k, _ any) bool {
+			if strings.HasPrefix(k.(string), id+"@") {
+				m.Delete(k)
+			}
+			return true
+		})
+	}
 }
 
 // sandboxedKernel compares the kernel release the host runs with the one a

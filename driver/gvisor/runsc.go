@@ -34,6 +34,9 @@ type runsc struct {
 	root     string // absolute path of the private --root
 	network  string
 	platform string
+	// overlay is --overlay2 ("root:memory" for cells of an image), or ""
+	// for runsc's default.
+	overlay string
 	// ignoreCgroups is set once, when runsc could not apply cgroup limits
 	// on this host.
 	ignoreCgroups atomic.Bool
@@ -46,6 +49,9 @@ func (r *runsc) globalFlags() []string {
 	f := []string{"--root=" + r.root, "--network=" + r.network, "--host-uds=create"}
 	if r.platform != "" {
 		f = append(f, "--platform="+r.platform)
+	}
+	if r.overlay != "" {
+		f = append(f, "--overlay2="+r.overlay)
 	}
 	if r.ignoreCgroups.Load() {
 		f = append(f, "--ignore-cgroups")

@@ -202,20 +202,29 @@ func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
 		ociMount{Destination: agentInCell, Type: "bind", Source: p.agent.path, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		ociMount{Destination: agentDirInCell, Type: "bind", Source: hostDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	)
+	annotations := map[string]string{
+		nonceAnnotation: nonce,
+		cellAnnotation:  cellID,
+		poolAnnotation:  p.cfg.Pool,
+		// The container ID carries it too; this says what it is.
+		installationAnnotation: p.cfg.Installation,
+		agentDigestAnnotation:  p.agent.digest,
+	}
+	root := ociRoot{Path: p.rootfs, Readonly: true}
+	if p.image != nil {
+		annotations[imageDigestAnnotation] = p.image.digest
+		// Writable through the cell's private upper layer in memory
+		// (--overlay2=root:memory); the shared image below is never
+		// written.
+		root.Readonly = false
+	}
 	return ociSpec{
-		Version:  "1.0.2",
-		Process:  agentProcess(cellID, p.cfg.RecordAgentMessages),
-		Root:     ociRoot{Path: p.rootfs, Readonly: true},
-		Hostname: cellHostname,
-		Mounts:   mounts,
-		Annotations: map[string]string{
-			nonceAnnotation: nonce,
-			cellAnnotation:  cellID,
-			poolAnnotation:  p.cfg.Pool,
-			// The container ID carries it too; this says what it is.
-			installationAnnotation: p.cfg.Installation,
-			agentDigestAnnotation:  p.agent.digest,
-		},
+		Version:     "1.0.2",
+		Process:     agentProcess(cellID, p.cfg.RecordAgentMessages),
+		Root:        root,
+		Hostname:    cellHostname,
+		Mounts:      mounts,
+		Annotations: annotations,
 		Linux: ociLinux{
 			Resources: ociResources{
 				Memory: &ociMemory{Limit: p.cfg.MemoryLimitBytes},

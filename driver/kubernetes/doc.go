@@ -20,7 +20,13 @@
 //     namespace, a privileged or escalating container, a service-account
 //     token, another image, foreign labels). The plane compares it with the
 //     signed class after provisioning and before every exec; Exec re-checks
-//     it itself as well.
+//     it itself as well. Observation.ImageDigest is the repo digest of the
+//     cell container's status.containerStatuses[].imageID ("repo@sha256:…",
+//     also behind docker-pullable://), "" before the kubelet reports one
+//     and for a locally imported image (a bare image ID carries no repo
+//     digest). A pool whose key image pins the digest (the setting image,
+//     SANDBOXWICH_KUBERNETES_IMAGE, is that key) admits a Pod only when the
+//     two match (CONTRACT §15, image_digest_unverified otherwise).
 //   - Destroy deletes with a UID precondition and returns nil only when the
 //     API server says the Pod is gone or that its name now belongs to
 //     another UID. Deletion is graceful, so on a real cluster the Pod object

@@ -389,6 +389,7 @@ func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
 		o.RuntimeClass = ""
 	}
 	o.Ready = kubeconf.PodReady(pod)
+	o.ImageDigest = admittedImage(pod)
 	phase := string(pod.Status.Phase)
 	if pod.DeletionTimestamp != nil {
 		phase += ", terminating"
@@ -398,6 +399,22 @@ func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
 		o.Detail += ": " + strings.Join(problems, "; ")
 	}
 	return o
+}
+
+// admittedImage is the repo digest the kubelet reports the cell
+// container runs (status.containerStatuses[].imageID, "repo@sha256:<hex>",
+// possibly behind a "docker-pullable://" scheme), or "" when it reports
+// none or only a local image ID: locally imported images carry no repo
+// digest. The plane compares it with the pool's pinned digest (CONTRACT
+// §15).
+func admittedImage(pod *corev1.Pod) string {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != ContainerName {
+			continue
+		}
+		return driver.RepoDigest(cs.ImageID)
+	}
+	return ""
 }
 
 // weakened lists what in the admitted Pod breaks the isolation the driver

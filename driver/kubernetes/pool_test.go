@@ -35,13 +35,16 @@ type poolFixture struct {
 	pools *pool.Reconciler
 }
 
-func newPoolFixture(t *testing.T, env *k8stest.Env, ns string, prov driver.Provider, target int) *poolFixture {
+func newPoolFixture(t *testing.T, env *k8stest.Env, ns string, prov driver.Provider, target int, edit ...func(*pool.Config)) *poolFixture {
 	t.Helper()
 	ctx := ctxT(t, 5*time.Minute)
 	st, keys := testenv.SQLite(t), testenv.Keyring(t)
 	rel := testenv.Release(keys, lease.GVisorLowerRisk)
 	c := testenv.NewClock()
 	cfg := pool.Config{Name: "k8s", TenantID: "acme", Release: rel, Target: target, Provider: prov}
+	for _, e := range edit {
+		e(&cfg)
+	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithClock(c.Now), sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithPools(cfg),
 		sandboxwich.WithPoolOptions(pool.WithVerifyInterval(time.Second), pool.WithOrphanInterval(time.Nanosecond),

@@ -98,6 +98,8 @@ func (e *env) evidence(tenant string, l lease.Lease) store.Evidence {
 
 const agentDigest = "sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
+const imageDigest = "sha256:" + "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+
 // testEvidence: admission records what was read back, verified at once;
 // a later verification moves the verification time (never back) and the
 // observation, not the admission time, nor the membership.
@@ -105,13 +107,13 @@ func testEvidence(e *env) {
 	m := e.createMember(poolA)
 	e.advance(time.Second)
 	ap := e.admitParams(m)
-	ap.AdmittedClass, ap.AgentDigest = lease.KataMicroVM, agentDigest
+	ap.AdmittedClass, ap.AgentDigest, ap.ImageDigest = lease.KataMicroVM, agentDigest, imageDigest
 	_, err := e.s.AdmitMember(e.ctx, ap)
 	e.wantOK(err, "AdmitMember")
 	admitted := e.now
 	l := e.mustLease()
 	want := store.Evidence{CellID: m.CellID, Pool: poolA, RuntimeClass: lease.KataMicroVM, AgentDigest: agentDigest,
-		AdmittedAt: admitted, VerifiedAt: admitted}
+		ImageDigest: imageDigest, AdmittedAt: admitted, VerifiedAt: admitted}
 	if got := e.evidence(tenantA, l); got != want {
 		e.t.Errorf("Evidence after admission:\n got  %+v\n want %+v", got, want)
 	}
@@ -121,7 +123,7 @@ func testEvidence(e *env) {
 	e.wantOK(e.s.RecordVerification(e.ctx, store.VerificationParams{CellID: m.CellID,
 		RuntimeClass: lease.KataMicroVM, Now: e.now}), "RecordVerification")
 	e.unchanged(before, "RecordVerification")
-	want.VerifiedAt, want.AgentDigest = e.now, ""
+	want.VerifiedAt, want.AgentDigest, want.ImageDigest = e.now, "", ""
 	if got := e.evidence(tenantA, l); got != want {
 		e.t.Errorf("Evidence after a verification:\n got  %+v\n want %+v", got, want)
 	}
@@ -130,6 +132,14 @@ func testEvidence(e *env) {
 		RuntimeClass: lease.KataMicroVM, AgentDigest: agentDigest, Now: e.now.Add(-5 * time.Second)}), "RecordVerification")
 	if got := e.evidence(tenantA, l); got != want {
 		e.t.Errorf("Evidence after an older verification:\n got  %+v\n want %+v", got, want)
+	}
+	// A verification records the image digest it read back.
+	e.advance(time.Second)
+	e.wantOK(e.s.RecordVerification(e.ctx, store.VerificationParams{CellID: m.CellID,
+		RuntimeClass: lease.KataMicroVM, ImageDigest: imageDigest, Now: e.now}), "RecordVerification")
+	want.VerifiedAt, want.ImageDigest = e.now, imageDigest
+	if got := e.evidence(tenantA, l); got != want {
+		e.t.Errorf("Evidence after a verification with an image:\n got  %+v\n want %+v", got, want)
 	}
 
 	// A member admitted without an observation has an admission time only.

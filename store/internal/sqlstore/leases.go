@@ -118,9 +118,9 @@ func (s *Store) Inventory(ctx context.Context, p store.InventoryParams) ([]store
 
 // Evidence implements store.Store.
 func (s *Store) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID) (store.Evidence, error) {
-	var id, pool, class, digest sql.NullString
+	var id, pool, class, digest, image sql.NullString
 	var admitted, verified sql.NullInt64
-	err := s.r.row(ctx, s.q.evidence, leaseID.String(), tenantID).Scan(&id, &pool, &class, &digest, &admitted, &verified)
+	err := s.r.row(ctx, s.q.evidence, leaseID.String(), tenantID).Scan(&id, &pool, &class, &digest, &image, &admitted, &verified)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Evidence{}, errLeaseNotFound
 	}
@@ -131,7 +131,8 @@ func (s *Store) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID
 	if err != nil {
 		return store.Evidence{}, s.fail(ctx, "evidence", err)
 	}
-	ev := store.Evidence{CellID: cellID, Pool: pool.String, RuntimeClass: lease.RuntimeClass(class.String), AgentDigest: digest.String}
+	ev := store.Evidence{CellID: cellID, Pool: pool.String, RuntimeClass: lease.RuntimeClass(class.String), AgentDigest: digest.String,
+		ImageDigest: image.String}
 	if admitted.Valid {
 		ev.AdmittedAt = fromUS(admitted.Int64)
 	}
@@ -146,7 +147,7 @@ func (s *Store) RecordVerification(ctx context.Context, p store.VerificationPara
 	if p.CellID == uuid.Nil || (p.RuntimeClass != "" && !p.RuntimeClass.Valid()) {
 		return errcode.New(errcode.InvalidRequest, "verification parameters are invalid")
 	}
-	_, err := s.w.exec(ctx, s.q.memberVerified, nullString(string(p.RuntimeClass)), nullString(p.AgentDigest),
+	_, err := s.w.exec(ctx, s.q.memberVerified, nullString(string(p.RuntimeClass)), nullString(p.AgentDigest), nullString(p.ImageDigest),
 		us(p.Now), p.CellID.String(), us(p.Now))
 	return s.fail(ctx, "record verification", err)
 }

@@ -91,7 +91,7 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 			return err
 		}
 		n, err := affected(tx.exec(ctx, s.q.memberAdmit, p.Identity, nullString(string(p.AdmittedClass)),
-			nullString(p.AgentDigest), us(p.Now), us(p.Now), us(p.Now), c.ID.String(), p.Pool))
+			nullString(p.AgentDigest), nullString(p.ImageDigest), us(p.Now), us(p.Now), us(p.Now), c.ID.String(), p.Pool))
 		if err != nil {
 			return err
 		}

@@ -300,7 +300,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE NOT EXISTS (SELECT 1 FROM cells WHERE id = ?)`,
 		memberLive: `SELECT count(*), count(CASE WHEN state = 'provisioning' THEN 1 END) FROM pool_members
 			WHERE pool_name = ? AND state IN ('provisioning', 'ready', 'leased', 'stopping', 'cleanup_pending')`,
-		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, admitted_class = ?, agent_digest = ?,
+		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, admitted_class = ?, agent_digest = ?, image_digest = ?,
 			admitted_us = ?, verified_us = ?, updated_us = ?
 			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
 		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
@@ -332,12 +332,12 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			FROM cells c WHERE c.tenant_id = CAST(? AS TEXT) AND c.state = 'ready' AND c.ready_deadline_us > CAST(? AS BIGINT)
 			GROUP BY c.release_set_id, c.runtime_class, c.policy_digest
 			ORDER BY c.release_set_id, c.runtime_class, c.policy_digest`,
-		evidence: `SELECT c.id, m.pool_name, m.admitted_class, m.agent_digest, m.admitted_us, m.verified_us
+		evidence: `SELECT c.id, m.pool_name, m.admitted_class, m.agent_digest, m.image_digest, m.admitted_us, m.verified_us
 			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id AND m.pool_name = c.pool_name
 			WHERE c.lease_id = ? AND c.tenant_id = ?`,
 		// A verification records what it read back; a later one of another
 		// replica, whose clock may lag, never moves verified_us back.
-		memberVerified: `UPDATE pool_members SET admitted_class = ?, agent_digest = ?, verified_us = ?
+		memberVerified: `UPDATE pool_members SET admitted_class = ?, agent_digest = ?, image_digest = ?, verified_us = ?
 			WHERE cell_id = ? AND state IN ('ready', 'leased') AND (verified_us IS NULL OR verified_us <= ?)`,
 
 		idemUpsert: `INSERT INTO idempotency_records (tenant_id, idem_key, fingerprint, done, status, body, created_us, expires_us)
