@@ -192,8 +192,10 @@
 //     hostname ("cell"), hosts (localhost only), an empty resolv.conf and
 //     nsswitch.conf. No shadow, no host configuration, no certificates;
 //   - /root: an empty directory (mode 0700);
-//   - /tmp (mode 1777) and /home/cell (mode 0700, owned by the cell user):
-//     fresh, private tmpfs file systems, the only writable places besides
+//   - /tmp and /var/tmp (mode 1777) and /home/cell (mode 0700, owned by
+//     the cell user): fresh, private tmpfs file systems (/var/tmp is where
+//     Inspect AI's bash_session and text_editor tools install themselves;
+//     /var holds nothing else), the only writable places besides
 //     /dev/shm and, for root, /run/sandboxwich. They live in the
 //     sandbox's memory and vanish with it;
 //   - /.sandboxwich/agent: the cell agent, read-only; /run/sandboxwich: the
@@ -204,7 +206,7 @@
 //     the fd, stdin, stdout and stderr links.
 //
 // Not visible: the host's /etc (so no /etc/shadow, keys or configuration),
-// /root, /home, /var, /run, /srv, /opt, /mnt, /media, /boot, /tmp, the
+// /root, /home, /var (but the private /var/tmp), /run, /srv, /opt, /mnt, /media, /boot, /tmp, the
 // driver's state and bundle directories (but the cell's own host
 // directory), any working tree, other cells' files and processes, and the
 // host's environment.

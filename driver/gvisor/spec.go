@@ -195,6 +195,9 @@ func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
 	mounts = append(mounts, p.hostMounts...)
 	mounts = append(mounts,
 		ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		// Inspect AI's bash_session and text_editor tools install
+		// themselves under /var/tmp (and need it executable).
+		ociMount{Destination: "/var/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 		ociMount{Destination: cellHome, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0700",
 			fmt.Sprintf("uid=%d", cellUID), fmt.Sprintf("gid=%d", cellGID)}},
 		// runsc makes both mount points in the root's overlay, on the
