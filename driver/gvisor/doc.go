@@ -187,10 +187,11 @@
 //     (Debian since bookworm) the same symlinks into /usr the host has;
 //     on another host each one that is a directory is bind-mounted
 //     read-only like /usr;
-//   - /etc: synthetic, read-only, six files written by the driver —
+//   - /etc: synthetic, read-only, seven files written by the driver —
 //     passwd (root, cell with uid 1000 and home /home/cell, nobody), group,
-//     hostname ("cell"), hosts (localhost only), an empty resolv.conf and
-//     nsswitch.conf. No shadow, no host configuration, no certificates;
+//     hostname ("cell"), hosts (localhost only), an empty resolv.conf,
+//     nsswitch.conf and an os-release naming a "Sandboxwich cell" (ID
+//     sandboxwich; harnesses such as Inspect AI read it). No shadow, no host configuration, no certificates;
 //   - /root: an empty directory (mode 0700);
 //   - /tmp and /var/tmp (mode 1777) and /home/cell (mode 0700, owned by
 //     the cell user): fresh, private tmpfs file systems (/var/tmp is where

@@ -261,6 +261,9 @@ var syntheticEtc = map[string]string{
 	"hosts":         "127.0.0.1\tlocalhost " + cellHostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 	"resolv.conf":   "",
 	"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+	// Harnesses read it to pick what to install (Inspect AI's tool
+	// injection fails without one); the programs are the host's /usr.
+	"os-release": "NAME=\"Sandboxwich cell\"\nID=sandboxwich\nPRETTY_NAME=\"Sandboxwich cell (the host's /usr, read-only)\"\n",
 }
 
 // buildDefaultRootFS lays out the default root filesystem's skeleton under
