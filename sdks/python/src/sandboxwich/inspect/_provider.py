@@ -92,13 +92,13 @@ def _ident(s: str) -> str:
 
 
 class _Session:
-    """One task of one run: its runner_session_id and client."""
+    """One configuration of one run (Inspect calls task_init once per
+    configuration, as "startup"): its runner_session_id and client."""
 
-    def __init__(self, task_name: str, config: SandboxwichConfig) -> None:
+    def __init__(self, config: SandboxwichConfig) -> None:
         self.config = config
         self.release = config.resolved_release()
         self.runner_session_id = "inspect-" + str(uuid7())
-        self.workspace_id = _ident(config.workspace_id or task_name)
         if not config.token_file:
             raise ValueError("sandboxwich: no token_file configured (config 'token_file' or SANDBOXWICH_TOKEN_FILE)")
         self.client = AsyncClient(config.url, token_file=config.token_file)
@@ -171,17 +171,19 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     # Task life cycle.
 
     @classmethod
-    def _session_for(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> _Session:
-        s = cls._sessions.get(task_name)
+    def _session_for(cls, config: SandboxEnvironmentConfigType | None) -> _Session:
+        cfg = _resolve_config(config)
+        key = cfg.model_dump_json()
+        s = cls._sessions.get(key)
         if s is None:
-            s = _Session(task_name, _resolve_config(config))
-            cls._sessions[task_name] = s
+            s = _Session(cfg)
+            cls._sessions[key] = s
         return s
 
     @override
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        s = cls._session_for(task_name, config)
+        s = cls._session_for(config)
         try:
             await s.client.health()
             inventory = await s.client.inventory()
@@ -199,8 +201,8 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     async def sample_init(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
-        s = cls._session_for(task_name, config)
-        claim = await cls._claim(s)
+        s = cls._session_for(config)
+        claim = await cls._claim(s, _ident(s.config.workspace_id or task_name))
         env = cls(s, claim)
         assert claim.lease is not None
         rel = claim.lease.release
@@ -220,7 +222,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
         return {"default": env}
 
     @classmethod
-    async def _claim(cls, s: _Session) -> Claim:
+    async def _claim(cls, s: _Session, workspace_id: str) -> Claim:
         """One cell for this sample attempt. The claim_id changes only after
         an empty answer (a fenced empty is final for its ID); a failure whose
         outcome is unknown is retried under the same ID, so a lost answer
@@ -237,7 +239,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                 c = await s.client.claim(
                     s.release,
                     organization_id=_ident(s.config.organization_id),
-                    workspace_id=s.workspace_id,
+                    workspace_id=workspace_id,
                     thread_id=thread,
                     runner_session_id=s.runner_session_id,
                     lease_seconds=s.config.lease_seconds,
@@ -294,7 +296,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     @override
     @classmethod
     async def task_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool) -> None:
-        s = cls._sessions.pop(task_name, None)
+        s = cls._sessions.pop(_resolve_config(config).model_dump_json(), None)
         if s is None:
             return
         try:
