@@ -80,7 +80,7 @@ def server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     _need("runsc", shutil.which("runsc") is not None or Path("/usr/local/bin/runsc").exists())
     d = tmp_path_factory.mktemp("dev")
     log = d / "server.log"
-    logf = open(log, "wb")  # noqa: SIM115
+    logf = open(log, "wb")
     proc = subprocess.Popen(
         [str(binary), "dev", "--dir", str(d / "state"), "--listen", "127.0.0.1:0", "--target", "2"],
         stdout=subprocess.PIPE,

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Server, claim, release_and_wait, wait_ready
-from proxy import Proxy
 
 import sandboxwich
+from conftest import Server, claim, release_and_wait, wait_ready
+from proxy import Proxy
 from sandboxwich import AsyncClient, Client, ExitEvent, OutputEvent, RetryPolicy
 from sandboxwich._core import Req
 
@@ -122,7 +122,9 @@ def test_error_codes_map_to_their_exceptions(server: Server) -> None:
 
         cl = claim(c, server, "s-errors")
         p = cl.proof()
-        wrong = sandboxwich.Proof(p.lease_id, sandboxwich.Attestation("swla1_" + "B" * 43), p.generation, p.organization_id, p.workspace_id, p.thread_id, p.runner_session_id)
+        wrong = sandboxwich.Proof(
+            p.lease_id, sandboxwich.Attestation("swla1_" + "B" * 43), p.generation, p.organization_id, p.workspace_id, p.thread_id, p.runner_session_id
+        )
         with pytest.raises(sandboxwich.ConflictError) as ce:
             c.validate(wrong)
         assert "swla1_" not in str(ce.value)
@@ -273,3 +275,21 @@ def test_non_json_error_page_is_typed_by_status() -> None:
         with pytest.raises(sandboxwich.PayloadTooLargeError) as ei:
             c.inventory()
         assert ei.value.request_id == "r1" and "proxy says no" not in str(ei.value)
+
+
+def test_no_attestation_in_logs_at_debug(server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.DEBUG), server.client() as c:
+        cl = claim(c, server, "s-logs")
+        p = cl.proof()
+        logging.getLogger("app").info("claimed %s with %s", cl, p)
+        c.validate(p)
+        c.exec(p, ["true"])
+        list(c.exec_stream(p, ["true"]))
+        c.write_file(p, "/tmp/x", b"x")
+        c.read_file(p, "/tmp/x")
+        release_and_wait(c, cl)
+        assert cl.attestation is not None
+        raw = cl.attestation.reveal()
+    assert caplog.records and raw not in caplog.text

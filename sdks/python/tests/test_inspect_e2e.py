@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conftest import REPO, Server, sign_release, wait_ready
 from proxy import Proxy
-
 from sandboxwich import Client, Release
 
 inspect_ai = pytest.importorskip("inspect_ai")
@@ -68,7 +68,7 @@ def test_provider_mappings(server: Server, state_dir: Path) -> None:
             assert (await env.exec(["id", "-un"])).stdout == "cell\n"
             with pytest.raises(SandboxUserUnsupportedError):
                 await env.exec(["true"], user="nobody")
-            r = await env.exec(["sh", "-c", "printf %s \"$X\"; cat; exit 7"], input="in", env={"X": "x"})
+            r = await env.exec(["sh", "-c", 'printf %s "$X"; cat; exit 7'], input="in", env={"X": "x"})
             assert (r.returncode, r.stdout, r.success) == (7, "xin", False)
             with pytest.raises(TimeoutError):
                 await env.exec(["sleep", "10"], timeout=1)
@@ -136,7 +136,12 @@ def test_sample_init_lost_response_leases_once_and_attempts_get_new_cells(server
 
 def test_empty_claim_fails_the_sample_after_the_timeout(server: Server, state_dir: Path) -> None:
     key = (server.dir / "signing.key").read_text().strip().encode()
-    other = Release(release_set_id="no-such-pool", runtime_class="gvisor_lower_risk", policy_digest="b" * 64, signature=sign_release(key, "no-such-pool", "gvisor_lower_risk", "b" * 64))
+    other = Release(
+        release_set_id="no-such-pool",
+        runtime_class="gvisor_lower_risk",
+        policy_digest="b" * 64,
+        signature=sign_release(key, "no-such-pool", "gvisor_lower_risk", "b" * 64),
+    )
     cfg = SandboxwichConfig(url=server.url, token_file=str(server.dir / "tenant-token"), release=other, claim_timeout=1.0)
 
     async def main() -> None:
@@ -241,4 +246,3 @@ def _wait_live(c: Client, workspace: str, proc: subprocess.Popen[bytes]) -> str:
         assert proc.poll() is None, "inspect eval exited before claiming"
         time.sleep(0.3)
     raise AssertionError("no live lease appeared")
-

@@ -422,15 +422,9 @@ def multipart_parts(proof_json: bytes) -> tuple[str, bytes, bytes]:
     """The content type, the head (through the content part's headers) and
     the tail of a files/write body."""
     boundary = "sbw" + secrets.token_hex(16)
-    head = (
-        f"--{boundary}\r\n"
-        'Content-Disposition: form-data; name="proof"\r\n'
-        "Content-Type: application/json\r\n\r\n"
-    ).encode() + proof_json
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="proof"\r\nContent-Type: application/json\r\n\r\n').encode() + proof_json
     head += (
-        f"\r\n--{boundary}\r\n"
-        'Content-Disposition: form-data; name="content"; filename="content"\r\n'
-        "Content-Type: application/octet-stream\r\n\r\n"
+        f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="content"; filename="content"\r\nContent-Type: application/octet-stream\r\n\r\n'
     ).encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
     return "multipart/form-data; boundary=" + boundary, head, tail

@@ -358,7 +358,14 @@ class AsyncClient:
         if max_bytes is not None and max_bytes < 0:
             raise ValueError("negative max_bytes")
         body = proof.body() | {"path": path, "max_bytes": max_bytes or None, "user": user}
-        r = Req("POST", _core.lease_path(proof.lease_id, "/files/read"), _core.encode(body), retry=True, accept="application/octet-stream", timeout=max(self._timeout, 300))
+        r = Req(
+            "POST",
+            _core.lease_path(proof.lease_id, "/files/read"),
+            _core.encode(body),
+            retry=True,
+            accept="application/octet-stream",
+            timeout=max(self._timeout, 300),
+        )
         resp = await self._retrying(r, lambda: self._open(r))
         try:
             if "content-length" not in resp.headers:

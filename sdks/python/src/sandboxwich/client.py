@@ -407,7 +407,14 @@ class Client:
         if max_bytes is not None and max_bytes < 0:
             raise ValueError("negative max_bytes")
         body = proof.body() | {"path": path, "max_bytes": max_bytes or None, "user": user}
-        r = Req("POST", _core.lease_path(proof.lease_id, "/files/read"), _core.encode(body), retry=True, accept="application/octet-stream", timeout=max(self._timeout, 300))
+        r = Req(
+            "POST",
+            _core.lease_path(proof.lease_id, "/files/read"),
+            _core.encode(body),
+            retry=True,
+            accept="application/octet-stream",
+            timeout=max(self._timeout, 300),
+        )
         resp = self._retrying(r, lambda: self._open(r))
         if "content-length" not in resp.headers:
             resp.close()
@@ -471,7 +478,7 @@ def _final(e: BaseException, n: int, claim_id: uuid.UUID | None) -> SandboxwichE
     else:
         out = TransportError(f"{type(e).__name__}: {e}" + (f" (gave up after {n} attempts)" if n > 1 else ""))
     if claim_id is not None:
-        out.claim_id = claim_id  # type: ignore[attr-defined]
+        setattr(out, "claim_id", claim_id)  # noqa: B010 - read back as err.claim_id
     return out
 
 
@@ -513,4 +520,3 @@ class _sink:
             os.replace(self.tmp, os.fspath(self.dest))
         else:
             os.unlink(self.tmp)
-

@@ -1,4 +1,4 @@
-"""Pydantic models of the Sandboxwich /v1 wire (CONTRACT §1–§15).
+"""Pydantic models of the Sandboxwich /v1 wire (CONTRACT §1-§15).
 
 Every model mirrors one schema of the server's ``openapi.json`` (the test
 ``tests/test_openapi_models.py`` compares fields, required sets and enums),

@@ -91,7 +91,5 @@ class Attestation:
 
         return core_schema.no_info_plain_validator_function(
             validate,
-            serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda v: v.reveal(), when_used="json"
-            ),
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda v: v.reveal(), when_used="json"),
         )

@@ -114,7 +114,7 @@ def _resolve_config(config: SandboxEnvironmentConfigType | None) -> SandboxwichC
     if isinstance(config, str):
         text = Path(config).read_text()
         if config.endswith((".yaml", ".yml")):
-            import yaml
+            import yaml  # type: ignore[import-untyped]
 
             return SandboxwichConfig.model_validate(yaml.safe_load(text))
         return SandboxwichConfig.model_validate_json(text)
@@ -152,7 +152,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     def __init__(self, session: _Session, claim: Claim) -> None:
         super().__init__()
         self._session = session
-        self._claim = claim
+        self._lease_claim = claim
         self._proof: Proof = claim.proof()
         self.metadata: dict[str, Any] = {}
 
@@ -190,17 +190,13 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
         except errors.SandboxwichError as e:
             raise RuntimeError(f"sandboxwich: the server at {s.config.url} is not usable: {e}") from None
         rel = s.release
-        if not any(
-            i.release_set_id == rel.release_set_id and i.runtime_class == rel.runtime_class and i.policy_digest == rel.policy_digest for i in inventory
-        ):
+        if not any(i.release_set_id == rel.release_set_id and i.runtime_class == rel.runtime_class and i.policy_digest == rel.policy_digest for i in inventory):
             have = ", ".join(f"{i.release_set_id}/{i.runtime_class}" for i in inventory) or "none"
             raise RuntimeError(f"sandboxwich: the server serves no cells of release {rel.release_set_id}/{rel.runtime_class} (it has: {have})")
 
     @override
     @classmethod
-    async def sample_init(
-        cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
-    ) -> dict[str, SandboxEnvironment]:
+    async def sample_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]) -> dict[str, SandboxEnvironment]:
         s = cls._session_for(config)
         claim = await cls._claim(s, _ident(s.config.workspace_id or task_name))
         env = cls(s, claim)
@@ -344,7 +340,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
         staged = None
         try:
             if stdin is not None and len(stdin) > STDIN_INLINE_MAX:
-                staged = "/tmp/.sandboxwich-stdin-" + uuid.uuid4().hex
+                staged = "/tmp/.sandboxwich-stdin-" + uuid.uuid4().hex  # noqa: S108 - in the cell, 0600, removed before the command runs
                 await c.write_file(self._proof, staged, stdin, mode=0o600, user=u)
                 argv = ["/bin/sh", "-c", 'exec 0<"$0" || exit 126; rm -f -- "$0"; exec "$@"', staged, *argv]
                 stdin = None
@@ -412,7 +408,7 @@ def _record(env: SandboxwichSandboxEnvironment) -> None:
         from inspect_ai.solver._task_state import sample_state
 
         state = sample_state()
-    except Exception:  # noqa: BLE001 - outside an eval there is no sample
+    except Exception:
         state = None
     if state is not None:
         state.metadata["sandboxwich"] = dict(env.metadata)
