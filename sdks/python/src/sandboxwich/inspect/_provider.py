@@ -10,6 +10,7 @@ import posixpath
 import re
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Union, overload
 
@@ -316,6 +317,13 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
 
     # Commands and files.
 
+    def _remaining(self) -> float:
+        """The lease's remaining life: the bound of a command without a
+        timeout (the server's default would be 60 s)."""
+        assert self._lease_claim.lease is not None
+        left = (self._lease_claim.lease.expires_at - datetime.now(timezone.utc)).total_seconds()
+        return max(1.0, left)
+
     def _path(self, p: str) -> str:
         return p if posixpath.isabs(p) else posixpath.normpath(posixpath.join(self._session.config.working_dir, p))
 
@@ -344,13 +352,13 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                 await c.write_file(self._proof, staged, stdin, mode=0o600, user=u)
                 argv = ["/bin/sh", "-c", 'exec 0<"$0" || exit 126; rm -f -- "$0"; exec "$@"', staged, *argv]
                 stdin = None
-            res = await c.exec(self._proof, argv, stdin=stdin, env=env, cwd=self._path(cwd or "."), user=u, timeout=timeout)
+            res = await c.exec(self._proof, argv, stdin=stdin, env=env, cwd=self._path(cwd or "."), user=u, timeout=timeout or self._remaining())
         except (errors.InvalidRequestError, errors.BadRequestError) as e:
             raise ValueError(f"sandboxwich: {e}") from None
         except errors.SandboxwichError as e:
             raise _unavailable(e) from None
         if res.timed_out:
-            raise TimeoutError(f"command timed out after {timeout} s")
+            raise TimeoutError(f"command timed out after {timeout} s" if timeout else "command outlived the lease")
         if res.reason in ("killed", "cell_lost"):
             raise SandboxUnavailableError(f"sandboxwich: the cell ended during the command ({res.reason})")
         cap = self._session.config.exec_output_cap or SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
