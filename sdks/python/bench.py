@@ -44,7 +44,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"time"
 
@@ -83,8 +82,9 @@ func main() {
 			panic(err)
 		}
 	}
-	sort.Float64s(ds)
-	fmt.Println(ds[len(ds)/2])
+	for _, d := range ds {
+		fmt.Println(d)
+	}
 }
 
 func trim(b []byte) []byte {
@@ -104,7 +104,7 @@ def _release(state: Path) -> dict[str, str]:
     return {"release_set_id": "dev-release", "runtime_class": "gvisor_lower_risk", "policy_digest": digest, "signature": sig}
 
 
-def _go_claim_p50(tmp: Path, url: str, rel: dict[str, str], n: int, token_file: Path) -> float:
+def _go_build(tmp: Path) -> Path:
     d = tmp / "goclaim"
     d.mkdir()
     (d / "main.go").write_text(GO_CLAIM)
@@ -116,11 +116,15 @@ def _go_claim_p50(tmp: Path, url: str, rel: dict[str, str], n: int, token_file: 
     shutil.copy(REPO / "go.sum", d / "go.sum")
     env = os.environ | {"GOFLAGS": "-mod=mod -buildvcs=false"}
     subprocess.run(["go", "build", "-o", str(d / "goclaim"), "."], cwd=d, check=True, env=env, capture_output=True)
-    out = subprocess.run([str(d / "goclaim"), url, json.dumps(rel), str(n), str(token_file)], check=True, capture_output=True, text=True)
-    return float(out.stdout.strip())
+    return d / "goclaim"
 
 
-def _py_claim_p50(url: str, rel: dict[str, str], n: int, token_file: Path) -> float:
+def _go_claims(prog: Path, url: str, rel: dict[str, str], n: int, token_file: Path) -> list[float]:
+    out = subprocess.run([str(prog), url, json.dumps(rel), str(n), str(token_file)], check=True, capture_output=True, text=True)
+    return [float(x) for x in out.stdout.split()]
+
+
+def _py_claims(url: str, rel: dict[str, str], n: int, token_file: Path) -> list[float]:
     from sandboxwich import Client, Release
 
     release = Release.model_validate(rel)
@@ -135,7 +139,7 @@ def _py_claim_p50(url: str, rel: dict[str, str], n: int, token_file: Path) -> fl
                 continue
             ds.append(d * 1000)
             c.release(cl.proof())
-    return statistics.median(ds)
+    return ds
 
 
 async def _inspect_overheads(url: str, rel: dict[str, str], n: int, token_file: Path) -> tuple[float, float]:
@@ -190,10 +194,18 @@ def main() -> int:
             time.sleep(2)  # the pool fills
             rel = _release(state)
             tok = state / "tenant-token"
-            # Warm both clients up, then measure, alternating to share drift.
-            _py_claim_p50(url, rel, 10, tok)
-            go = _go_claim_p50(tmp, url, rel, args.samples, tok)
-            py = _py_claim_p50(url, rel, args.samples, tok)
+            # Warm both up, then measure in alternating rounds, so that both
+            # see the same load on this shared machine.
+            prog = _go_build(tmp)
+            _py_claims(url, rel, 10, tok)
+            _go_claims(prog, url, rel, 10, tok)
+            gos: list[float] = []
+            pys: list[float] = []
+            rounds = 5
+            for _ in range(rounds):
+                gos += _go_claims(prog, url, rel, args.samples // rounds, tok)
+                pys += _py_claims(url, rel, args.samples // rounds, tok)
+            go, py = statistics.median(gos), statistics.median(pys)
             ours, local = asyncio.run(_inspect_overheads(url, rel, max(20, args.samples // 4), tok))
         finally:
             proc.send_signal(signal.SIGINT)

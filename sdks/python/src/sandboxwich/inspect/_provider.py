@@ -3,6 +3,7 @@ per sample attempt."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -210,11 +211,6 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
             "runner_session_id": s.runner_session_id,
             "release": {"release_set_id": rel.release_set_id, "runtime_class": rel.runtime_class, "policy_digest": rel.policy_digest},
         }
-        try:
-            ev = await s.client.evidence(claim.lease.lease_id)
-            env.metadata["evidence"] = ev.model_dump(mode="json")
-        except errors.SandboxwichError as e:
-            env.metadata["evidence_error"] = e.__class__.__name__
         _record(env)
         return {"default": env}
 
@@ -268,8 +264,16 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     async def _release(self, *, wait: bool) -> None:
         c = self._session.client
         lease_id = self._proof.lease_id
+        # The evidence stays readable after the release: read both at once.
+        ev, rel = await asyncio.gather(c.evidence(lease_id), c.release(self._proof, "destroyed"), return_exceptions=True)
+        if isinstance(ev, BaseException):
+            self.metadata["evidence_error"] = ev.__class__.__name__
+        else:
+            self.metadata["evidence"] = ev.model_dump(mode="json")
         try:
-            st = await c.release(self._proof, "destroyed")
+            if isinstance(rel, BaseException):
+                raise rel
+            st = rel
         except errors.SandboxwichError as e:
             # Outcome unknown, or the lease ended already: read it, and end it
             # without the attestation if it is still live.
