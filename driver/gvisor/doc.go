@@ -191,7 +191,8 @@
 //     passwd (root, cell with uid 1000 and home /home/cell, nobody), group,
 //     hostname ("cell"), hosts (localhost only), an empty resolv.conf,
 //     nsswitch.conf and an os-release naming a "Sandboxwich cell" (ID
-//     sandboxwich; harnesses such as Inspect AI read it). No shadow, no host configuration, no certificates;
+//     sandboxwich; harnesses such as Inspect AI read it). No shadow, no
+//     host configuration, no certificates;
 //   - /root: an empty directory (mode 0700);
 //   - /tmp and /var/tmp (mode 1777) and /home/cell (mode 0700, owned by
 //     the cell user): fresh, private tmpfs file systems (/var/tmp is where
@@ -207,10 +208,10 @@
 //     the fd, stdin, stdout and stderr links.
 //
 // Not visible: the host's /etc (so no /etc/shadow, keys or configuration),
-// /root, /home, /var (but the private /var/tmp), /run, /srv, /opt, /mnt, /media, /boot, /tmp, the
-// driver's state and bundle directories (but the cell's own host
-// directory), any working tree, other cells' files and processes, and the
-// host's environment.
+// /root, /home, /var (the cell's /var holds only its private /var/tmp),
+// /run, /srv, /opt, /mnt, /media, /boot, /tmp, the driver's state and
+// bundle directories (but the cell's own host directory), any working
+// tree, other cells' files and processes, and the host's environment.
 //
 // The agent runs with the environment
 // PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin,
