@@ -257,13 +257,17 @@
 //     (Debian since bookworm) the same symlinks into /usr the host has;
 //     on another host each one that is a directory is bind-mounted
 //     read-only like /usr;
-//   - /etc: synthetic, read-only, six files written by the driver —
+//   - /etc: synthetic, read-only, seven files written by the driver —
 //     passwd (root, cell with uid 1000 and home /home/cell, nobody), group,
-//     hostname ("cell"), hosts (localhost only), an empty resolv.conf and
-//     nsswitch.conf. No shadow, no host configuration, no certificates;
+//     hostname ("cell"), hosts (localhost only), an empty resolv.conf,
+//     nsswitch.conf and an os-release naming a "Sandboxwich cell" (ID
+//     sandboxwich; harnesses such as Inspect AI read it). No shadow, no
+//     host configuration, no certificates;
 //   - /root: an empty directory (mode 0700);
-//   - /tmp (mode 1777) and /home/cell (mode 0700, owned by the cell user):
-//     fresh, private tmpfs file systems, the only writable places besides
+//   - /tmp and /var/tmp (mode 1777) and /home/cell (mode 0700, owned by
+//     the cell user): fresh, private tmpfs file systems (/var/tmp is where
+//     Inspect AI's bash_session and text_editor tools install themselves;
+//     /var holds nothing else), the only writable places besides
 //     /dev/shm and, for root, /run/sandboxwich. They live in the
 //     sandbox's memory and vanish with it;
 //   - /.sandboxwich/agent: the cell agent, read-only; /run/sandboxwich: the
@@ -274,10 +278,10 @@
 //     the fd, stdin, stdout and stderr links.
 //
 // Not visible: the host's /etc (so no /etc/shadow, keys or configuration),
-// /root, /home, /var, /run, /srv, /opt, /mnt, /media, /boot, /tmp, the
-// driver's state and bundle directories (but the cell's own host
-// directory), any working tree, other cells' files and processes, and the
-// host's environment.
+// /root, /home, /var (the cell's /var holds only its private /var/tmp),
+// /run, /srv, /opt, /mnt, /media, /boot, /tmp, the driver's state and
+// bundle directories (but the cell's own host directory), any working
+// tree, other cells' files and processes, and the host's environment.
 //
 // The agent runs with the environment
 // PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin,

@@ -220,7 +220,7 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 
 	// Top level: exactly the documented entries.
 	res := c.run(t, "sh", "-c", "for f in /* /.[!.]*; do [ -e \"$f\" ] && echo \"$f\"; done")
-	want := []string{"/.sandboxwich", "/bin", "/dev", "/etc", "/home", "/proc", "/root", "/run", "/sbin", "/sys", "/tmp", "/usr"}
+	want := []string{"/.sandboxwich", "/bin", "/dev", "/etc", "/home", "/proc", "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var"}
 	for _, d := range []string{"lib", "lib32", "lib64", "libx32"} {
 		if _, err := os.Lstat("/" + d); err == nil {
 			want = append(want, "/"+d)
@@ -250,10 +250,14 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{"/etc/shadow", "/root/.bashrc", "/root/.ssh", filepath.Join(wd, "gvisor_test.go"), wd, "/work", "/var", "/run/user", "/srv", "/opt", "/mnt", p.cfg.StateDir, p.cfg.BundleDir} {
+	for _, path := range []string{"/etc/shadow", "/root/.bashrc", "/root/.ssh", filepath.Join(wd, "gvisor_test.go"), wd, "/work", "/var/lib", "/var/log", "/run/user", "/srv", "/opt", "/mnt", p.cfg.StateDir, p.cfg.BundleDir} {
 		if res := c.runAs(t, agent.UserRoot, "test", "-e", path); res.ExitCode == 0 {
 			t.Errorf("the cell sees %s", path)
 		}
+	}
+	// /var holds the private /var/tmp alone, empty.
+	if res := c.runAs(t, agent.UserRoot, "sh", "-c", "ls -a /var /var/tmp"); string(res.Stdout) != "/var:\n.\n..\ntmp\n\n/var/tmp:\n.\n..\n" {
+		t.Errorf("/var holds %q (stderr %q)", res.Stdout, res.Stderr)
 	}
 	// /.sandboxwich holds the agent alone, /run the cell's host directory
 	// alone, which the cell user cannot enter.
@@ -267,9 +271,9 @@ func TestCellSeesNothingOfTheHost(t *testing.T) {
 	if entries, err := os.ReadDir(filepath.Join(p.rootfs, "root")); err != nil || len(entries) != 0 {
 		t.Errorf("the cell's /root holds %v (%v)", entries, err)
 	}
-	// Home and /tmp are private and writable; the rest is read-only.
-	res = c.run(t, "sh", "-c", "echo x > /home/cell/f && echo x > /tmp/f && cat /home/cell/f /tmp/f; echo x > /usr/f; echo x > /etc/f; echo x > /f")
-	if string(res.Stdout) != "x\nx\n" || strings.Count(string(res.Stderr), "cannot create") != 3 {
+	// Home, /tmp and /var/tmp are private and writable; the rest is read-only.
+	res = c.run(t, "sh", "-c", "echo x > /home/cell/f && echo x > /tmp/f && echo x > /var/tmp/f && cat /home/cell/f /tmp/f /var/tmp/f; echo x > /usr/f; echo x > /etc/f; echo x > /f")
+	if string(res.Stdout) != "x\nx\nx\n" || strings.Count(string(res.Stderr), "cannot create") != 3 {
 		t.Errorf("write checks: stdout %q, stderr %q", res.Stdout, res.Stderr)
 	}
 	// The agent, the cell's init, is not dumpable: no workload, root

@@ -195,6 +195,9 @@ func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
 	mounts = append(mounts, p.hostMounts...)
 	mounts = append(mounts,
 		ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		// Inspect AI's bash_session and text_editor tools install
+		// themselves under /var/tmp (and need it executable).
+		ociMount{Destination: "/var/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 		ociMount{Destination: cellHome, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0700",
 			fmt.Sprintf("uid=%d", cellUID), fmt.Sprintf("gid=%d", cellGID)}},
 		// runsc makes both mount points in the root's overlay, on the
@@ -267,6 +270,9 @@ var syntheticEtc = map[string]string{
 	"hosts":         "127.0.0.1\tlocalhost " + cellHostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 	"resolv.conf":   "",
 	"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+	// Harnesses read it to pick what to install (Inspect AI's tool
+	// injection fails without one); the programs are the host's /usr.
+	"os-release": "NAME=\"Sandboxwich cell\"\nID=sandboxwich\nPRETTY_NAME=\"Sandboxwich cell (the host's /usr, read-only)\"\n",
 }
 
 // buildDefaultRootFS lays out the default root filesystem's skeleton under

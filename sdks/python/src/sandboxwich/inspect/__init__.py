@@ -1,0 +1,11 @@
+"""The Inspect AI sandbox provider ``sandboxwich``: each sample attempt runs in
+its own sterile cell, claimed under a fenced claim_id at ``sample_init`` and
+released, with proof of deletion, at ``sample_cleanup``.
+
+Use it with ``sandbox=("sandboxwich", "config.json")`` or
+``SandboxEnvironmentSpec("sandboxwich", SandboxwichConfig(...))``.
+"""
+
+from ._provider import SandboxwichConfig, SandboxwichSandboxEnvironment
+
+__all__ = ["SandboxwichConfig", "SandboxwichSandboxEnvironment"]

@@ -1,0 +1,166 @@
+"""Fixtures: the real Go server (``sandboxwich dev``: SQLite, a pool of two
+real gVisor cells), built from this repository by the test run.
+
+Without ``go`` or ``runsc`` the server tests skip locally and FAIL under
+``CI=true``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import sandboxwich
+from sandboxwich import Client, Release
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _need(what: str, ok: bool) -> None:
+    if ok:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is required under CI=true")
+    pytest.skip(f"{what} not available")
+
+
+def sign_release(key: bytes, release_set_id: str, runtime_class: str, policy_digest: str) -> str:
+    """The swrs1_ signature of a release (CONTRACT §3.2)."""
+    msg = b"\0".join([b"sandboxwich-sterile-release-v1", release_set_id.encode(), runtime_class.encode(), policy_digest.encode()])
+    mac = hmac.new(key, msg, hashlib.sha256).digest()
+    return "swrs1_" + base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+@dataclass
+class Server:
+    url: str
+    dir: Path
+    binary: Path
+    token: str
+    operator_token: str
+    release: Release
+    log: Path
+
+    def client(self, **kw: object) -> Client:
+        return Client(self.url, token=self.token, **kw)  # type: ignore[arg-type]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _need("go", shutil.which("go") is not None)
+    out = tmp_path_factory.mktemp("bin") / "sandboxwich"
+    env = os.environ | {"GOFLAGS": "-buildvcs=false"}
+    subprocess.run(["go", "build", "-o", str(out), "./cmd/sandboxwich"], cwd=REPO, check=True, env=env)
+    # The cell agent, next to the binary, where the gVisor driver finds it.
+    agent = out.parent / "sandboxwich-agent"
+    subprocess.run(["go", "build", "-trimpath", "-o", str(agent), "./cmd/sandboxwich-agent"], cwd=REPO, check=True, env=env | {"CGO_ENABLED": "0"})
+    return out
+
+
+@pytest.fixture(scope="session")
+def server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    _need("runsc", shutil.which("runsc") is not None or Path("/usr/local/bin/runsc").exists())
+    d = tmp_path_factory.mktemp("dev")
+    log = d / "server.log"
+    logf = open(log, "wb")
+    proc = subprocess.Popen(
+        [str(binary), "dev", "--dir", str(d / "state"), "--listen", "127.0.0.1:0", "--target", "2"],
+        stdout=subprocess.PIPE,
+        stderr=logf,
+        cwd=d,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    url = ""
+    deadline = time.monotonic() + 120
+    banner = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if not line:
+            break
+        banner.append(line)
+        m = re.search(r"serving (http://\S+)", line)
+        if m:
+            url = m.group(1)
+            break
+    if not url:
+        proc.kill()
+        pytest.fail("sandboxwich dev did not start: " + "".join(banner) + log.read_text(errors="replace"))
+    # Keep draining stdout so the server never blocks on a full pipe.
+    threading.Thread(target=lambda: proc.stdout.read() if proc.stdout else None, daemon=True).start()
+    state = d / "state"
+    key = (state / "signing.key").read_text().strip().encode()
+    digest = hashlib.sha256(b"sandboxwich dev policy").hexdigest()
+    rel = Release(
+        release_set_id="dev-release",
+        runtime_class="gvisor_lower_risk",
+        policy_digest=digest,
+        signature=sign_release(key, "dev-release", "gvisor_lower_risk", digest),
+    )
+    srv = Server(
+        url=url,
+        dir=state,
+        binary=binary,
+        token=(state / "tenant-token").read_text().strip(),
+        operator_token=(state / "operator-token").read_text().strip(),
+        release=rel,
+        log=log,
+    )
+    try:
+        with srv.client() as c:
+            wait_ready(c, 1)
+        yield srv
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        logf.close()
+
+
+def wait_ready(c: Client, n: int, timeout: float = 120) -> None:
+    """Wait until the dev pool has at least n ready cells."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        inv = c.inventory()
+        if inv and inv[0].ready >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the pool never had {n} ready cells")
+
+
+def claim(c: Client, srv: Server, session: str, timeout: float = 120, **kw: object) -> sandboxwich.Claim:
+    """Claim a cell, waiting for the pool to replenish."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cl = c.claim(srv.release, organization_id="org-py", workspace_id="ws-py", thread_id="th-py", runner_session_id=session, **kw)  # type: ignore[arg-type]
+        if not cl.empty:
+            return cl
+        if time.monotonic() > deadline:
+            raise AssertionError("no cell became ready")
+        time.sleep(0.25)
+
+
+def release_and_wait(c: Client, cl: sandboxwich.Claim) -> sandboxwich.LeaseStatus:
+    c.release(cl.proof(), "destroyed")
+    return c.wait_provider_absent(cl.proof().lease_id, poll=0.2, timeout=90)
