@@ -7,6 +7,10 @@
 # ruff format --check, mypy --strict and pytest. The pytest suite builds the
 # Go server and runs it with real gVisor cells; under CI=true a missing go
 # or runsc fails instead of skipping.
+#
+#   scripts/python-checks.sh          the checks
+#   scripts/python-checks.sh --fetch  only download the wheels into the cache
+#                                     (.ci/run does it while other steps build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -28,6 +32,10 @@ if [ ! -f "$wheels/.complete" ]; then
 	touch "$wheels.partial/.complete"
 	rm -rf "$wheels"
 	mv "$wheels.partial" "$wheels"
+fi
+if [ "${1:-}" = "--fetch" ]; then
+	echo "python-checks: wheels cached in $wheels"
+	exit 0
 fi
 "$venv/bin/pip" install -q --no-compile --no-index --find-links "$wheels" -r "$req"
 "$venv/bin/pip" install -q --no-compile --no-deps --no-build-isolation ./sdks/python
