@@ -203,6 +203,14 @@ class InsufficientStorageError(APIError):
     code, default_status = "insufficient_storage", 507
 
 
+class StoreUnavailableError(APIError):
+    """503 store_unavailable: the server's database could not take the
+    operation (unreachable, restarting, out of space). Retried like any 5xx;
+    a claim retried under its claim_id gets what the fence recorded."""
+
+    code, default_status = "store_unavailable", 503
+
+
 class EventsExpiredError(APIError):
     """410 events_expired: resynchronise from state."""
 
@@ -236,6 +244,7 @@ ERRORS: dict[str, type[APIError]] = {
         CellFileNotFoundError,
         FileAccessDeniedError,
         InsufficientStorageError,
+        StoreUnavailableError,
         EventsExpiredError,
     )
 }
