@@ -28,7 +28,8 @@
 //
 // The Store interface grows while the project adds capabilities (this wave
 // added Installation and CountReady, then lease listing, revocation,
-// inventory and evidence; events come next).
+// inventory and evidence; wave 4 added the event log: Events,
+// LastEventID and PruneEvents).
 // A method is added, never changed in meaning without an entry in the
 // README's changelog, and never removed without a replacement named there.
 // An outside implementation keeps up the way the shipped ones do: it
@@ -216,6 +217,24 @@ type Store interface {
 
 	// UnlockMember releases owner's executor lock, if it still holds it.
 	UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error
+
+	// Events returns, oldest first, up to q.Limit events of the log
+	// (CONTRACT §16) whose id is above q.After and that match q. Every
+	// change of state of a cell or a pool member appends its events in the
+	// transaction that makes the change, with ids that increase strictly in
+	// the order the transactions commit: a reader that has seen an id has
+	// seen (or may still read) every id below it, on every replica. A q.After
+	// below what pruning may have removed is errcode.ErrEventsExpired.
+	Events(ctx context.Context, q EventQuery) ([]Event, error)
+
+	// LastEventID returns the id of the newest event of the log, 0 when it
+	// has none: where a reader that wants only new events starts.
+	LastEventID(ctx context.Context) (uint64, error)
+
+	// PruneEvents deletes the events older than before, oldest first,
+	// always keeping the newest event of the log (so that an id is never
+	// handed out twice). It returns how many it deleted.
+	PruneEvents(ctx context.Context, before time.Time) (int, error)
 
 	IdempotencyStore
 }
@@ -500,7 +519,10 @@ type StopIntent struct {
 	// confirms the stop.
 	Quarantine bool
 	Reason     string
-	Now        time.Time
+	// EventReason is the reason code (CONTRACT §16) of the events the stop
+	// appends: one of the Reason constants, or "" for none.
+	EventReason string
+	Now         time.Time
 }
 
 // StopOutcome is the result of a provider destroy attempted under a fence.
@@ -543,4 +565,79 @@ type IdempotencyResult struct {
 	Status    int
 	Body      []byte
 	ExpiresAt time.Time
+}
+
+// Reason codes of events (CONTRACT §16): why a cell, a member or a lease
+// changed. Never free text.
+const (
+	ReasonClaimed           = "claimed"
+	ReasonReleased          = "released"
+	ReasonRevoked           = "revoked"
+	ReasonExpired           = "expired"
+	ReasonReadyTTL          = "ready_ttl"
+	ReasonFenceMismatch     = "fence_mismatch"
+	ReasonRuntimeUnverified = "runtime_unverified"
+	ReasonImageUnverified   = "image_unverified"
+	ReasonAgentUnverified   = "agent_unverified"
+	ReasonCellLost          = "cell_lost"
+	ReasonDeletionProven    = "deletion_proven"
+	ReasonDeletionUncertain = "deletion_uncertain"
+	ReasonProvisionFailed   = "provision_failed"
+	ReasonWorkerDestroy     = "worker_destroy"
+	ReasonWorkerRetire      = "worker_retire"
+)
+
+// Event is one entry of the event log (CONTRACT §16): a change of state of
+// a cell (Type "cell.<to>") or of a pool member ("member.<to>"), or the end
+// of a lease ("lease.released", "lease.revoked", "lease.expired"). Never an
+// attestation, a digest, a token, a provider locator or provider error
+// text.
+type Event struct {
+	// ID increases strictly, per database, in commit order.
+	ID       uint64
+	Type     string
+	At       time.Time
+	TenantID string
+	// Pool is "" for a cell prepared by an external worker.
+	Pool   string
+	CellID uuid.UUID
+	// LeaseID is uuid.Nil when the cell had no lease.
+	LeaseID uuid.UUID
+	// MemberID is the member's cell ID for member events, uuid.Nil
+	// otherwise.
+	MemberID uuid.UUID
+	// Generation is the cell's generation after the change (0 when no cell
+	// existed yet).
+	Generation uint64
+	// From and To are the states before and after ("" From for a new cell
+	// or member; both "" for lease events).
+	From, To string
+	// Disposition is a member's requested disposition, once recorded.
+	Disposition    lease.Disposition
+	ProviderAbsent bool
+	// Reason is one of the Reason constants, or "".
+	Reason string
+}
+
+// EventQuery selects events for Events.
+type EventQuery struct {
+	// After is the id of the last event the reader has seen (0: none).
+	After uint64
+	// Oldest, instead of After, starts at the oldest event the log still
+	// holds: a reader without a position that wants what is retained.
+	Oldest bool
+	// Limit is the largest number of events returned (at least 1).
+	Limit int
+	// TenantID keeps only the tenant's events; "" keeps every tenant's.
+	TenantID string
+	// Members keeps member events too; without it only cell and lease
+	// events are returned.
+	Members bool
+	// TypePrefix keeps events whose type starts with it ("cell.",
+	// "lease.released").
+	TypePrefix string
+	// Pool keeps events of that pool.
+	Pool string
+	// LeaseID, unless uuid.Nil, keeps events of that lease.
+	LeaseID uuid.UUID
 }

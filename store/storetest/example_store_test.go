@@ -268,3 +268,20 @@ func Example_customStore() {
 	fmt.Println(counts[lease.Ready], "ready cells;", "calls:", s.Calls())
 	// Output: 0 ready cells; calls: map[CellCounts:1 Ping:1]
 }
+
+// The event log.
+
+func (s *meteredStore) Events(ctx context.Context, q store.EventQuery) ([]store.Event, error) {
+	s.count("Events")
+	return s.inner.Events(ctx, q)
+}
+
+func (s *meteredStore) LastEventID(ctx context.Context) (uint64, error) {
+	s.count("LastEventID")
+	return s.inner.LastEventID(ctx)
+}
+
+func (s *meteredStore) PruneEvents(ctx context.Context, before time.Time) (int, error) {
+	s.count("PruneEvents")
+	return s.inner.PruneEvents(ctx, before)
+}

@@ -1,0 +1,152 @@
+-- The Postgres half of the SQLite migration of the same number, which
+-- explains the log and its triggers. What differs is how ids are handed
+-- out. A sequence would not do: its values are taken in one order and
+-- committed in another, so a reader could see id 7 while the transaction
+-- holding id 6 is still in flight, move past 6, and never see it.
+-- Instead every append takes the next value of one counter row,
+-- event_counter, in its own transaction: the row stays locked until that
+-- transaction ends, so the next append waits for it and takes the next
+-- value only after it is committed and visible (Postgres releases a
+-- transaction's locks after making its commit visible). Ids are therefore
+-- committed in their order and without gaps (a rolled-back append rolls
+-- its counter back too): a reader that has seen id n has seen every id
+-- below it. The cost is that appends — the state changes of every replica
+-- — commit one at a time from their first event to their commit; the
+-- statements of the store change a state last, or nearly, in their
+-- transaction, so the wait is mostly the commit itself
+-- (docs/performance.md, and storetest's concurrent readers prove the
+-- order).
+
+-- +goose Up
+ALTER TABLE cells ADD COLUMN event_reason TEXT;
+ALTER TABLE pool_members ADD COLUMN event_reason TEXT;
+
+CREATE TABLE events (
+    id              BIGINT  PRIMARY KEY,
+    type            TEXT    NOT NULL,
+    at_us           BIGINT  NOT NULL,
+    tenant_id       TEXT    NOT NULL,
+    pool_name       TEXT,
+    cell_id         TEXT    NOT NULL,
+    lease_id        TEXT,
+    member_id       TEXT,
+    generation      SMALLINT,
+    from_state      TEXT,
+    to_state        TEXT,
+    disposition     TEXT,
+    provider_absent BOOLEAN NOT NULL DEFAULT FALSE,
+    reason          TEXT
+);
+
+CREATE TABLE event_counter (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    last_id   BIGINT  NOT NULL
+);
+INSERT INTO event_counter (singleton, last_id) VALUES (1, 0);
+
+CREATE TABLE event_pruned (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    through   BIGINT  NOT NULL
+);
+INSERT INTO event_pruned (singleton, through) VALUES (1, 0);
+
+-- +goose StatementBegin
+CREATE FUNCTION sandboxwich_event(e events) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE event_counter SET last_id = last_id + 1 WHERE singleton = 1 RETURNING last_id INTO e.id;
+    INSERT INTO events VALUES (e.*);
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION cells_event() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    e events;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.state = OLD.state THEN
+            RETURN NULL;
+        END IF;
+        e.from_state := OLD.state;
+    END IF;
+    e.type := 'cell.' || NEW.state;
+    e.at_us := NEW.updated_us;
+    e.tenant_id := NEW.tenant_id;
+    e.pool_name := NEW.pool_name;
+    e.cell_id := NEW.id;
+    e.lease_id := NEW.lease_id;
+    e.generation := NEW.generation;
+    e.to_state := NEW.state;
+    e.provider_absent := FALSE;
+    e.reason := NEW.event_reason;
+    PERFORM sandboxwich_event(e);
+    IF TG_OP = 'UPDATE' AND OLD.state = 'leased' AND NEW.event_reason IN ('expired', 'revoked') THEN
+        e.type := 'lease.' || NEW.event_reason;
+        e.from_state := NULL;
+        e.to_state := NULL;
+        PERFORM sandboxwich_event(e);
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION pool_members_event() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    e events;
+    cell_lease TEXT;
+    cell_generation SMALLINT;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.state = OLD.state THEN
+            RETURN NULL;
+        END IF;
+        e.from_state := OLD.state;
+        SELECT c.lease_id, c.generation INTO cell_lease, cell_generation
+            FROM cells c WHERE c.id = NEW.cell_id AND c.pool_name = NEW.pool_name;
+    END IF;
+    e.type := 'member.' || NEW.state;
+    e.at_us := NEW.updated_us;
+    e.tenant_id := NEW.tenant_id;
+    e.pool_name := NEW.pool_name;
+    e.cell_id := NEW.cell_id;
+    e.lease_id := coalesce(NEW.stop_lease_id, cell_lease);
+    e.member_id := NEW.cell_id;
+    e.generation := coalesce(cell_generation, NEW.stop_generation);
+    e.to_state := NEW.state;
+    e.disposition := NEW.requested_disposition;
+    e.provider_absent := NEW.provider_absent;
+    e.reason := NEW.event_reason;
+    PERFORM sandboxwich_event(e);
+    IF NEW.state = 'stopping' AND NEW.event_reason IN ('released', 'revoked', 'expired') THEN
+        e.type := 'lease.' || NEW.event_reason;
+        e.lease_id := NEW.stop_lease_id;
+        e.generation := NEW.stop_generation;
+        e.from_state := NULL;
+        e.to_state := NULL;
+        e.provider_absent := FALSE;
+        PERFORM sandboxwich_event(e);
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER cells_event AFTER INSERT OR UPDATE OF state ON cells
+    FOR EACH ROW EXECUTE FUNCTION cells_event();
+CREATE TRIGGER pool_members_event AFTER INSERT OR UPDATE OF state ON pool_members
+    FOR EACH ROW EXECUTE FUNCTION pool_members_event();
+
+-- +goose Down
+DROP TRIGGER pool_members_event ON pool_members;
+DROP TRIGGER cells_event ON cells;
+DROP FUNCTION pool_members_event();
+DROP FUNCTION cells_event();
+DROP FUNCTION sandboxwich_event(events);
+DROP TABLE event_pruned;
+DROP TABLE event_counter;
+DROP TABLE events;
+ALTER TABLE pool_members DROP COLUMN event_reason;
+ALTER TABLE cells DROP COLUMN event_reason;
