@@ -76,8 +76,13 @@ type Config struct {
 	// MetricsPublic serves /metrics without a token.
 	MetricsPublic bool
 	// StreamKeepAlive is the interval of the keep-alive comments of a
-	// streamed exec (default DefaultStreamKeepAlive, 15 s).
+	// streamed exec and of the event stream (default
+	// DefaultStreamKeepAlive, 15 s).
 	StreamKeepAlive time.Duration
+	// EventPoll is how often the event stream looks for new events while
+	// any stream is open (default DefaultEventPoll, 100 ms): one read of
+	// the log's newest id for all streams of the handler.
+	EventPoll time.Duration
 }
 
 // DefaultStreamKeepAlive is the default of Config.StreamKeepAlive.
@@ -95,6 +100,8 @@ type handler struct {
 	mux     *http.ServeMux
 	// keepAlive is the interval of an event stream's keep-alive comments.
 	keepAlive time.Duration
+	// hub wakes the streams of GET /v1/events when the log grows.
+	hub *eventHub
 }
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
@@ -118,6 +125,11 @@ func New(cfg Config) (http.Handler, error) {
 	if h.keepAlive <= 0 {
 		h.keepAlive = DefaultStreamKeepAlive
 	}
+	poll := cfg.EventPoll
+	if poll <= 0 {
+		poll = DefaultEventPoll
+	}
+	h.hub = newEventHub(cfg.Plane.LastEventID, poll)
 	if h.log == nil {
 		h.log = slog.Default()
 	}

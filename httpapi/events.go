@@ -1,0 +1,354 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/wire"
+)
+
+// The event log (CONTRACT §16): GET /v1/events as an event stream, or
+// polled with ?format=json.
+
+// DefaultEventPoll is the default of Config.EventPoll.
+const DefaultEventPoll = 100 * time.Millisecond
+
+// eventsQuery is a parsed GET /v1/events.
+type eventsQuery struct {
+	json     bool
+	after    uint64
+	hasAfter bool
+	limit    int
+	q        store.EventQuery
+}
+
+// eventsQueryOf reads the query parameters (each at most once, never
+// empty) and, for a stream, the Last-Event-ID header, which wins over
+// ?after=: a browser's EventSource reconnects to the URL it started with,
+// sending the last id it received.
+func eventsQueryOf(r *http.Request) (eventsQuery, error) {
+	var eq eventsQuery
+	vals, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return eq, malformed("the query string is malformed")
+	}
+	get := func(name string) (string, bool, error) {
+		vs, ok := vals[name]
+		switch {
+		case !ok:
+			return "", false, nil
+		case len(vs) != 1:
+			return "", false, invalid(name + " must be given at most once")
+		case vs[0] == "":
+			return "", false, invalid(name + " must not be empty")
+		}
+		return vs[0], true, nil
+	}
+	if v, ok, err := get("format"); err != nil {
+		return eq, err
+	} else if ok {
+		if v != "json" {
+			return eq, invalid("format must be json (or absent, for an event stream)")
+		}
+		eq.json = true
+	}
+	parseID := func(what, v string) (uint64, error) {
+		n, err := strconv.ParseUint(v, 10, 63)
+		if err != nil {
+			return 0, invalid(what + " must be an event id (a decimal integer)")
+		}
+		return n, nil
+	}
+	if v, ok, err := get("after"); err != nil {
+		return eq, err
+	} else if ok {
+		if eq.after, err = parseID("after", v); err != nil {
+			return eq, err
+		}
+		eq.hasAfter = true
+	}
+	if v := r.Header.Get(wire.LastEventIDHeader); v != "" && !eq.json {
+		if eq.after, err = parseID(wire.LastEventIDHeader, v); err != nil {
+			return eq, err
+		}
+		eq.hasAfter = true
+	}
+	eq.limit = wire.DefaultEventLimit
+	if v, ok, err := get("limit"); err != nil {
+		return eq, err
+	} else if ok {
+		n, perr := strconv.ParseUint(v, 10, 16)
+		if perr != nil || n < 1 || n > wire.MaxEventLimit || !eq.json {
+			return eq, invalid("limit must be an integer from 1 to " + strconv.Itoa(wire.MaxEventLimit) + ", with format=json")
+		}
+		eq.limit = int(n)
+	}
+	if v, ok, err := get("type"); err != nil {
+		return eq, err
+	} else if ok {
+		if !validTypePrefix(v) {
+			return eq, invalid("type must be an event type or its prefix (cell., member., lease.…)")
+		}
+		eq.q.TypePrefix = v
+	}
+	if v, ok, err := get("pool"); err != nil {
+		return eq, err
+	} else if ok {
+		if len(v) > 128 {
+			return eq, invalid("pool must be a pool name")
+		}
+		eq.q.Pool = v
+	}
+	if v, ok, err := get("lease_id"); err != nil {
+		return eq, err
+	} else if ok {
+		id, perr := uuid.Parse(v)
+		if perr != nil || id == uuid.Nil {
+			return eq, invalid("lease_id must be a UUID")
+		}
+		eq.q.LeaseID = id
+	}
+	return eq, nil
+}
+
+// validTypePrefix accepts lowercase letters, '_' and '.', at most 64.
+func validTypePrefix(v string) bool {
+	if len(v) > 64 {
+		return false
+	}
+	for _, c := range []byte(v) {
+		if (c < 'a' || c > 'z') && c != '_' && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// wireEvent is the wire form of an event.
+func wireEvent(e store.Event) wire.Event {
+	w := wire.Event{ID: strconv.FormatUint(e.ID, 10), Type: e.Type, At: wire.Time{Time: e.At}, TenantID: e.TenantID,
+		CellID: e.CellID, ProviderAbsent: e.ProviderAbsent}
+	str := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	id := func(u uuid.UUID) *uuid.UUID {
+		if u == uuid.Nil {
+			return nil
+		}
+		return &u
+	}
+	w.Pool, w.From, w.To, w.Reason = str(e.Pool), str(e.From), str(e.To), str(e.Reason)
+	w.Disposition = str(string(e.Disposition))
+	w.LeaseID, w.MemberID = id(e.LeaseID), id(e.MemberID)
+	if e.Generation != 0 {
+		g := e.Generation
+		w.Generation = &g
+	}
+	return w
+}
+
+// page reads the events after after that q selects, at most limit, and
+// where the next read starts. When the page is not full, that is the
+// newest id of the log read before the page: ids commit in order (see
+// store.Store.Events), so the page holds every selected event up to it,
+// and a reader of a tenant whose events are rare does not scan the
+// others' again.
+func (h *handler) page(ctx context.Context, q store.EventQuery, after uint64, oldest bool, limit int) ([]store.Event, uint64, error) {
+	head, err := h.plane.LastEventID(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	q.After, q.Oldest, q.Limit = after, oldest, limit
+	evs, err := h.plane.Events(ctx, q)
+	if err != nil {
+		return nil, 0, err
+	}
+	next := after
+	if len(evs) > 0 {
+		next = evs[len(evs)-1].ID
+	}
+	if len(evs) < limit && head > next {
+		next = head
+	}
+	return evs, next, nil
+}
+
+// events serves GET /v1/events: the tenant's cell and lease events, and
+// with the operator header its member events too (CONTRACT §16, §10.1).
+func (h *handler) events(c *call, w http.ResponseWriter) {
+	eq, err := eventsQueryOf(c.r)
+	if err != nil {
+		h.writeError(w, c.r, err)
+		return
+	}
+	eq.q.TenantID = c.p.tenant
+	eq.q.Members = c.p.kind == kindOperator
+	if eq.json {
+		h.pollEvents(c, w, eq)
+		return
+	}
+	h.streamEvents(c, w, eq)
+}
+
+func (h *handler) pollEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
+	evs, next, err := h.page(c.ctx(), eq.q, eq.after, !eq.hasAfter, eq.limit)
+	if err != nil {
+		h.writeError(w, c.r, err)
+		return
+	}
+	resp := wire.EventsResponse{OK: true, Events: make([]wire.Event, 0, len(evs)), NextAfter: strconv.FormatUint(next, 10)}
+	for _, e := range evs {
+		resp.Events = append(resp.Events, wireEvent(e))
+	}
+	rep, err := jsonReply(http.StatusOK, resp)
+	if err != nil {
+		h.writeError(w, c.r, err)
+		return
+	}
+	h.write(w, rep)
+}
+
+// streamEvents follows the log: a stream without a position starts at its
+// newest event. The first read happens before the stream is committed, so
+// an after older than retention is an ordinary 410.
+func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
+	ctx := c.ctx()
+	cursor := eq.after
+	if !eq.hasAfter {
+		head, err := h.plane.LastEventID(ctx)
+		if err != nil {
+			h.writeError(w, c.r, err)
+			return
+		}
+		cursor = head
+	}
+	defer h.hub.subscribe()()
+	var s *eventStream
+	defer func() {
+		if s != nil {
+			s.stop()
+		}
+	}()
+	const batch = 500
+	for {
+		wake := h.hub.changed(cursor)
+		evs, next, err := h.page(ctx, eq.q, cursor, false, batch)
+		switch {
+		case err != nil && s == nil:
+			h.writeError(w, c.r, err)
+			return
+		case err != nil:
+			if ctx.Err() == nil {
+				_, code, msg := h.wireError(c.r, err)
+				_ = s.send(wire.EventError, wire.StreamError{Code: string(code), Message: msg})
+			}
+			return
+		case s == nil:
+			s = newEventStream(w, h.keepAlive)
+			if err := s.commit(); err != nil {
+				return
+			}
+		}
+		for _, e := range evs {
+			if err := s.sendID(strconv.FormatUint(e.ID, 10), e.Type, wireEvent(e)); err != nil {
+				return
+			}
+		}
+		cursor = next
+		if len(evs) == batch {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		}
+	}
+}
+
+// eventHub tells the streams of one handler when the log has grown: one
+// goroutine reads the log's newest id every interval while any stream is
+// open, and wakes the streams behind it, which then read their own pages.
+type eventHub struct {
+	head     func(context.Context) (uint64, error)
+	interval time.Duration
+
+	mu      sync.Mutex
+	last    uint64
+	grown   chan struct{} // closed when last grows, then replaced
+	subs    int
+	running bool
+}
+
+func newEventHub(head func(context.Context) (uint64, error), interval time.Duration) *eventHub {
+	return &eventHub{head: head, interval: interval, grown: make(chan struct{})}
+}
+
+// subscribe counts a stream, starting the poller if needed; the returned
+// function uncounts it.
+func (hb *eventHub) subscribe() func() {
+	hb.mu.Lock()
+	hb.subs++
+	if !hb.running {
+		hb.running = true
+		go hb.poll()
+	}
+	hb.mu.Unlock()
+	return func() {
+		hb.mu.Lock()
+		hb.subs--
+		hb.mu.Unlock()
+	}
+}
+
+// changed returns a channel that is closed once the log's newest id is
+// above after (already closed if it is).
+func (hb *eventHub) changed(after uint64) <-chan struct{} {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if hb.last > after {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return hb.grown
+}
+
+func (hb *eventHub) poll() {
+	t := time.NewTicker(hb.interval)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*hb.interval+time.Second)
+		id, err := hb.head(ctx)
+		cancel()
+		hb.mu.Lock()
+		if err == nil && id > hb.last {
+			hb.last = id
+			close(hb.grown)
+			hb.grown = make(chan struct{})
+		}
+		if hb.subs == 0 {
+			hb.running = false
+			hb.mu.Unlock()
+			return
+		}
+		hb.mu.Unlock()
+		<-t.C
+	}
+}
+
+// sendID writes one event with its id line.
+func (s *eventStream) sendID(id, event string, v any) error {
+	return s.sendWith(fmt.Sprintf("id: %s\n", id), event, v)
+}
