@@ -256,7 +256,11 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 			return
 		case s == nil:
 			s = newEventStream(w, h.keepAlive)
-			if err := s.commit(); err != nil {
+			// A stream without a position first tells the client where it
+			// started (an id field alone sets an EventSource's last event
+			// ID without dispatching an event), so that a reconnect before
+			// any event resumes there.
+			if err := s.writeLines(fmt.Sprintf("id: %d\n\n", cursor), !eq.hasAfter); err != nil {
 				return
 			}
 		}
@@ -346,6 +350,16 @@ func (hb *eventHub) poll() {
 		hb.mu.Unlock()
 		<-t.C
 	}
+}
+
+// writeLines commits the stream and, if send, writes the raw lines.
+func (s *eventStream) writeLines(lines string, send bool) error {
+	if !send {
+		return s.commit()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.write([]byte(lines))
 }
 
 // sendID writes one event with its id line.

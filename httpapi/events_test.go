@@ -192,13 +192,22 @@ func next(t *testing.T, ch <-chan logEvent) logEvent {
 			if !ok {
 				t.Fatal("the stream ended")
 			}
-			if !ev.comment {
+			if !ev.comment && ev.event != "" {
 				return ev
 			}
 		case <-timeout:
 			t.Fatal("no event within 10 s")
 		}
 	}
+}
+
+func last(t *testing.T, e *env) string {
+	t.Helper()
+	id, err := e.plane.LastEventID(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strconv.FormatUint(id, 10)
 }
 
 // TestEventsStream: follow, keep-alive, resume by Last-Event-ID and by
@@ -260,6 +269,9 @@ func TestEventsStream(t *testing.T) {
 		// Without a position: only new events.
 		ch4, _, cancel4 := e.openStream("", tokAcme)
 		defer cancel4()
+		if start := <-ch4; start.event != "" || start.id != last(t, e) {
+			t.Fatalf("a stream without a position starts with %+v, want the id %s alone", start, last(t, e))
+		}
 		time.Sleep(50 * time.Millisecond)
 		cell := e.prepare(worker1, tokWorker1, lease.KataMicroVM)
 		got := next(t, ch4)
