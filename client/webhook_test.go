@@ -53,7 +53,11 @@ func TestWebhookVerifierVectors(t *testing.T) {
 			{"old", swHeader(swTimestamp-301, swSignature), swPayload, client.ErrWebhookTimestamp},
 			{"new", swHeader(swTimestamp+301, swSignature), swPayload, client.ErrWebhookTimestamp},
 			{"no signature", swHeader(swTimestamp, ""), swPayload, client.ErrWebhookSignature},
-			{"bad timestamp", func() http.Header { h := swHeader(swTimestamp, swSignature); h.Set(client.WebhookTimestampHeader, "x"); return h }(),
+			{"bad timestamp", func() http.Header {
+				h := swHeader(swTimestamp, swSignature)
+				h.Set(client.WebhookTimestampHeader, "x")
+				return h
+			}(),
 				swPayload, client.ErrWebhookTimestamp},
 		} {
 			id, err := v.Verify(tc.h, []byte(tc.body))
