@@ -234,6 +234,9 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 		cursor = head
 	}
 	defer h.hub.subscribe()()
+	// A stream outlives the server's write timeout, which bounds the
+	// other answers.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	var s *eventStream
 	defer func() {
 		if s != nil {
@@ -275,6 +278,8 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 		}
 		select {
 		case <-ctx.Done():
+			return
+		case <-h.streamsDone:
 			return
 		case <-wake:
 		}

@@ -83,6 +83,11 @@ type Config struct {
 	// any stream is open (default DefaultEventPoll, 100 ms): one read of
 	// the log's newest id for all streams of the handler.
 	EventPoll time.Duration
+	// StreamsDone, when closed, ends every event stream of GET /v1/events
+	// (which otherwise lasts until the client goes): a server shutting
+	// down closes it, as http.Server.Shutdown waits for its handlers.
+	// Clients reconnect with Last-Event-ID.
+	StreamsDone <-chan struct{}
 }
 
 // DefaultStreamKeepAlive is the default of Config.StreamKeepAlive.
@@ -102,6 +107,8 @@ type handler struct {
 	keepAlive time.Duration
 	// hub wakes the streams of GET /v1/events when the log grows.
 	hub *eventHub
+	// streamsDone ends them (Config.StreamsDone); nil never does.
+	streamsDone <-chan struct{}
 }
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
@@ -130,6 +137,7 @@ func New(cfg Config) (http.Handler, error) {
 		poll = DefaultEventPoll
 	}
 	h.hub = newEventHub(cfg.Plane.LastEventID, poll)
+	h.streamsDone = cfg.StreamsDone
 	if h.log == nil {
 		h.log = slog.Default()
 	}

@@ -45,6 +45,7 @@ type config struct {
 	TLSKeyFile           string
 	MaxLeaseSeconds      uint64
 	ExecMaxOutputBytes   int
+	EventRetention       time.Duration
 	Pools                []poolConfig
 }
 
@@ -118,6 +119,18 @@ var settings = []setting{
 		apply: func(c *config, v string) error { return parseMaxLease(&c.MaxLeaseSeconds, v) }},
 	{key: "exec_max_output_bytes", def: strconv.Itoa(sandboxwich.MaxExecOutput), usage: "cap of each of an exec's stdout and stderr (1 to 67108864 bytes)",
 		apply: func(c *config, v string) error { return parseExecMaxOutput(&c.ExecMaxOutputBytes, v) }},
+	{key: "event_retention_hours", def: "168", usage: "how long the event log keeps events (0 keeps them all, at most 87600)",
+		apply: func(c *config, v string) error { return parseRetention(&c.EventRetention, v) }},
+}
+
+// parseRetention reads SANDBOXWICH_EVENT_RETENTION_HOURS (CONTRACT §17).
+func parseRetention(dst *time.Duration, v string) error {
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil || n > 87600 {
+		return fmt.Errorf("%q is not a number of hours from 0 to 87600", v)
+	}
+	*dst = time.Duration(n) * time.Hour
+	return nil
 }
 
 // parseExecMaxOutput reads SANDBOXWICH_EXEC_MAX_OUTPUT_BYTES (CONTRACT §17).

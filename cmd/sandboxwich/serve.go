@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich"
@@ -71,6 +72,9 @@ type server struct {
 	store   store.Store
 	plane   *sandboxwich.Plane
 	handler http.Handler
+	// endStreams ends the event streams, which never finish by
+	// themselves, when the server shuts down.
+	endStreams func()
 	// drainTimeout, when positive, makes run end every pool cell, leased
 	// ones included, with proof, within that time before exiting (dev); a
 	// server otherwise keeps its cells for its restart, which reconciles
@@ -114,11 +118,12 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
 		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds), sandboxwich.WithExecMaxOutput(c.ExecMaxOutputBytes),
 		sandboxwich.WithPoolOptions(pool.WithInterval(c.SweepInterval), pool.WithLockTTL(c.PoolLockTTL)), sandboxwich.WithSweepInterval(sweep),
-		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead))
+		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead), sandboxwich.WithEventRetention(c.EventRetention))
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
+	streamsDone := make(chan struct{})
 	h, err := httpapi.New(httpapi.Config{
 		Plane: plane,
 		Auth: httpapi.Auth{
@@ -127,12 +132,14 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		},
 		Logger:        log,
 		MetricsPublic: c.MetricsPublic,
+		StreamsDone:   streamsDone,
 	})
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
-	return &server{cfg: c, log: log, store: st, plane: plane, handler: h}, nil
+	return &server{cfg: c, log: log, store: st, plane: plane, handler: h,
+		endStreams: sync.OnceFunc(func() { close(streamsDone) })}, nil
 }
 
 // run serves until ctx ends, then shuts down in order: stop accepting, let
@@ -151,6 +158,9 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		// oversized header with the JSON envelope (Go's own 431 is text).
 		MaxHeaderBytes: 16 * httpapi.MaxHeaderBytes,
 		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	if s.endStreams != nil {
+		srv.RegisterOnShutdown(s.endStreams)
 	}
 	planeCtx, stopPlane := context.WithCancel(context.WithoutCancel(ctx))
 	planeDone := make(chan error, 1)
