@@ -236,6 +236,32 @@ type Store interface {
 	// handed out twice). It returns how many it deleted.
 	PruneEvents(ctx context.Context, before time.Time) (int, error)
 
+	// EnqueueDeliveries follows the log for one webhook endpoint: in one
+	// transaction, serialized with every other for the endpoint (on every
+	// replica), it reads up to p.Limit events after the endpoint's cursor
+	// (p.Start when it has none yet), records a pending delivery, due at
+	// p.Now, of each one p selects, and moves the cursor past the events
+	// read. It returns the number of deliveries recorded.
+	EnqueueDeliveries(ctx context.Context, p DeliveryEnqueue) (int, error)
+
+	// LeaseDeliveries takes up to p.Limit pending deliveries that are due
+	// and not leased (or whose lease expired) for p.Owner until p.Until,
+	// with their events, so that one deliverer at a time sends each.
+	LeaseDeliveries(ctx context.Context, p DeliveryLease) ([]Delivery, error)
+
+	// FinishDelivery records the outcome of one attempt by the owner of
+	// the delivery's lease, releasing it. A delivery no longer leased by
+	// p.Owner is errcode.ErrConflict, and nothing changes.
+	FinishDelivery(ctx context.Context, p DeliveryOutcome) error
+
+	// Deliveries lists deliveries by event id, oldest first. It changes
+	// nothing.
+	Deliveries(ctx context.Context, q DeliveryQuery) ([]Delivery, error)
+
+	// DeliveryCounts returns the number of deliveries by endpoint and
+	// status.
+	DeliveryCounts(ctx context.Context) (map[string]map[string]int, error)
+
 	IdempotencyStore
 }
 
@@ -640,4 +666,83 @@ type EventQuery struct {
 	Pool string
 	// LeaseID, unless uuid.Nil, keeps events of that lease.
 	LeaseID uuid.UUID
+}
+
+// Statuses of a webhook delivery.
+const (
+	DeliveryPending   = "pending"
+	DeliveryDelivered = "delivered"
+	DeliveryFailed    = "failed"
+)
+
+// DeliveryEnqueue follows the log for one webhook endpoint.
+type DeliveryEnqueue struct {
+	// Endpoint names the endpoint (a stable key, never its URL).
+	Endpoint string
+	// TenantID keeps the tenant's events only.
+	TenantID string
+	// Types keeps events whose type starts with one of them; none keeps
+	// every type.
+	Types []string
+	// Start is the cursor of an endpoint seen for the first time: the id
+	// after which its deliveries begin.
+	Start uint64
+	// Limit bounds the events read (at least 1).
+	Limit int
+	Now   time.Time
+}
+
+// DeliveryLease leases due deliveries to one deliverer.
+type DeliveryLease struct {
+	Owner string
+	Until time.Time
+	Now   time.Time
+	Limit int
+}
+
+// Delivery is one event to deliver to one endpoint.
+type Delivery struct {
+	Endpoint string
+	EventID  uint64
+	TenantID string
+	Status   string
+	// Attempts counts the attempts made.
+	Attempts int
+	// NextAt is when the next attempt is due (pending deliveries).
+	NextAt time.Time
+	// LastStatus and LastError describe the last failed attempt (an HTTP
+	// status, or 0 and what went wrong; never a secret or a body).
+	LastStatus int
+	LastError  string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	// Event is the event, as LeaseDeliveries returns it; nil when pruned
+	// from the log, and in listings.
+	Event *Event
+}
+
+// DeliveryOutcome is the result of one attempt.
+type DeliveryOutcome struct {
+	Endpoint string
+	EventID  uint64
+	Owner    string
+	// Status is DeliveryDelivered, DeliveryFailed (no more attempts), or
+	// DeliveryPending: another attempt at Next.
+	Status     string
+	Next       time.Time
+	HTTPStatus int
+	Error      string
+	Now        time.Time
+}
+
+// DeliveryQuery selects deliveries for Deliveries.
+type DeliveryQuery struct {
+	// TenantID keeps the tenant's deliveries; "" keeps all.
+	TenantID string
+	// Status keeps deliveries in that status; "" keeps all.
+	Status string
+	// After keeps deliveries of events after this id.
+	After uint64
+	// Limit is the largest number returned (at least 1).
+	Limit int
 }

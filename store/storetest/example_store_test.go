@@ -285,3 +285,28 @@ func (s *meteredStore) PruneEvents(ctx context.Context, before time.Time) (int, 
 	s.count("PruneEvents")
 	return s.inner.PruneEvents(ctx, before)
 }
+
+func (s *meteredStore) EnqueueDeliveries(ctx context.Context, p store.DeliveryEnqueue) (int, error) {
+	s.count("EnqueueDeliveries")
+	return s.inner.EnqueueDeliveries(ctx, p)
+}
+
+func (s *meteredStore) LeaseDeliveries(ctx context.Context, p store.DeliveryLease) ([]store.Delivery, error) {
+	s.count("LeaseDeliveries")
+	return s.inner.LeaseDeliveries(ctx, p)
+}
+
+func (s *meteredStore) FinishDelivery(ctx context.Context, p store.DeliveryOutcome) error {
+	s.count("FinishDelivery")
+	return s.inner.FinishDelivery(ctx, p)
+}
+
+func (s *meteredStore) Deliveries(ctx context.Context, q store.DeliveryQuery) ([]store.Delivery, error) {
+	s.count("Deliveries")
+	return s.inner.Deliveries(ctx, q)
+}
+
+func (s *meteredStore) DeliveryCounts(ctx context.Context) (map[string]map[string]int, error) {
+	s.count("DeliveryCounts")
+	return s.inner.DeliveryCounts(ctx)
+}

@@ -216,6 +216,9 @@ type queries struct {
 
 	eventsPruned, lastEvent, firstKept, pruneEvents, pruneMark string
 
+	cursorInit, cursorGet, cursorSet, eventsAfter, eventByID           string
+	deliveryInsert, deliveryDue, deliveryLock, deliveryFinish, dCounts string
+
 	// candidateSkip and candidateWait are candidate + candidateOrder + the
 	// dialect's row lock, skipping or waiting for rows other transactions
 	// locked (skipLocked, waitLocked: the clauses alone).
@@ -363,10 +366,31 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		firstKept:   `SELECT id FROM events WHERE at_us >= ? ORDER BY id LIMIT 1`,
 		pruneEvents: `DELETE FROM events WHERE id <= ?`,
 		pruneMark:   `UPDATE event_pruned SET through = ? WHERE singleton = 1 AND through < ?`,
+
+		cursorInit:  `INSERT INTO webhook_cursors (endpoint, after_id) VALUES (?, ?) ON CONFLICT DO NOTHING`,
+		cursorGet:   `SELECT after_id FROM webhook_cursors WHERE endpoint = ?`,
+		cursorSet:   `UPDATE webhook_cursors SET after_id = ? WHERE endpoint = ?`,
+		eventsAfter: `SELECT ` + eventCols + ` FROM events WHERE id > ? ORDER BY id LIMIT ?`,
+		eventByID:   `SELECT ` + eventCols + ` FROM events WHERE id = ?`,
+		deliveryInsert: `INSERT INTO webhook_deliveries (endpoint, event_id, tenant_id, status, next_us, created_us, updated_us)
+			VALUES (?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING`,
+		deliveryDue: `SELECT endpoint, event_id FROM webhook_deliveries
+			WHERE status = 'pending' AND next_us <= ? AND (lock_until_us IS NULL OR lock_until_us <= ?)
+			ORDER BY next_us, event_id LIMIT ?`,
+		deliveryLock: `UPDATE webhook_deliveries SET lock_owner = ?, lock_until_us = ?
+			WHERE endpoint = ? AND event_id = ? AND status = 'pending' AND (lock_until_us IS NULL OR lock_until_us <= ?)`,
+		deliveryFinish: `UPDATE webhook_deliveries SET status = ?, attempts = attempts + 1, next_us = ?, last_status = ?,
+			last_error = ?, lock_owner = NULL, lock_until_us = NULL, updated_us = ?
+			WHERE endpoint = ? AND event_id = ? AND lock_owner = ? AND status = 'pending'`,
+		dCounts: `SELECT endpoint, status, count(*) AS n FROM webhook_deliveries GROUP BY endpoint, status`,
 	}
 	q.candidateRaw = q.candidate
 	if d.RowLock != "" {
 		q.skipLocked, q.waitLocked = " "+d.RowLock+" SKIP LOCKED", " "+d.RowLock
+		// The cursor's row lock serializes an endpoint's enqueues; due
+		// deliveries another deliverer is leasing are skipped.
+		q.cursorGet += " " + d.RowLock
+		q.deliveryDue += q.skipLocked
 	}
 	if d.WritableCTE {
 		// The cell's compare-and-set also requires a ready member, so an
@@ -405,6 +429,8 @@ func (q *queries) all() []*string {
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.inventory, &q.evidence, &q.memberVerified,
 		&q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
 		&q.eventsPruned, &q.lastEvent, &q.firstKept, &q.pruneEvents, &q.pruneMark,
+		&q.cursorInit, &q.cursorGet, &q.cursorSet, &q.eventsAfter, &q.eventByID,
+		&q.deliveryInsert, &q.deliveryDue, &q.deliveryLock, &q.deliveryFinish, &q.dCounts,
 		&q.leaseAll, &q.leaseAllFenced,
 	}
 }

@@ -91,7 +91,34 @@ BEGIN
 END;
 -- +goose StatementEnd
 
+-- Webhook deliveries (CONTRACT §16): one row per event and endpoint, made
+-- by the deliverer as it follows the log from its endpoint's cursor, and
+-- leased to one deliverer at a time (lock_owner until lock_until_us).
+CREATE TABLE webhook_cursors (
+    endpoint TEXT   PRIMARY KEY,
+    after_id INTEGER NOT NULL
+);
+CREATE TABLE webhook_deliveries (
+    endpoint      TEXT    NOT NULL,
+    event_id      INTEGER NOT NULL,
+    tenant_id     TEXT    NOT NULL,
+    status        TEXT    NOT NULL CHECK (status IN ('pending', 'delivered', 'failed')),
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    next_us       INTEGER NOT NULL,
+    lock_owner    TEXT,
+    lock_until_us INTEGER,
+    last_status   INTEGER NOT NULL DEFAULT 0,
+    last_error    TEXT    NOT NULL DEFAULT '',
+    created_us    INTEGER NOT NULL,
+    updated_us    INTEGER NOT NULL,
+    PRIMARY KEY (endpoint, event_id)
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_us) WHERE status = 'pending';
+CREATE INDEX webhook_deliveries_status ON webhook_deliveries (status, event_id);
+
 -- +goose Down
+DROP TABLE webhook_deliveries;
+DROP TABLE webhook_cursors;
 DROP TRIGGER pool_members_event_update;
 DROP TRIGGER pool_members_event_insert;
 DROP TRIGGER cells_event_update;
