@@ -68,7 +68,7 @@ type Snapshot struct {
 
 // EventRow is one cell or member event of the log.
 type EventRow struct {
-	ID                             int64
+	ID                           int64
 	Type, Cell, Member, From, To string
 }
 
