@@ -667,3 +667,9 @@ func (p *Plane) Events(ctx context.Context, q store.EventQuery) ([]store.Event, 
 func (p *Plane) LastEventID(ctx context.Context) (uint64, error) {
 	return p.store.LastEventID(ctx)
 }
+
+// Deliveries lists webhook deliveries (store.Store.Deliveries); the caller
+// scopes them (q.TenantID).
+func (p *Plane) Deliveries(ctx context.Context, q store.DeliveryQuery) ([]store.Delivery, error) {
+	return p.store.Deliveries(ctx, q)
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/webhook"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -132,32 +133,6 @@ func validTypePrefix(v string) bool {
 	return true
 }
 
-// wireEvent is the wire form of an event.
-func wireEvent(e store.Event) wire.Event {
-	w := wire.Event{ID: strconv.FormatUint(e.ID, 10), Type: e.Type, At: wire.Time{Time: e.At}, TenantID: e.TenantID,
-		CellID: e.CellID, ProviderAbsent: e.ProviderAbsent}
-	str := func(s string) *string {
-		if s == "" {
-			return nil
-		}
-		return &s
-	}
-	id := func(u uuid.UUID) *uuid.UUID {
-		if u == uuid.Nil {
-			return nil
-		}
-		return &u
-	}
-	w.Pool, w.From, w.To, w.Reason = str(e.Pool), str(e.From), str(e.To), str(e.Reason)
-	w.Disposition = str(string(e.Disposition))
-	w.LeaseID, w.MemberID = id(e.LeaseID), id(e.MemberID)
-	if e.Generation != 0 {
-		g := e.Generation
-		w.Generation = &g
-	}
-	return w
-}
-
 // page reads the events after after that q selects, at most limit, and
 // where the next read starts. When the page is not full, that is the
 // newest id of the log read before the page: ids commit in order (see
@@ -209,7 +184,7 @@ func (h *handler) pollEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 	}
 	resp := wire.EventsResponse{OK: true, Events: make([]wire.Event, 0, len(evs)), NextAfter: strconv.FormatUint(next, 10)}
 	for _, e := range evs {
-		resp.Events = append(resp.Events, wireEvent(e))
+		resp.Events = append(resp.Events, webhook.WireEvent(e))
 	}
 	rep, err := jsonReply(http.StatusOK, resp)
 	if err != nil {
@@ -268,7 +243,7 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 			}
 		}
 		for _, e := range evs {
-			if err := s.sendID(strconv.FormatUint(e.ID, 10), e.Type, wireEvent(e)); err != nil {
+			if err := s.sendID(strconv.FormatUint(e.ID, 10), e.Type, webhook.WireEvent(e)); err != nil {
 				return
 			}
 		}
@@ -370,4 +345,55 @@ func (s *eventStream) writeLines(lines string, send bool) error {
 // sendID writes one event with its id line.
 func (s *eventStream) sendID(id, event string, v any) error {
 	return s.sendWith(fmt.Sprintf("id: %s\n", id), event, v)
+}
+
+// webhookDeliveries serves GET /v1/webhooks/deliveries (operator): the
+// webhook deliveries of the operator's tenant, by event id, filtered by
+// status (CONTRACT §16: failed ones are how an operator sees what was not
+// delivered).
+func (h *handler) webhookDeliveries(c *call) (int, any, error) {
+	vals, err := url.ParseQuery(c.r.URL.RawQuery)
+	if err != nil {
+		return 0, nil, malformed("the query string is malformed")
+	}
+	q := store.DeliveryQuery{TenantID: c.p.tenant, Limit: wire.DefaultEventLimit}
+	for name, vs := range vals {
+		if len(vs) != 1 || vs[0] == "" {
+			return 0, nil, invalid(name + " must be given once and not be empty")
+		}
+		v := vs[0]
+		switch name {
+		case "status":
+			if v != store.DeliveryPending && v != store.DeliveryDelivered && v != store.DeliveryFailed {
+				return 0, nil, invalid("status must be pending, delivered or failed")
+			}
+			q.Status = v
+		case "after":
+			if q.After, err = strconv.ParseUint(v, 10, 63); err != nil {
+				return 0, nil, invalid("after must be an event id")
+			}
+		case "limit":
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil || n < 1 || n > wire.MaxEventLimit {
+				return 0, nil, invalid("limit must be an integer from 1 to " + strconv.Itoa(wire.MaxEventLimit))
+			}
+			q.Limit = int(n)
+		}
+	}
+	ds, err := h.plane.Deliveries(c.ctx(), q)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp := wire.DeliveriesResponse{OK: true, Deliveries: make([]wire.WebhookDelivery, 0, len(ds)), NextAfter: strconv.FormatUint(q.After, 10)}
+	for _, d := range ds {
+		w := wire.WebhookDelivery{Endpoint: d.Endpoint, EventID: strconv.FormatUint(d.EventID, 10), Status: d.Status,
+			Attempts: d.Attempts, LastStatus: d.LastStatus, LastError: d.LastError,
+			CreatedAt: wire.Time{Time: d.CreatedAt}, UpdatedAt: wire.Time{Time: d.UpdatedAt}}
+		if d.Status == store.DeliveryPending {
+			w.NextAt = &wire.Time{Time: d.NextAt}
+		}
+		resp.Deliveries = append(resp.Deliveries, w)
+		resp.NextAfter = w.EventID
+	}
+	return http.StatusOK, resp, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -288,5 +289,46 @@ func TestEventsStream(t *testing.T) {
 		}
 		e.do("GET", "/v1/events", tokAcme, nil, wire.LastEventIDHeader, "x").errCode(t, 422, "invalid_request")
 		_ = uuid.Nil
+	})
+}
+
+// TestWebhookDeliveriesRoute: the operator lists its tenant's deliveries
+// by status; a tenant without the operator header cannot.
+func TestWebhookDeliveriesRoute(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		e.prepare(worker1, tokWorker1, lease.KataMicroVM)
+		e.prepare(worker3, tokWorker3, lease.KataMicroVM)
+		for _, tenant := range []string{"acme", "globex"} {
+			if _, err := e.st.EnqueueDeliveries(ctx, store.DeliveryEnqueue{Endpoint: "wh-" + tenant, TenantID: tenant, Limit: 10, Now: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now := time.Now()
+		ds, err := e.st.LeaseDeliveries(ctx, store.DeliveryLease{Owner: "o", Now: now, Until: now.Add(time.Minute), Limit: 10})
+		if err != nil || len(ds) != 2 {
+			t.Fatalf("LeaseDeliveries = %d, %v", len(ds), err)
+		}
+		for _, d := range ds {
+			if d.TenantID == "acme" {
+				if err := e.st.FinishDelivery(ctx, store.DeliveryOutcome{Endpoint: d.Endpoint, EventID: d.EventID, Owner: "o",
+					Status: store.DeliveryFailed, HTTPStatus: 500, Error: "HTTP 500", Now: now}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		r := e.do("GET", "/v1/webhooks/deliveries?status=failed", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+		checkSchema(t, "DeliveriesResponse", r.body)
+		got := decodeAs[wire.DeliveriesResponse](t, r)
+		if len(got.Deliveries) != 1 || got.Deliveries[0].Endpoint != "wh-acme" || got.Deliveries[0].LastStatus != 500 ||
+			got.Deliveries[0].Attempts != 1 || got.Deliveries[0].NextAt != nil {
+			t.Errorf("failed deliveries: %s", r.body)
+		}
+		if g := decodeAs[wire.DeliveriesResponse](t, e.do("GET", "/v1/webhooks/deliveries", tokGlobex, nil, OperatorHeader, tokOperator).must(t, 200)); len(g.Deliveries) != 1 || g.Deliveries[0].Status != "pending" {
+			t.Errorf("globex's deliveries: %+v", g)
+		}
+		e.do("GET", "/v1/webhooks/deliveries", tokAcme, nil).errCode(t, 401, "unauthorized")
+		e.do("GET", "/v1/webhooks/deliveries?status=lost", tokAcme, nil, OperatorHeader, tokOperator).errCode(t, 422, "invalid_request")
 	})
 }

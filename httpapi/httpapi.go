@@ -23,6 +23,7 @@ package httpapi
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -88,6 +89,9 @@ type Config struct {
 	// down closes it, as http.Server.Shutdown waits for its handlers.
 	// Clients reconnect with Last-Event-ID.
 	StreamsDone <-chan struct{}
+	// Collectors are registered with the handler's registry too (the
+	// webhook deliverer's metrics).
+	Collectors []prometheus.Collector
 }
 
 // DefaultStreamKeepAlive is the default of Config.StreamKeepAlive.
@@ -153,6 +157,11 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if h.metrics, err = newMetrics(h.reg, cfg.Plane); err != nil {
 		return nil, err
+	}
+	for _, c := range cfg.Collectors {
+		if err := h.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("httpapi: register a collector: %w", err)
+		}
 	}
 	h.promh = newPromHandler(h.reg, h.log)
 	h.mux = h.newMux()

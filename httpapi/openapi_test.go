@@ -208,6 +208,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		"InventoryEntry": wire.InventoryEntry{}, "InventoryResponse": wire.InventoryResponse{},
 		"Evidence": wire.Evidence{}, "EvidenceResponse": wire.EvidenceResponse{},
 		"Event": wire.Event{}, "EventsResponse": wire.EventsResponse{},
+		"WebhookDelivery": wire.WebhookDelivery{}, "DeliveriesResponse": wire.DeliveriesResponse{},
 	} {
 		ref := d.Components.Schemas[name]
 		if ref == nil {

@@ -54,3 +54,31 @@ const (
 	// with.
 	LastEventIDHeader = "Last-Event-ID"
 )
+
+// WebhookDelivery is one delivery of an event to a webhook endpoint, as
+// GET /v1/webhooks/deliveries lists it.
+type WebhookDelivery struct {
+	// Endpoint names the endpoint (a hash of its tenant and URL, never
+	// the URL).
+	Endpoint string `json:"endpoint"`
+	EventID  string `json:"event_id"`
+	// Status is pending, delivered or failed.
+	Status   string `json:"status"`
+	Attempts int    `json:"attempts"`
+	// NextAt is when a pending delivery is next attempted.
+	NextAt *Time `json:"next_at"`
+	// LastStatus and LastError describe the last failed attempt: the HTTP
+	// status (0 without an answer) and what went wrong.
+	LastStatus int    `json:"last_status"`
+	LastError  string `json:"last_error"`
+	CreatedAt  Time   `json:"created_at"`
+	UpdatedAt  Time   `json:"updated_at"`
+}
+
+// DeliveriesResponse is the answer of GET /v1/webhooks/deliveries.
+type DeliveriesResponse struct {
+	OK         bool              `json:"ok"`
+	Deliveries []WebhookDelivery `json:"deliveries"`
+	// NextAfter is the after of the next page.
+	NextAfter string `json:"next_after"`
+}

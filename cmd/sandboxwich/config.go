@@ -47,6 +47,7 @@ type config struct {
 	ExecMaxOutputBytes   int
 	EventRetention       time.Duration
 	Pools                []poolConfig
+	Webhooks             []webhookConfig
 }
 
 // poolConfig is one pool as configured.
@@ -177,7 +178,7 @@ func loadConfig(e env, name string, args []string) (*config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
-	file, filePools, err := readConfigFile(*configFile)
+	file, filePools, fileHooks, err := readConfigFile(*configFile)
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +199,7 @@ func loadConfig(e env, name string, args []string) (*config, error) {
 		}
 	}
 	c.Pools = filePools
+	c.Webhooks = fileHooks
 	envPool, err := poolFromEnv(e, c.DefaultTenant)
 	if err != nil {
 		return nil, err
@@ -232,10 +234,37 @@ func (c *config) authConfigured() bool {
 	return len(c.TenantTokens) > 0 || c.APIToken != "" || len(c.Workers) > 0 || c.AllowInsecureNoAuth
 }
 
-func readConfigFile(path string) (map[string]string, []poolConfig, error) {
+// webhookConfig is one entry of the config file's webhooks (CONTRACT §16).
+type webhookConfig struct {
+	TenantID   string   `json:"tenant_id"`
+	URL        string   `json:"url"`
+	SecretFile string   `json:"secret_file"`
+	Types      []string `json:"types"`
+}
+
+func readConfigFile(path string) (map[string]string, []poolConfig, []webhookConfig, error) {
 	if path == "" {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
+	out, pools, err := readConfigKeys(path)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	b, _ := os.ReadFile(path) // read by readConfigKeys
+	var raw map[string]json.RawMessage
+	_ = json.Unmarshal(b, &raw)
+	var hooks []webhookConfig
+	if h, ok := raw["webhooks"]; ok {
+		dec := json.NewDecoder(bytes.NewReader(h))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&hooks); err != nil {
+			return nil, nil, nil, fmt.Errorf("config file %s: webhooks: %w", path, err)
+		}
+	}
+	return out, pools, hooks, nil
+}
+
+func readConfigKeys(path string) (map[string]string, []poolConfig, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("config file: %w", err)
@@ -244,7 +273,7 @@ func readConfigFile(path string) (map[string]string, []poolConfig, error) {
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	known := map[string]bool{"pools": true}
+	known := map[string]bool{"pools": true, "webhooks": true}
 	for _, s := range settings {
 		known[s.key] = true
 	}
@@ -253,7 +282,7 @@ func readConfigFile(path string) (map[string]string, []poolConfig, error) {
 		if !known[k] {
 			return nil, nil, fmt.Errorf("config file %s: unknown key %q", path, k)
 		}
-		if k == "pools" {
+		if k == "pools" || k == "webhooks" {
 			continue
 		}
 		var s any
