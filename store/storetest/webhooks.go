@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"slices"
 	"sync"
 	"time"
 
@@ -45,15 +44,6 @@ func (e *env) leaseDeliveries(owner string, until time.Duration) []store.Deliver
 		e.t.Fatalf("LeaseDeliveries: %v", err)
 	}
 	return ds
-}
-
-func deliveryIDs(ds []store.Delivery) []uint64 {
-	out := make([]uint64, len(ds))
-	for i, d := range ds {
-		out[i] = d.EventID
-	}
-	slices.Sort(out)
-	return out
 }
 
 // testDeliveriesEnqueue: an endpoint follows the log from its start, its
