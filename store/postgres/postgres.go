@@ -21,6 +21,15 @@
 // so pool reconciliation can never make a claim take a cell that changed
 // under it.
 //
+// Events: every change of state appends its events through the triggers of
+// migration 5, whose ids come from one counter row (event_counter) each
+// append updates in its transaction. The row stays locked until that
+// transaction ends, so event ids commit in their order and without gaps:
+// a reader of the log never passes an id still in flight, whichever
+// replica wrote it. State-changing transactions therefore commit one at a
+// time from their first event on; the store's statements change a state
+// last, or nearly, in their transaction.
+//
 // Every fixed statement is prepared once per connection. Behind PgBouncer
 // use session pooling, or a version with prepared statement support in
 // transaction pooling (1.21+).
