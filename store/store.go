@@ -233,7 +233,8 @@ type Store interface {
 
 	// PruneEvents deletes the events older than before, oldest first,
 	// always keeping the newest event of the log (so that an id is never
-	// handed out twice). It returns how many it deleted.
+	// handed out twice), and the webhook deliveries of the events it
+	// deletes. It returns how many events it deleted.
 	PruneEvents(ctx context.Context, before time.Time) (int, error)
 
 	// EnqueueDeliveries follows the log for one webhook endpoint: in one

@@ -158,6 +158,14 @@ func testDeliveriesRetry(e *env) {
 	if len(failed) != 1 || failed[0].Attempts != 2 || failed[0].LastError != "timeout" {
 		e.t.Errorf("failed: %+v", failed)
 	}
+	// Pruning the event prunes its deliveries.
+	e.prepare()
+	if _, err := e.s.PruneEvents(e.ctx, e.now); err != nil {
+		e.t.Fatal(err)
+	}
+	if ds, err := e.s.Deliveries(e.ctx, store.DeliveryQuery{Limit: 10}); err != nil || len(ds) != 0 {
+		e.t.Errorf("deliveries of pruned events: %+v %v", ds, err)
+	}
 }
 
 // testDeliveriesConcurrent: deliverers leasing at once take disjoint

@@ -151,6 +151,9 @@ func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int, error) 
 		if n, err = affected(tx.exec(ctx, s.q.pruneEvents, cut)); err != nil {
 			return err
 		}
+		if _, err := tx.exec(ctx, s.q.pruneDeliveries, cut); err != nil {
+			return err
+		}
 		_, err = tx.exec(ctx, s.q.pruneMark, cut, cut)
 		return err
 	})

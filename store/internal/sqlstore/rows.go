@@ -214,7 +214,7 @@ type queries struct {
 
 	idemUpsert, idemGet, idemFinish, idemDrop string
 
-	eventsPruned, lastEvent, firstKept, pruneEvents, pruneMark string
+	eventsPruned, lastEvent, firstKept, pruneEvents, pruneMark, pruneDeliveries string
 
 	cursorInit, cursorGet, cursorSet, eventsAfter, eventByID           string
 	deliveryInsert, deliveryDue, deliveryLock, deliveryFinish, dCounts string
@@ -365,7 +365,9 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		// deleted.
 		firstKept:   `SELECT id FROM events WHERE at_us >= ? ORDER BY id LIMIT 1`,
 		pruneEvents: `DELETE FROM events WHERE id <= ?`,
-		pruneMark:   `UPDATE event_pruned SET through = ? WHERE singleton = 1 AND through < ?`,
+		// The deliveries of pruned events go with them.
+		pruneDeliveries: `DELETE FROM webhook_deliveries WHERE event_id <= ?`,
+		pruneMark:       `UPDATE event_pruned SET through = ? WHERE singleton = 1 AND through < ?`,
 
 		cursorInit:  `INSERT INTO webhook_cursors (endpoint, after_id) VALUES (?, ?) ON CONFLICT DO NOTHING`,
 		cursorGet:   `SELECT after_id FROM webhook_cursors WHERE endpoint = ?`,
@@ -428,7 +430,7 @@ func (q *queries) all() []*string {
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.inventory, &q.evidence, &q.memberVerified,
 		&q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
-		&q.eventsPruned, &q.lastEvent, &q.firstKept, &q.pruneEvents, &q.pruneMark,
+		&q.eventsPruned, &q.lastEvent, &q.firstKept, &q.pruneEvents, &q.pruneMark, &q.pruneDeliveries,
 		&q.cursorInit, &q.cursorGet, &q.cursorSet, &q.eventsAfter, &q.eventByID,
 		&q.deliveryInsert, &q.deliveryDue, &q.deliveryLock, &q.deliveryFinish, &q.dCounts,
 		&q.leaseAll, &q.leaseAllFenced,
