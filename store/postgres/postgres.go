@@ -22,11 +22,10 @@
 // under it.
 //
 // Events: every change of state appends its events through the triggers of
-// migration 5, whose ids come from one counter row (event_counter) each
-// append updates in its transaction. The row stays locked until that
-// transaction ends, so event ids commit in their order and without gaps:
-// a reader of the log never passes an id still in flight, whichever
-// replica wrote it. State-changing transactions therefore commit one at a
+// migration 5, each taking a transaction-level advisory lock before its id
+// from the sequence events_id_seq. The lock is held until that transaction
+// ends, so event ids commit in their order: a reader of the log never
+// passes an id still in flight, whichever replica wrote it. State-changing transactions therefore commit one at a
 // time from their first event on; the store's statements change a state
 // last, or nearly, in their transaction.
 //

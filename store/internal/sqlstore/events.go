@@ -128,7 +128,8 @@ func (s *Store) LastEventID(ctx context.Context) (uint64, error) {
 
 // PruneEvents implements store.Store: one transaction deletes a prefix of
 // the log and raises the pruning mark to its end. It never touches what
-// appends lock (Postgres: the counter row), so appends do not wait for it.
+// appends lock (Postgres: the advisory lock of the log), so appends do not
+// wait for it.
 func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int, error) {
 	var n int64
 	err := s.inTx(ctx, func(tx txn) error {

@@ -1,21 +1,24 @@
 -- The Postgres half of the SQLite migration of the same number, which
 -- explains the log and its triggers. What differs is how ids are handed
--- out. A sequence would not do: its values are taken in one order and
+-- out. A sequence alone would not do: its values are taken in one order and
 -- committed in another, so a reader could see id 7 while the transaction
--- holding id 6 is still in flight, move past 6, and never see it.
--- Instead every append takes the next value of one counter row,
--- event_counter, in its own transaction: the row stays locked until that
--- transaction ends, so the next append waits for it and takes the next
--- value only after it is committed and visible (Postgres releases a
--- transaction's locks after making its commit visible). Ids are therefore
--- committed in their order and without gaps (a rolled-back append rolls
--- its counter back too): a reader that has seen id n has seen every id
--- below it. The cost is that appends — the state changes of every replica
--- — commit one at a time from their first event to their commit; the
+-- holding id 6 is still in flight, move past 6, and never see it. So every
+-- append first takes a transaction-level advisory lock (one per schema),
+-- then its id from the sequence: the lock is held until the appending
+-- transaction ends, so the next appending transaction takes its ids only
+-- after the previous one is committed and visible (Postgres releases a
+-- transaction's locks after making its commit visible). Ids therefore
+-- commit in their order: a reader that has seen id n has seen every id
+-- below it that will ever commit (a rolled-back append leaves a gap, never
+-- a late arrival). The sequence must not cache values per session (CACHE
+-- 1). The cost is that appends — the state changes of every replica —
+-- commit one at a time from their first event to their commit; the
 -- statements of the store change a state last, or nearly, in their
--- transaction, so the wait is mostly the commit itself
--- (docs/performance.md, and storetest's concurrent readers prove the
--- order).
+-- transaction, so the wait is mostly the commit itself (docs/performance.md,
+-- and storetest's concurrent readers prove the order). A counter row
+-- updated by every append would serialize the same way, but a transaction
+-- that appends many events (a bulk expiry) would update one row that many
+-- times, each update walking the versions the transaction left before it.
 
 -- +goose Up
 ALTER TABLE cells ADD COLUMN event_reason TEXT;
@@ -38,11 +41,7 @@ CREATE TABLE events (
     reason          TEXT
 );
 
-CREATE TABLE event_counter (
-    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-    last_id   BIGINT  NOT NULL
-);
-INSERT INTO event_counter (singleton, last_id) VALUES (1, 0);
+CREATE SEQUENCE events_id_seq AS BIGINT CACHE 1 NO CYCLE;
 
 CREATE TABLE event_pruned (
     singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
@@ -53,7 +52,9 @@ INSERT INTO event_pruned (singleton, through) VALUES (1, 0);
 -- +goose StatementBegin
 CREATE FUNCTION sandboxwich_event(e events) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE event_counter SET last_id = last_id + 1 WHERE singleton = 1 RETURNING last_id INTO e.id;
+    -- 1398228822: "SWEV"; the second key keeps schemas apart.
+    PERFORM pg_advisory_xact_lock(1398228822, hashtext(current_schema()));
+    e.id := nextval('events_id_seq');
     INSERT INTO events VALUES (e.*);
 END
 $$;
@@ -173,7 +174,7 @@ DROP FUNCTION pool_members_event();
 DROP FUNCTION cells_event();
 DROP FUNCTION sandboxwich_event(events);
 DROP TABLE event_pruned;
-DROP TABLE event_counter;
 DROP TABLE events;
+DROP SEQUENCE events_id_seq;
 ALTER TABLE pool_members DROP COLUMN event_reason;
 ALTER TABLE cells DROP COLUMN event_reason;
