@@ -50,43 +50,17 @@ CREATE TABLE event_pruned (
 INSERT INTO event_pruned (singleton, through) VALUES (1, 0);
 
 -- +goose StatementBegin
-CREATE FUNCTION sandboxwich_event(e events) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION cells_event() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- 1398228822: "SWEV"; the second key keeps schemas apart.
     PERFORM pg_advisory_xact_lock(1398228822, hashtext(current_schema()));
-    e.id := nextval('events_id_seq');
-    INSERT INTO events VALUES (e.*);
-END
-$$;
--- +goose StatementEnd
-
--- +goose StatementBegin
-CREATE FUNCTION cells_event() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    e events;
-BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        IF NEW.state = OLD.state THEN
-            RETURN NULL;
-        END IF;
-        e.from_state := OLD.state;
-    END IF;
-    e.type := 'cell.' || NEW.state;
-    e.at_us := NEW.updated_us;
-    e.tenant_id := NEW.tenant_id;
-    e.pool_name := NEW.pool_name;
-    e.cell_id := NEW.id;
-    e.lease_id := NEW.lease_id;
-    e.generation := NEW.generation;
-    e.to_state := NEW.state;
-    e.provider_absent := FALSE;
-    e.reason := NEW.event_reason;
-    PERFORM sandboxwich_event(e);
+    INSERT INTO events (id, type, at_us, tenant_id, pool_name, cell_id, lease_id, generation, from_state, to_state, reason)
+    VALUES (nextval('events_id_seq'), 'cell.' || NEW.state, NEW.updated_us, NEW.tenant_id, NEW.pool_name, NEW.id,
+            NEW.lease_id, NEW.generation, CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END, NEW.state, NEW.event_reason);
     IF TG_OP = 'UPDATE' AND OLD.state = 'leased' AND NEW.event_reason IN ('expired', 'revoked') THEN
-        e.type := 'lease.' || NEW.event_reason;
-        e.from_state := NULL;
-        e.to_state := NULL;
-        PERFORM sandboxwich_event(e);
+        INSERT INTO events (id, type, at_us, tenant_id, pool_name, cell_id, lease_id, generation, reason)
+        VALUES (nextval('events_id_seq'), 'lease.' || NEW.event_reason, NEW.updated_us, NEW.tenant_id, NEW.pool_name,
+                NEW.id, NEW.lease_id, NEW.generation, NEW.event_reason);
     END IF;
     RETURN NULL;
 END
@@ -96,49 +70,39 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION pool_members_event() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    e events;
     cell_lease TEXT;
     cell_generation SMALLINT;
 BEGIN
     IF TG_OP = 'UPDATE' THEN
-        IF NEW.state = OLD.state THEN
-            RETURN NULL;
-        END IF;
-        e.from_state := OLD.state;
         SELECT c.lease_id, c.generation INTO cell_lease, cell_generation
             FROM cells c WHERE c.id = NEW.cell_id AND c.pool_name = NEW.pool_name;
     END IF;
-    e.type := 'member.' || NEW.state;
-    e.at_us := NEW.updated_us;
-    e.tenant_id := NEW.tenant_id;
-    e.pool_name := NEW.pool_name;
-    e.cell_id := NEW.cell_id;
-    e.lease_id := coalesce(NEW.stop_lease_id, cell_lease);
-    e.member_id := NEW.cell_id;
-    e.generation := coalesce(cell_generation, NEW.stop_generation);
-    e.to_state := NEW.state;
-    e.disposition := NEW.requested_disposition;
-    e.provider_absent := NEW.provider_absent;
-    e.reason := NEW.event_reason;
-    PERFORM sandboxwich_event(e);
+    PERFORM pg_advisory_xact_lock(1398228822, hashtext(current_schema()));
+    INSERT INTO events (id, type, at_us, tenant_id, pool_name, cell_id, lease_id, member_id, generation, from_state,
+                        to_state, disposition, provider_absent, reason)
+    VALUES (nextval('events_id_seq'), 'member.' || NEW.state, NEW.updated_us, NEW.tenant_id, NEW.pool_name, NEW.cell_id,
+            coalesce(NEW.stop_lease_id, cell_lease), NEW.cell_id, coalesce(cell_generation, NEW.stop_generation),
+            CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END, NEW.state, NEW.requested_disposition, NEW.provider_absent,
+            NEW.event_reason);
     IF NEW.state = 'stopping' AND NEW.event_reason IN ('released', 'revoked', 'expired') THEN
-        e.type := 'lease.' || NEW.event_reason;
-        e.lease_id := NEW.stop_lease_id;
-        e.generation := NEW.stop_generation;
-        e.from_state := NULL;
-        e.to_state := NULL;
-        e.provider_absent := FALSE;
-        PERFORM sandboxwich_event(e);
+        INSERT INTO events (id, type, at_us, tenant_id, pool_name, cell_id, lease_id, member_id, generation, disposition, reason)
+        VALUES (nextval('events_id_seq'), 'lease.' || NEW.event_reason, NEW.updated_us, NEW.tenant_id, NEW.pool_name,
+                NEW.cell_id, NEW.stop_lease_id, NEW.cell_id, NEW.stop_generation, NEW.requested_disposition, NEW.event_reason);
     END IF;
     RETURN NULL;
 END
 $$;
 -- +goose StatementEnd
 
-CREATE TRIGGER cells_event AFTER INSERT OR UPDATE OF state ON cells
+-- Only changes of state call the functions.
+CREATE TRIGGER cells_event_insert AFTER INSERT ON cells
     FOR EACH ROW EXECUTE FUNCTION cells_event();
-CREATE TRIGGER pool_members_event AFTER INSERT OR UPDATE OF state ON pool_members
+CREATE TRIGGER cells_event_update AFTER UPDATE OF state ON cells
+    FOR EACH ROW WHEN (NEW.state <> OLD.state) EXECUTE FUNCTION cells_event();
+CREATE TRIGGER pool_members_event_insert AFTER INSERT ON pool_members
     FOR EACH ROW EXECUTE FUNCTION pool_members_event();
+CREATE TRIGGER pool_members_event_update AFTER UPDATE OF state ON pool_members
+    FOR EACH ROW WHEN (NEW.state <> OLD.state) EXECUTE FUNCTION pool_members_event();
 
 -- Webhook deliveries (CONTRACT §16): one row per event and endpoint, made
 -- by the deliverer as it follows the log from its endpoint's cursor, and
@@ -168,11 +132,12 @@ CREATE INDEX webhook_deliveries_status ON webhook_deliveries (status, event_id);
 -- +goose Down
 DROP TABLE webhook_deliveries;
 DROP TABLE webhook_cursors;
-DROP TRIGGER pool_members_event ON pool_members;
-DROP TRIGGER cells_event ON cells;
+DROP TRIGGER pool_members_event_update ON pool_members;
+DROP TRIGGER pool_members_event_insert ON pool_members;
+DROP TRIGGER cells_event_update ON cells;
+DROP TRIGGER cells_event_insert ON cells;
 DROP FUNCTION pool_members_event();
 DROP FUNCTION cells_event();
-DROP FUNCTION sandboxwich_event(events);
 DROP TABLE event_pruned;
 DROP TABLE events;
 DROP SEQUENCE events_id_seq;
