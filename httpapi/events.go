@@ -2,15 +2,19 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/webhook"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -221,7 +225,14 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 	const batch = 500
 	for {
 		wake := h.hub.changed(cursor)
-		evs, next, err := h.page(ctx, eq.q, cursor, false, batch)
+		// The hub's copy of the log's tail serves a stream that is not
+		// behind it; one behind it reads the store.
+		hevs, next, fromHub := h.hub.since(cursor, eq.q)
+		var evs []store.Event
+		var err error
+		if !fromHub {
+			evs, next, err = h.page(ctx, eq.q, cursor, false, batch)
+		}
 		switch {
 		case err != nil && s == nil:
 			h.writeError(w, c.r, err)
@@ -243,12 +254,19 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 			}
 		}
 		for _, e := range evs {
-			if err := s.sendID(strconv.FormatUint(e.ID, 10), e.Type, webhook.WireEvent(e)); err != nil {
+			data, err := json.Marshal(webhook.WireEvent(e))
+			if err != nil {
+				return
+			}
+			hevs = append(hevs, hubEvent{id: e.ID, typ: e.Type, data: data})
+		}
+		for _, e := range hevs {
+			if err := s.sendRaw(e.id, e.typ, e.data); err != nil {
 				return
 			}
 		}
 		cursor = next
-		if len(evs) == batch {
+		if !fromHub && len(evs) == batch {
 			continue
 		}
 		select {
@@ -261,22 +279,47 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 	}
 }
 
-// eventHub tells the streams of one handler when the log has grown: one
-// goroutine reads the log's newest id every interval while any stream is
-// open, and wakes the streams behind it, which then read their own pages.
+// eventHub keeps, for the streams of one handler, a copy of the log's
+// tail: while any stream is open, one goroutine reads the events after the
+// last it holds every interval — one query however many streams — encodes
+// each once, and wakes the streams, which filter the copy for themselves.
+// Its copy holds every event in (start, end]: the store hands out events in
+// commit order (store.Store.Events), so a read after end misses none. A
+// stream whose cursor is below start reads the store instead.
 type eventHub struct {
-	head     func(context.Context) (uint64, error)
+	plane    eventSource
 	interval time.Duration
 
 	mu      sync.Mutex
-	last    uint64
-	grown   chan struct{} // closed when last grows, then replaced
+	init    bool
+	start   uint64
+	end     uint64
+	tail    []hubEvent
+	grown   chan struct{} // closed when end grows, then replaced
 	subs    int
 	running bool
 }
 
-func newEventHub(head func(context.Context) (uint64, error), interval time.Duration) *eventHub {
-	return &eventHub{head: head, interval: interval, grown: make(chan struct{})}
+// eventSource is what the hub reads.
+type eventSource interface {
+	Events(ctx context.Context, q store.EventQuery) ([]store.Event, error)
+	LastEventID(ctx context.Context) (uint64, error)
+}
+
+// hubEvent is an event of the hub's copy: its wire JSON, and what streams
+// filter it by.
+type hubEvent struct {
+	id   uint64
+	typ  string
+	e    store.Event
+	data []byte
+}
+
+// hubTail bounds the hub's copy.
+const hubTail = 8192
+
+func newEventHub(src eventSource, interval time.Duration) *eventHub {
+	return &eventHub{plane: src, interval: interval, grown: make(chan struct{})}
 }
 
 // subscribe counts a stream, starting the poller if needed; the returned
@@ -296,12 +339,12 @@ func (hb *eventHub) subscribe() func() {
 	}
 }
 
-// changed returns a channel that is closed once the log's newest id is
-// above after (already closed if it is).
+// changed returns a channel that is closed once the hub holds events
+// after after (already closed if it does).
 func (hb *eventHub) changed(after uint64) <-chan struct{} {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	if hb.last > after {
+	if hb.init && hb.end > after {
 		c := make(chan struct{})
 		close(c)
 		return c
@@ -309,19 +352,46 @@ func (hb *eventHub) changed(after uint64) <-chan struct{} {
 	return hb.grown
 }
 
+// since returns the events of the copy after cursor that q selects, and
+// end, where the stream's next read starts; false when the copy does not
+// reach back to cursor.
+func (hb *eventHub) since(cursor uint64, q store.EventQuery) ([]hubEvent, uint64, bool) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if !hb.init || cursor < hb.start {
+		return nil, 0, false
+	}
+	var out []hubEvent
+	for i := len(hb.tail) - 1; i >= 0 && hb.tail[i].id > cursor; i-- {
+		if matches(q, hb.tail[i].e) {
+			out = append(out, hb.tail[i])
+		}
+	}
+	slices.Reverse(out)
+	return out, max(hb.end, cursor), true
+}
+
+// matches is the selection of store.Store.Events, on one event.
+func matches(q store.EventQuery, e store.Event) bool {
+	switch {
+	case q.TenantID != "" && e.TenantID != q.TenantID,
+		!q.Members && strings.HasPrefix(e.Type, "member."),
+		q.TypePrefix != "" && !strings.HasPrefix(e.Type, q.TypePrefix),
+		q.Pool != "" && e.Pool != q.Pool,
+		q.LeaseID != uuid.Nil && e.LeaseID != q.LeaseID:
+		return false
+	}
+	return true
+}
+
 func (hb *eventHub) poll() {
 	t := time.NewTicker(hb.interval)
 	defer t.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*hb.interval+time.Second)
-		id, err := hb.head(ctx)
+		hb.read(ctx)
 		cancel()
 		hb.mu.Lock()
-		if err == nil && id > hb.last {
-			hb.last = id
-			close(hb.grown)
-			hb.grown = make(chan struct{})
-		}
 		if hb.subs == 0 {
 			hb.running = false
 			hb.mu.Unlock()
@@ -332,6 +402,69 @@ func (hb *eventHub) poll() {
 	}
 }
 
+// read brings the copy up to the log's end.
+func (hb *eventHub) read(ctx context.Context) {
+	hb.mu.Lock()
+	init, end := hb.init, hb.end
+	hb.mu.Unlock()
+	if !init {
+		head, err := hb.plane.LastEventID(ctx)
+		if err != nil {
+			return
+		}
+		hb.mu.Lock()
+		hb.init, hb.start, hb.end, hb.tail = true, head, head, nil
+		close(hb.grown)
+		hb.grown = make(chan struct{})
+		hb.mu.Unlock()
+		return
+	}
+	for {
+		evs, err := hb.plane.Events(ctx, store.EventQuery{After: end, Members: true, Limit: 1000})
+		if err != nil {
+			if errcode.CodeOf(err) == errcode.EventsExpired {
+				hb.mu.Lock()
+				hb.init = false // behind retention: start again at the end
+				hb.mu.Unlock()
+			}
+			return
+		}
+		if len(evs) == 0 {
+			return
+		}
+		add := make([]hubEvent, 0, len(evs))
+		for _, e := range evs {
+			data, err := json.Marshal(webhook.WireEvent(e))
+			if err != nil {
+				return
+			}
+			add = append(add, hubEvent{id: e.ID, typ: e.Type, e: e, data: data})
+		}
+		end = evs[len(evs)-1].ID
+		hb.mu.Lock()
+		hb.tail = append(hb.tail, add...)
+		if drop := len(hb.tail) - hubTail; drop > 0 {
+			hb.start = hb.tail[drop-1].id
+			hb.tail = slices.Clone(hb.tail[drop:])
+		}
+		hb.end = end
+		close(hb.grown)
+		hb.grown = make(chan struct{})
+		hb.mu.Unlock()
+		if len(evs) < 1000 {
+			return
+		}
+	}
+}
+
+// sendRaw writes one event whose data is already JSON.
+func (s *eventStream) sendRaw(id uint64, event string, data []byte) error {
+	b := fmt.Appendf(nil, "id: %d\nevent: %s\ndata: %s\n\n", id, event, data)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.write(b)
+}
+
 // writeLines commits the stream and, if send, writes the raw lines.
 func (s *eventStream) writeLines(lines string, send bool) error {
 	if !send {
@@ -340,11 +473,6 @@ func (s *eventStream) writeLines(lines string, send bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.write([]byte(lines))
-}
-
-// sendID writes one event with its id line.
-func (s *eventStream) sendID(id, event string, v any) error {
-	return s.sendWith(fmt.Sprintf("id: %s\n", id), event, v)
 }
 
 // webhookDeliveries serves GET /v1/webhooks/deliveries (operator): the

@@ -332,3 +332,37 @@ func TestWebhookDeliveriesRoute(t *testing.T) {
 		e.do("GET", "/v1/webhooks/deliveries?status=lost", tokAcme, nil, OperatorHeader, tokOperator).errCode(t, 422, "invalid_request")
 	})
 }
+
+// TestHubMatchesStore: the hub's filter selects what the store's does.
+func TestHubMatchesStore(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		e.poolCell("acme", lease.KataMicroVM)
+		c := e.claim(tokAcme, nil, lease.KataMicroVM)
+		e.do("POST", leasePath(c.Lease.LeaseID, "/release"), tokAcme, with(proofBody(c), "disposition", "destroyed")).must(t, 202)
+		e.prepare(worker3, tokWorker3, lease.KataMicroVM)
+		all, err := e.st.Events(ctx, store.EventQuery{Members: true, Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []store.EventQuery{{}, {Members: true}, {TenantID: "acme"}, {TenantID: "globex", Members: true},
+			{TypePrefix: "cell."}, {TypePrefix: "lease.released", Members: true}, {Pool: "p1", Members: true}, {Pool: "p2"},
+			{LeaseID: c.Lease.LeaseID, Members: true}, {LeaseID: c.Lease.LeaseID}} {
+			q.Limit = 1000
+			want, err := e.st.Events(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []store.Event
+			for _, ev := range all {
+				if matches(q, ev) {
+					got = append(got, ev)
+				}
+			}
+			if len(got) != len(want) {
+				t.Errorf("%+v: the hub selects %d events, the store %d", q, len(got), len(want))
+			}
+		}
+	})
+}

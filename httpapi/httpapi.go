@@ -109,7 +109,8 @@ type handler struct {
 	mux     *http.ServeMux
 	// keepAlive is the interval of an event stream's keep-alive comments.
 	keepAlive time.Duration
-	// hub wakes the streams of GET /v1/events when the log grows.
+	// hub keeps the log's tail for the streams of GET /v1/events and
+	// wakes them when it grows.
 	hub *eventHub
 	// streamsDone ends them (Config.StreamsDone); nil never does.
 	streamsDone <-chan struct{}
@@ -140,7 +141,7 @@ func New(cfg Config) (http.Handler, error) {
 	if poll <= 0 {
 		poll = DefaultEventPoll
 	}
-	h.hub = newEventHub(cfg.Plane.LastEventID, poll)
+	h.hub = newEventHub(cfg.Plane, poll)
 	h.streamsDone = cfg.StreamsDone
 	if h.log == nil {
 		h.log = slog.Default()
