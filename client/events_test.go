@@ -23,13 +23,31 @@ type dropAfter struct {
 }
 
 func (d *dropAfter) Write(b []byte) (int, error) {
-	if k := bytes.Count(b, []byte("\nevent: ")) + bytes.Count(b[:min(len(b), 7)], []byte("event: ")); k > 0 {
-		if d.n <= 0 {
-			panic(http.ErrAbortHandler) // the connection drops mid-stream
+	// Frame by frame: the server may write several events at once.
+	n := len(b)
+	for len(b) > 0 {
+		frame, rest, ok := bytes.Cut(b, []byte("\n\n"))
+		if ok {
+			frame = b[:len(frame)+2]
 		}
-		d.n -= k
+		if bytes.Contains(frame, []byte("event: ")) {
+			if d.n <= 0 {
+				if f, ok := d.ResponseWriter.(http.Flusher); ok {
+					f.Flush()
+				}
+				panic(http.ErrAbortHandler) // the connection drops mid-stream
+			}
+			d.n--
+		}
+		if _, err := d.ResponseWriter.Write(frame); err != nil {
+			return 0, err
+		}
+		b = rest
+		if !ok {
+			break
+		}
 	}
-	return d.ResponseWriter.Write(b)
+	return n, nil
 }
 
 func (d *dropAfter) Unwrap() http.ResponseWriter { return d.ResponseWriter }

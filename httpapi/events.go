@@ -260,10 +260,8 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 			}
 			hevs = append(hevs, hubEvent{id: e.ID, typ: e.Type, data: data})
 		}
-		for _, e := range hevs {
-			if err := s.sendRaw(e.id, e.typ, e.data); err != nil {
-				return
-			}
+		if err := s.sendRaw(hevs); err != nil {
+			return
 		}
 		cursor = next
 		if !fromHub && len(evs) == batch {
@@ -457,9 +455,15 @@ func (hb *eventHub) read(ctx context.Context) {
 	}
 }
 
-// sendRaw writes one event whose data is already JSON.
-func (s *eventStream) sendRaw(id uint64, event string, data []byte) error {
-	b := fmt.Appendf(nil, "id: %d\nevent: %s\ndata: %s\n\n", id, event, data)
+// sendRaw writes events whose data is already JSON, with one flush.
+func (s *eventStream) sendRaw(evs []hubEvent) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	var b []byte
+	for _, e := range evs {
+		b = fmt.Appendf(b, "id: %d\nevent: %s\ndata: %s\n\n", e.id, e.typ, e.data)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.write(b)
