@@ -48,7 +48,7 @@ func TestWebhooksConfig(t *testing.T) {
 	}
 	for body, want := range map[string]string{
 		`{"webhooks": [{"tenant_id": "acme", "url": "http://hooks.example/x", "secret_file": "` + secret + `"}]}`: "loopback",
-		`{"webhooks": [{"tenant_id": "acme", "url": "https://hooks.example/x"}]}`:                               "secret_file",
+		`{"webhooks": [{"tenant_id": "acme", "url": "https://hooks.example/x"}]}`:                                 "secret_file",
 	} {
 		c, err := load(body)
 		if err != nil {
