@@ -4,17 +4,24 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
+	"github.com/sandboxwich/sandboxwich/internal/testpg"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/store/postgres"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -367,4 +374,80 @@ func TestHubMatchesStore(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestEventsTwoPlanesOnePostgres: two planes (two replicas) on one
+// Postgres database claim at once; a stream from one of them reads every
+// event of the log, in order, each once — no event of the other replica
+// skipped while its transaction was in flight.
+func TestEventsTwoPlanesOnePostgres(t *testing.T) {
+	t.Parallel()
+	dsn := testpg.Schema(t)
+	keys := testenv.Keyring(t)
+	var planes [2]*sandboxwich.Plane
+	for i := range planes {
+		st, err := postgres.Open(t.Context(), dsn, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		if planes[i], err = sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := New(Config{Plane: planes[0], Auth: testAuth(), EventPoll: 5 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	e := &env{t: t, srv: srv, plane: planes[0]}
+	ctx := context.Background()
+	rel := testenv.Release(keys, lease.KataMicroVM)
+	const n = 60
+	for range n {
+		if _, err := planes[1].Prepare(ctx, worker1, sandboxwich.PrepareRequest{CellID: uuid.Must(uuid.NewV7()), Release: rel,
+			ProviderCellID: "vm-" + uuid.NewString(), ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := last(t, e)
+	ch, _, cancel := e.openStream("?after="+start, tokAcme, OperatorHeader, tokOperator)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, p := range planes {
+		for range 4 {
+			wg.Go(func() {
+				for {
+					res, err := p.Claim(ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: rel,
+						Binding: lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}})
+					if err != nil {
+						t.Errorf("claim: %v", err)
+						return
+					}
+					if res.Lease == nil {
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	var got []string
+	for len(got) < n {
+		ev := next(t, ch)
+		got = append(got, ev.id)
+	}
+	after, _ := strconv.ParseUint(start, 10, 64)
+	log, err := planes[1].Events(ctx, store.EventQuery{After: after, TenantID: "acme", Members: true, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, ev := range log {
+		want = append(want, strconv.FormatUint(ev.ID, 10))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("the stream read\n%v\nthe log holds\n%v", got, want)
+	}
 }
