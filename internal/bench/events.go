@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/client"
@@ -37,7 +38,7 @@ func benchFanout(ctx context.Context, dir string, subs, claims int) (*FanoutRepo
 		return nil, err
 	}
 	defer b.cleanup()
-	if err := b.seed(ctx, 2*claims+1, 0); err != nil { // and the marker claim
+	if err := b.seed(ctx, 2*claims, 0); err != nil {
 		return nil, err
 	}
 	const token = "bench-token"
@@ -65,21 +66,26 @@ func benchFanout(ctx context.Context, dir string, subs, claims int) (*FanoutRepo
 	defer cancel()
 	var mu sync.Mutex
 	var lat []time.Duration
-	var ready, done sync.WaitGroup
+	var following atomic.Int32
+	var done sync.WaitGroup
 	for range subs {
-		ready.Add(1)
 		done.Add(1)
 		go func() {
 			defer done.Done()
 			started := false
 			got := 0
-			for ev, err := range c.Events(sctx, client.EventQuery{Type: "cell.leased"}) {
+			for ev, err := range c.Events(sctx, client.EventQuery{Type: "cell."}) {
 				if err != nil {
-					break
+					return
 				}
-				if !started { // the marker claim below
-					started = true
-					ready.Done()
+				if ev.Type == "cell.ready" { // a marker: the stream is following
+					if !started {
+						started = true
+						following.Add(1)
+					}
+					continue
+				}
+				if !started || ev.Type != "cell.leased" {
 					continue
 				}
 				d := time.Since(ev.At.Time)
@@ -90,17 +96,19 @@ func benchFanout(ctx context.Context, dir string, subs, claims int) (*FanoutRepo
 					return
 				}
 			}
-			if !started {
-				ready.Done()
-			}
 		}()
 	}
-	// Every subscriber is following once it has seen a marker claim.
-	time.Sleep(200 * time.Millisecond)
-	if err := b.claim(ctx, 0); err != nil {
-		return nil, err
+	// Markers (new ready cells) until every subscriber follows the stream.
+	deadline := time.Now().Add(30 * time.Second)
+	for int(following.Load()) < subs {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("only %d of %d subscribers follow the stream", following.Load(), subs)
+		}
+		if err := b.seed(ctx, 1, 0); err != nil {
+			return nil, err
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	ready.Wait()
 	rep.With = measure(ctx, 8, claims, b.claim)
 	finished := make(chan struct{})
 	go func() { done.Wait(); close(finished) }()
