@@ -295,12 +295,12 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, p.quarantine(ctx, m, "runtime unverified before a lease operation", err, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified,
+		return nil, p.quarantine(ctx, m, "runtime unverified before a lease operation", store.ReasonRuntimeUnverified, err, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified,
 			"the cell's runtime class could not be verified; the cell is quarantined", err))
 	}
 	if cfg, ok := p.pools.Pool(m.Pool); ok { // p.pools is set: prov is the pool's
 		if err := pool.VerifyImage(cfg, obs); err != nil {
-			return nil, p.quarantine(ctx, m, string(errcode.ImageDigestUnverified), err, errcode.Wrap(errcode.ImageDigestUnverified,
+			return nil, p.quarantine(ctx, m, string(errcode.ImageDigestUnverified), store.ReasonImageUnverified, err, errcode.Wrap(errcode.ImageDigestUnverified,
 				"the cell's admitted image is not the one its pool pins; the cell is quarantined", err))
 		}
 	}
@@ -391,7 +391,7 @@ func detail(msg string) string {
 
 // cellLost ends a cell that died or whose agent cannot be reached.
 func (p *Plane) cellLost(ctx context.Context, m *store.Member, cause error) error {
-	return p.quarantine(ctx, m, "cell lost", cause, errcode.Wrap(errcode.Conflict,
+	return p.quarantine(ctx, m, "cell lost", store.ReasonCellLost, cause, errcode.Wrap(errcode.Conflict,
 		"the cell died or its agent cannot be reached; it is quarantined and the lease is over",
 		fmt.Errorf("%w: %w", driver.ErrCellLost, cause)))
 }
@@ -399,19 +399,20 @@ func (p *Plane) cellLost(ctx context.Context, m *store.Member, cause error) erro
 // agentUnverified ends a cell whose agent answered what a sterile cell's
 // agent never does.
 func (p *Plane) agentUnverified(ctx context.Context, m *store.Member, cause error) error {
-	return p.quarantine(ctx, m, string(errcode.CellAgentUnverified), cause, errcode.Wrap(errcode.CellAgentUnverified,
+	return p.quarantine(ctx, m, string(errcode.CellAgentUnverified), store.ReasonAgentUnverified, cause, errcode.Wrap(errcode.CellAgentUnverified,
 		"the cell's agent answered what a sterile cell's agent never does; the cell is quarantined", cause))
 }
 
 // quarantine ends a leased cell that cannot be trusted or used any more,
-// for what (logged with cause): the cell is quarantined and its stop
-// recorded in one transaction, and the pool destroys it. It returns
-// answer, or the store's error when the stop could not be recorded.
-func (p *Plane) quarantine(ctx context.Context, m *store.Member, what string, cause, answer error) error {
+// for what (logged with cause; code is the event reason): the cell is
+// quarantined and its stop recorded in one transaction, and the pool
+// destroys it. It returns answer, or the store's error when the stop could
+// not be recorded.
+func (p *Plane) quarantine(ctx context.Context, m *store.Member, what, code string, cause, answer error) error {
 	p.log.Warn(what, "pool", m.Pool, "cell_id", m.CellID, "error", cause)
 	_, err := p.store.BeginStop(ctx, store.StopIntent{
 		CellID: m.CellID, From: []lease.MemberState{lease.MemberLeased}, Disposition: lease.Quarantined,
-		Quarantine: true, Reason: what + ": " + cause.Error(), Now: p.Now(),
+		Quarantine: true, Reason: what + ": " + cause.Error(), EventReason: code, Now: p.Now(),
 	})
 	if err != nil && !errors.Is(err, errcode.ErrConflict) {
 		return err

@@ -97,7 +97,18 @@ type Plane struct {
 
 	clockEvery time.Duration // 0: Now is the plane's own clock
 	clock      clockOffset   // from the database's clock (clock.go)
+	retention  time.Duration // how long events are kept; 0 keeps them
+	pruneEach  time.Duration // how often Run prunes the event log
 }
+
+// DefaultEventRetention is how long the event log keeps an event (CONTRACT
+// §16) unless WithEventRetention says otherwise.
+const DefaultEventRetention = 7 * 24 * time.Hour
+
+// WithEventRetention sets how long the event log keeps events (default
+// DefaultEventRetention); Run prunes older ones in the background. 0 keeps
+// every event.
+func WithEventRetention(d time.Duration) Option { return func(p *Plane) { p.retention = d } }
 
 // Option configures a Plane.
 type Option func(*Plane)
@@ -152,6 +163,8 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 		maxPrepare: DefaultMaxPrepareAhead,
 		maxOutput:  MaxExecOutput,
 		clockEvery: DefaultClockSyncInterval,
+		retention:  DefaultEventRetention,
+		pruneEach:  5 * time.Minute,
 	}
 	for _, o := range opts {
 		o(p)
@@ -162,6 +175,9 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	}
 	if p.maxPrepare <= 0 {
 		return nil, errors.New("sandboxwich: WithMaxPrepareAhead needs a positive duration")
+	}
+	if p.retention < 0 {
+		return nil, errors.New("sandboxwich: WithEventRetention needs a duration of 0 or more")
 	}
 	if p.maxOutput < 1 || p.maxOutput > MaxExecOutputLimit {
 		return nil, fmt.Errorf("sandboxwich: the exec output cap must be 1 to %d bytes, not %d", MaxExecOutputLimit, p.maxOutput)
@@ -187,10 +203,10 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	return p, nil
 }
 
-// Run keeps the pools warm, sweeps expired cells and keeps the plane's
-// clock in step with the database's (SyncClock) until ctx ends. Call it
-// once, in its own goroutine; claims work without it, but pools are neither
-// refilled nor stopped.
+// Run keeps the pools warm, sweeps expired cells, keeps the plane's clock in
+// step with the database's (SyncClock) and prunes the event log until ctx
+// ends. Call it once, in its own goroutine; claims work without it, but
+// pools are neither refilled nor stopped.
 func (p *Plane) Run(ctx context.Context) error {
 	if err := p.SyncClock(ctx); err != nil && ctx.Err() == nil {
 		p.log.Warn("clock sync", "error", err)
@@ -198,6 +214,24 @@ func (p *Plane) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if _, ok := p.store.(store.Clock); ok && p.clockEvery > 0 {
 		g.Go(func() error { p.syncClock(ctx); return nil })
+	}
+	if p.retention > 0 {
+		g.Go(func() error {
+			t := time.NewTicker(p.pruneEach)
+			defer t.Stop()
+			for {
+				if n, err := p.PruneEvents(ctx); err != nil && ctx.Err() == nil {
+					p.log.Warn("event log prune", "error", err)
+				} else if n > 0 {
+					p.log.Info("events pruned", "count", n)
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+				}
+			}
+		})
 	}
 	if p.pools != nil {
 		g.Go(func() error { return p.pools.Run(ctx) })
@@ -624,4 +658,31 @@ func (p *Plane) WaitProviderAbsent(ctx context.Context, tenantID string, leaseID
 // expired idempotency records. It returns the number of cells quarantined.
 func (p *Plane) SweepExpired(ctx context.Context) (int, error) {
 	return p.store.ExpireUnmanaged(ctx, p.Now())
+}
+
+// PruneEvents deletes the events older than the plane's retention, keeping
+// the newest (Run does it every few minutes). It returns how many it
+// deleted; with retention 0 it deletes none.
+func (p *Plane) PruneEvents(ctx context.Context) (int, error) {
+	if p.retention <= 0 {
+		return 0, nil
+	}
+	return p.store.PruneEvents(ctx, p.Now().Add(-p.retention))
+}
+
+// Events returns a page of the event log (CONTRACT §16) as the store holds
+// it: see store.Store.Events. The caller scopes it (q.TenantID, q.Members).
+func (p *Plane) Events(ctx context.Context, q store.EventQuery) ([]store.Event, error) {
+	return p.store.Events(ctx, q)
+}
+
+// LastEventID returns the id of the newest event, 0 when the log is empty.
+func (p *Plane) LastEventID(ctx context.Context) (uint64, error) {
+	return p.store.LastEventID(ctx)
+}
+
+// Deliveries lists webhook deliveries (store.Store.Deliveries); the caller
+// scopes them (q.TenantID).
+func (p *Plane) Deliveries(ctx context.Context, q store.DeliveryQuery) ([]store.Delivery, error) {
+	return p.store.Deliveries(ctx, q)
 }

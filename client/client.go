@@ -208,6 +208,8 @@ type request struct {
 	accept string
 	// idempotencyKey, when set, is sent as Idempotency-Key.
 	idempotencyKey string
+	// header holds extra request headers (Last-Event-ID).
+	header http.Header
 }
 
 // do runs r and decodes a 2xx answer into out.
@@ -347,6 +349,9 @@ func (c *Client) open(ctx context.Context, r request, body io.Reader, contentTyp
 	}
 	if r.idempotencyKey != "" {
 		req.Header.Set(IdempotencyKeyHeader, r.idempotencyKey)
+	}
+	for k, vs := range r.header {
+		req.Header[k] = vs
 	}
 	resp, err = c.hc.Do(req)
 	if err != nil {

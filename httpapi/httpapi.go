@@ -23,6 +23,7 @@ package httpapi
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -76,8 +77,21 @@ type Config struct {
 	// MetricsPublic serves /metrics without a token.
 	MetricsPublic bool
 	// StreamKeepAlive is the interval of the keep-alive comments of a
-	// streamed exec (default DefaultStreamKeepAlive, 15 s).
+	// streamed exec and of the event stream (default
+	// DefaultStreamKeepAlive, 15 s).
 	StreamKeepAlive time.Duration
+	// EventPoll is how often the event stream looks for new events while
+	// any stream is open (default DefaultEventPoll, 100 ms): one read of
+	// the log's newest id for all streams of the handler.
+	EventPoll time.Duration
+	// StreamsDone, when closed, ends every event stream of GET /v1/events
+	// (which otherwise lasts until the client goes): a server shutting
+	// down closes it, as http.Server.Shutdown waits for its handlers.
+	// Clients reconnect with Last-Event-ID.
+	StreamsDone <-chan struct{}
+	// Collectors are registered with the handler's registry too (the
+	// webhook deliverer's metrics).
+	Collectors []prometheus.Collector
 }
 
 // DefaultStreamKeepAlive is the default of Config.StreamKeepAlive.
@@ -95,6 +109,11 @@ type handler struct {
 	mux     *http.ServeMux
 	// keepAlive is the interval of an event stream's keep-alive comments.
 	keepAlive time.Duration
+	// hub keeps the log's tail for the streams of GET /v1/events and
+	// wakes them when it grows.
+	hub *eventHub
+	// streamsDone ends them (Config.StreamsDone); nil never does.
+	streamsDone <-chan struct{}
 }
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
@@ -118,6 +137,12 @@ func New(cfg Config) (http.Handler, error) {
 	if h.keepAlive <= 0 {
 		h.keepAlive = DefaultStreamKeepAlive
 	}
+	poll := cfg.EventPoll
+	if poll <= 0 {
+		poll = DefaultEventPoll
+	}
+	h.hub = newEventHub(cfg.Plane, poll)
+	h.streamsDone = cfg.StreamsDone
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -133,6 +158,11 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if h.metrics, err = newMetrics(h.reg, cfg.Plane); err != nil {
 		return nil, err
+	}
+	for _, c := range cfg.Collectors {
+		if err := h.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("httpapi: register a collector: %w", err)
+		}
 	}
 	h.promh = newPromHandler(h.reg, h.log)
 	h.mux = h.newMux()

@@ -143,6 +143,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		errcode.RequestHeaderTooLarge: "RequestHeaderTooLarge", errcode.Internal: "Internal", errcode.AuthNotConfigured: "Internal",
 		errcode.ExecUnsupported: "NotImplemented", errcode.InsufficientStorage: "InsufficientStorage",
 		errcode.StoreUnavailable: "ServiceUnavailable",
+		errcode.EventsExpired:    "Gone",
 	} {
 		if !slices.Contains(enum, any(string(code))) {
 			t.Errorf("%s is not in the ErrorResponse code enum", code)
@@ -207,6 +208,8 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		"LeaseSummary":    wire.LeaseSummary{}, "LeasesResponse": wire.LeasesResponse{}, "RevokeRequest": wire.RevokeRequest{},
 		"InventoryEntry": wire.InventoryEntry{}, "InventoryResponse": wire.InventoryResponse{},
 		"Evidence": wire.Evidence{}, "EvidenceResponse": wire.EvidenceResponse{},
+		"Event": wire.Event{}, "EventsResponse": wire.EventsResponse{},
+		"WebhookDelivery": wire.WebhookDelivery{}, "DeliveriesResponse": wire.DeliveriesResponse{},
 	} {
 		ref := d.Components.Schemas[name]
 		if ref == nil {

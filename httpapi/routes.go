@@ -99,6 +99,8 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}/retire", access: accessWorker, body: true, serve: (*handler).retire},
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}/destroy", access: accessWorker, body: true, serve: (*handler).destroy},
 	{method: http.MethodGet, path: "/v1/pools", access: accessOperator, serve: (*handler).listPools},
+	{method: http.MethodGet, path: "/v1/events", access: accessTenant, idem: idemRefused, stream: (*handler).events},
+	{method: http.MethodGet, path: "/v1/webhooks/deliveries", access: accessOperator, serve: (*handler).webhookDeliveries},
 	{method: http.MethodGet, path: "/v1/openapi.json", access: accessPublic, raw: (*handler).openAPI},
 	{method: http.MethodGet, path: "/healthz", access: accessProbe, raw: (*handler).healthz},
 	{method: http.MethodGet, path: "/readyz", access: accessProbe, raw: (*handler).readyz},

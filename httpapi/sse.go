@@ -66,12 +66,15 @@ func (s *eventStream) stop() (committed bool) {
 }
 
 // send writes one event whose data is v in JSON, and flushes it.
-func (s *eventStream) send(event string, v any) error {
+func (s *eventStream) send(event string, v any) error { return s.sendWith("", event, v) }
+
+// sendWith is send with lines before the event line (an id line).
+func (s *eventStream) sendWith(head, event string, v any) error {
 	data, err := json.Marshal(v) // one line: JSON has no raw newline
 	if err != nil {
 		return err
 	}
-	b := fmt.Appendf(nil, "event: %s\ndata: %s\n\n", event, data)
+	b := fmt.Appendf(nil, "%sevent: %s\ndata: %s\n\n", head, event, data)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.write(b)

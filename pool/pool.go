@@ -411,9 +411,9 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (
 
 // decide returns what a member needs now, or nil.
 func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.Time, excess *int) func(context.Context) error {
-	stop := func(reason string) func(context.Context) error {
+	stop := func(reason, code string) func(context.Context) error {
 		return func(ctx context.Context) error {
-			return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, reason)
+			return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, reason, code)
 		}
 	}
 	switch m.State {
@@ -426,12 +426,12 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 		c := m.Cell
 		switch {
 		case c == nil || c.State != lease.Ready:
-			return stop("cell is no longer ready")
+			return stop("cell is no longer ready", "")
 		case !now.Before(c.ExpiresAt):
-			return stop("ready TTL expired")
+			return stop("ready TTL expired", store.ReasonReadyTTL)
 		case *excess > 0:
 			*excess--
-			return stop("pool is above its target")
+			return stop("pool is above its target", "")
 		}
 		r.mu.Lock()
 		due := now.Sub(ps.verified[m.CellID]) >= r.opt.VerifyInterval
@@ -442,7 +442,7 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 		return func(ctx context.Context) error {
 			obs, err := r.verify(ctx, cfg, m)
 			if err != nil {
-				return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, err.Error())
+				return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, err.Error(), unverified(err))
 			}
 			r.mu.Lock()
 			ps.verified[m.CellID] = now
@@ -453,7 +453,13 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 	case lease.MemberLeased:
 		c := m.Cell
 		if c == nil || c.State != lease.Leased || c.Lease == nil || !now.Before(c.Lease.ExpiresAt) || !now.Before(c.ExpiresAt) {
-			return stop("lease expired or cell quarantined")
+			// A cell still leased ends with its lease (lease.expired); one
+			// already quarantined had its event when it was.
+			code := ""
+			if c != nil && c.State == lease.Leased {
+				code = store.ReasonExpired
+			}
+			return stop("lease expired or cell quarantined", code)
 		}
 	case lease.MemberStopping:
 		return func(ctx context.Context) error { return r.destroy(ctx, cfg, m) }
@@ -522,7 +528,7 @@ func (r *Reconciler) Drain(ctx context.Context) error {
 					if j.m.State == lease.MemberStopping || j.m.State == lease.MemberCleanupPending {
 						return r.destroy(ctx, j.cfg, j.m)
 					}
-					return r.stop(ctx, j.cfg, j.m, j.m.State, lease.Destroyed, false, "pool drained at shutdown")
+					return r.stop(ctx, j.cfg, j.m, j.m.State, lease.Destroyed, false, "pool drained at shutdown", "")
 				}))
 				return nil
 			})
@@ -592,7 +598,8 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		// when the stop that follows succeeds.
 		r.opt.Logger.Warn("provision failed", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
 		return errors.Join(fmt.Errorf("cell %s: provision failed: %w", m.CellID, err),
-			r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error()))
+			r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error(),
+				store.ReasonProvisionFailed))
 	}
 	now := r.opt.Now()
 	_, err = r.store.AdmitMember(ctx, store.AdmitParams{
@@ -626,10 +633,22 @@ func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) (dr
 	return obs, r.verifyAgent(ctx, cfg, obj, obs)
 }
 
-// stop records a member's stop intent and destroys its object.
-func (r *Reconciler) stop(ctx context.Context, cfg Config, m store.Member, from lease.MemberState, d lease.Disposition, quarantine bool, reason string) error {
+// unverified is the event reason of a failed verification.
+func unverified(err error) string {
+	if _, ok := errors.AsType[*AgentError](err); ok {
+		return store.ReasonAgentUnverified
+	}
+	if _, ok := errors.AsType[*ImageError](err); ok {
+		return store.ReasonImageUnverified
+	}
+	return store.ReasonRuntimeUnverified
+}
+
+// stop records a member's stop intent, with its event reason code, and
+// destroys its object.
+func (r *Reconciler) stop(ctx context.Context, cfg Config, m store.Member, from lease.MemberState, d lease.Disposition, quarantine bool, reason, code string) error {
 	m, err := r.store.BeginStop(ctx, store.StopIntent{CellID: m.CellID, From: []lease.MemberState{from},
-		Disposition: d, Quarantine: quarantine, Reason: reason, Now: r.opt.Now()})
+		Disposition: d, Quarantine: quarantine, Reason: reason, EventReason: code, Now: r.opt.Now()})
 	if errors.Is(err, errcode.ErrConflict) {
 		return nil // the member moved on (claimed, or stopped by someone else)
 	}

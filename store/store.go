@@ -28,7 +28,8 @@
 //
 // The Store interface grows while the project adds capabilities (this wave
 // added Installation and CountReady, then lease listing, revocation,
-// inventory and evidence; events come next).
+// inventory and evidence; wave 4 added the event log: Events,
+// LastEventID and PruneEvents).
 // A method is added, never changed in meaning without an entry in the
 // README's changelog, and never removed without a replacement named there.
 // An outside implementation keeps up the way the shipped ones do: it
@@ -216,6 +217,51 @@ type Store interface {
 
 	// UnlockMember releases owner's executor lock, if it still holds it.
 	UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error
+
+	// Events returns, oldest first, up to q.Limit events of the log
+	// (CONTRACT §16) whose id is above q.After and that match q. Every
+	// change of state of a cell or a pool member appends its events in the
+	// transaction that makes the change, with ids that increase strictly in
+	// the order the transactions commit: a reader that has seen an id has
+	// seen (or may still read) every id below it, on every replica. A q.After
+	// below what pruning may have removed is errcode.ErrEventsExpired.
+	Events(ctx context.Context, q EventQuery) ([]Event, error)
+
+	// LastEventID returns the id of the newest event of the log, 0 when it
+	// has none: where a reader that wants only new events starts.
+	LastEventID(ctx context.Context) (uint64, error)
+
+	// PruneEvents deletes the events older than before, oldest first,
+	// always keeping the newest event of the log (so that an id is never
+	// handed out twice), and the webhook deliveries of the events it
+	// deletes. It returns how many events it deleted.
+	PruneEvents(ctx context.Context, before time.Time) (int, error)
+
+	// EnqueueDeliveries follows the log for one webhook endpoint: in one
+	// transaction, serialized with every other for the endpoint (on every
+	// replica), it reads up to p.Limit events after the endpoint's cursor
+	// (p.Start when it has none yet), records a pending delivery, due at
+	// p.Now, of each one p selects, and moves the cursor past the events
+	// read. It returns the number of deliveries recorded.
+	EnqueueDeliveries(ctx context.Context, p DeliveryEnqueue) (int, error)
+
+	// LeaseDeliveries takes up to p.Limit pending deliveries that are due
+	// and not leased (or whose lease expired) for p.Owner until p.Until,
+	// with their events, so that one deliverer at a time sends each.
+	LeaseDeliveries(ctx context.Context, p DeliveryLease) ([]Delivery, error)
+
+	// FinishDelivery records the outcome of one attempt by the owner of
+	// the delivery's lease, releasing it. A delivery no longer leased by
+	// p.Owner is errcode.ErrConflict, and nothing changes.
+	FinishDelivery(ctx context.Context, p DeliveryOutcome) error
+
+	// Deliveries lists deliveries by event id, oldest first. It changes
+	// nothing.
+	Deliveries(ctx context.Context, q DeliveryQuery) ([]Delivery, error)
+
+	// DeliveryCounts returns the number of deliveries by endpoint and
+	// status.
+	DeliveryCounts(ctx context.Context) (map[string]map[string]int, error)
 
 	IdempotencyStore
 }
@@ -506,7 +552,10 @@ type StopIntent struct {
 	// confirms the stop.
 	Quarantine bool
 	Reason     string
-	Now        time.Time
+	// EventReason is the reason code (CONTRACT §16) of the events the stop
+	// appends: one of the Reason constants, or "" for none.
+	EventReason string
+	Now         time.Time
 }
 
 // StopOutcome is the result of a provider destroy attempted under a fence.
@@ -560,4 +609,158 @@ type IdempotencyResult struct {
 type Clock interface {
 	// DatabaseTime returns the database's current time.
 	DatabaseTime(ctx context.Context) (time.Time, error)
+}
+
+// Reason codes of events (CONTRACT §16): why a cell, a member or a lease
+// changed. Never free text.
+const (
+	ReasonClaimed           = "claimed"
+	ReasonReleased          = "released"
+	ReasonRevoked           = "revoked"
+	ReasonExpired           = "expired"
+	ReasonReadyTTL          = "ready_ttl"
+	ReasonFenceMismatch     = "fence_mismatch"
+	ReasonRuntimeUnverified = "runtime_unverified"
+	ReasonImageUnverified   = "image_unverified"
+	ReasonAgentUnverified   = "agent_unverified"
+	ReasonCellLost          = "cell_lost"
+	ReasonDeletionProven    = "deletion_proven"
+	ReasonDeletionUncertain = "deletion_uncertain"
+	ReasonProvisionFailed   = "provision_failed"
+	ReasonWorkerDestroy     = "worker_destroy"
+	ReasonWorkerRetire      = "worker_retire"
+)
+
+// Event is one entry of the event log (CONTRACT §16): a change of state of
+// a cell (Type "cell.<to>") or of a pool member ("member.<to>"), or the end
+// of a lease ("lease.released", "lease.revoked", "lease.expired"). Never an
+// attestation, a digest, a token, a provider locator or provider error
+// text.
+type Event struct {
+	// ID increases strictly, per database, in commit order.
+	ID       uint64
+	Type     string
+	At       time.Time
+	TenantID string
+	// Pool is "" for a cell prepared by an external worker.
+	Pool   string
+	CellID uuid.UUID
+	// LeaseID is uuid.Nil when the cell had no lease.
+	LeaseID uuid.UUID
+	// MemberID is the member's cell ID for member events, uuid.Nil
+	// otherwise.
+	MemberID uuid.UUID
+	// Generation is the cell's generation after the change (0 when no cell
+	// existed yet).
+	Generation uint64
+	// From and To are the states before and after ("" From for a new cell
+	// or member; both "" for lease events).
+	From, To string
+	// Disposition is a member's requested disposition, once recorded.
+	Disposition    lease.Disposition
+	ProviderAbsent bool
+	// Reason is one of the Reason constants, or "".
+	Reason string
+}
+
+// EventQuery selects events for Events.
+type EventQuery struct {
+	// After is the id of the last event the reader has seen (0: none).
+	After uint64
+	// Oldest, instead of After, starts at the oldest event the log still
+	// holds: a reader without a position that wants what is retained.
+	Oldest bool
+	// Limit is the largest number of events returned (at least 1).
+	Limit int
+	// TenantID keeps only the tenant's events; "" keeps every tenant's.
+	TenantID string
+	// Members keeps member events too; without it only cell and lease
+	// events are returned.
+	Members bool
+	// TypePrefix keeps events whose type starts with it ("cell.",
+	// "lease.released").
+	TypePrefix string
+	// Pool keeps events of that pool.
+	Pool string
+	// LeaseID, unless uuid.Nil, keeps events of that lease.
+	LeaseID uuid.UUID
+}
+
+// Statuses of a webhook delivery.
+const (
+	DeliveryPending   = "pending"
+	DeliveryDelivered = "delivered"
+	DeliveryFailed    = "failed"
+)
+
+// DeliveryEnqueue follows the log for one webhook endpoint.
+type DeliveryEnqueue struct {
+	// Endpoint names the endpoint (a stable key, never its URL).
+	Endpoint string
+	// TenantID keeps the tenant's events only.
+	TenantID string
+	// Types keeps events whose type starts with one of them; none keeps
+	// every type.
+	Types []string
+	// Start is the cursor of an endpoint seen for the first time: the id
+	// after which its deliveries begin.
+	Start uint64
+	// Limit bounds the events read (at least 1).
+	Limit int
+	Now   time.Time
+}
+
+// DeliveryLease leases due deliveries to one deliverer.
+type DeliveryLease struct {
+	Owner string
+	Until time.Time
+	Now   time.Time
+	Limit int
+}
+
+// Delivery is one event to deliver to one endpoint.
+type Delivery struct {
+	Endpoint string
+	EventID  uint64
+	TenantID string
+	Status   string
+	// Attempts counts the attempts made.
+	Attempts int
+	// NextAt is when the next attempt is due (pending deliveries).
+	NextAt time.Time
+	// LastStatus and LastError describe the last failed attempt (an HTTP
+	// status, or 0 and what went wrong; never a secret or a body).
+	LastStatus int
+	LastError  string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	// Event is the event, as LeaseDeliveries returns it; nil when pruned
+	// from the log, and in listings.
+	Event *Event
+}
+
+// DeliveryOutcome is the result of one attempt.
+type DeliveryOutcome struct {
+	Endpoint string
+	EventID  uint64
+	Owner    string
+	// Status is DeliveryDelivered, DeliveryFailed (no more attempts), or
+	// DeliveryPending: another attempt at Next.
+	Status     string
+	Next       time.Time
+	HTTPStatus int
+	Error      string
+	Now        time.Time
+}
+
+// DeliveryQuery selects deliveries for Deliveries.
+type DeliveryQuery struct {
+	// TenantID keeps the tenant's deliveries; "" keeps all.
+	TenantID string
+	// Status keeps deliveries in that status; "" keeps all.
+	Status string
+	// After keeps deliveries of events after this id.
+	After uint64
+	// Limit is the largest number returned (at least 1).
+	Limit int
 }

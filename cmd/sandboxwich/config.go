@@ -47,7 +47,9 @@ type config struct {
 	TLSKeyFile           string
 	MaxLeaseSeconds      uint64
 	ExecMaxOutputBytes   int
+	EventRetention       time.Duration
 	Pools                []poolConfig
+	Webhooks             []webhookConfig
 }
 
 // poolConfig is one pool as configured. Image is the pool's cell image,
@@ -125,6 +127,18 @@ var settings = []setting{
 		apply: func(c *config, v string) error { return parseMaxLease(&c.MaxLeaseSeconds, v) }},
 	{key: "exec_max_output_bytes", def: strconv.Itoa(sandboxwich.MaxExecOutput), usage: "cap of each of an exec's stdout and stderr (1 to 67108864 bytes)",
 		apply: func(c *config, v string) error { return parseExecMaxOutput(&c.ExecMaxOutputBytes, v) }},
+	{key: "event_retention_hours", def: "168", usage: "how long the event log keeps events (0 keeps them all, at most 87600)",
+		apply: func(c *config, v string) error { return parseRetention(&c.EventRetention, v) }},
+}
+
+// parseRetention reads SANDBOXWICH_EVENT_RETENTION_HOURS (CONTRACT §17).
+func parseRetention(dst *time.Duration, v string) error {
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil || n > 87600 {
+		return fmt.Errorf("%q is not a number of hours from 0 to 87600", v)
+	}
+	*dst = time.Duration(n) * time.Hour
+	return nil
 }
 
 // parseExecMaxOutput reads SANDBOXWICH_EXEC_MAX_OUTPUT_BYTES (CONTRACT §17).
@@ -171,7 +185,7 @@ func loadConfig(e env, name string, args []string) (*config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
-	file, filePools, err := readConfigFile(*configFile)
+	file, filePools, fileHooks, err := readConfigFile(*configFile)
 	if err != nil {
 		return nil, err
 	}
@@ -192,6 +206,7 @@ func loadConfig(e env, name string, args []string) (*config, error) {
 		}
 	}
 	c.Pools = filePools
+	c.Webhooks = fileHooks
 	envPool, err := poolFromEnv(e, c.DefaultTenant)
 	if err != nil {
 		return nil, err
@@ -250,10 +265,37 @@ func (c *config) authConfigured() bool {
 	return len(c.TenantTokens) > 0 || c.APIToken != "" || len(c.Workers) > 0 || c.AllowInsecureNoAuth
 }
 
-func readConfigFile(path string) (map[string]string, []poolConfig, error) {
+// webhookConfig is one entry of the config file's webhooks (CONTRACT §16).
+type webhookConfig struct {
+	TenantID   string   `json:"tenant_id"`
+	URL        string   `json:"url"`
+	SecretFile string   `json:"secret_file"`
+	Types      []string `json:"types"`
+}
+
+func readConfigFile(path string) (map[string]string, []poolConfig, []webhookConfig, error) {
 	if path == "" {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
+	out, pools, err := readConfigKeys(path)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	b, _ := os.ReadFile(path) // read by readConfigKeys
+	var raw map[string]json.RawMessage
+	_ = json.Unmarshal(b, &raw)
+	var hooks []webhookConfig
+	if h, ok := raw["webhooks"]; ok {
+		dec := json.NewDecoder(bytes.NewReader(h))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&hooks); err != nil {
+			return nil, nil, nil, fmt.Errorf("config file %s: webhooks: %w", path, err)
+		}
+	}
+	return out, pools, hooks, nil
+}
+
+func readConfigKeys(path string) (map[string]string, []poolConfig, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("config file: %w", err)
@@ -262,7 +304,7 @@ func readConfigFile(path string) (map[string]string, []poolConfig, error) {
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	known := map[string]bool{"pools": true}
+	known := map[string]bool{"pools": true, "webhooks": true}
 	for _, s := range settings {
 		known[s.key] = true
 	}
@@ -271,7 +313,7 @@ func readConfigFile(path string) (map[string]string, []poolConfig, error) {
 		if !known[k] {
 			return nil, nil, fmt.Errorf("config file %s: unknown key %q", path, k)
 		}
-		if k == "pools" {
+		if k == "pools" || k == "webhooks" {
 			continue
 		}
 		var s any

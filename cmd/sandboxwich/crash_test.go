@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/client"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/internal/reliability"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -268,6 +269,20 @@ func (r *crashRig) checkInvariants(quiet bool) {
 	sort.Strings(liveIDs)
 	if got := r.containers(); quiet && strings.Join(got, ",") != strings.Join(liveIDs, ",") {
 		r.t.Fatalf("runsc containers %v != live members %v", got, liveIDs)
+	}
+	// The event log, replayed, reproduces every cell and member: a kill
+	// between a change and its event is impossible (one transaction).
+	rdb, err := reliability.OpenDB("sqlite://" + r.db)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer rdb.Close()
+	snap, err := rdb.Snapshot(context.Background())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if v := snap.ReplayViolations(); len(v) > 0 || len(snap.Events) == 0 {
+		r.t.Fatalf("event log after kills (%d events): %v", len(snap.Events), v)
 	}
 }
 

@@ -107,6 +107,7 @@ func dev(ctx context.Context, e env, args []string) error {
 		ShutdownTimeout:    devShutdownGrace,
 		MaxLeaseSeconds:    sandboxwich.MaxLeaseSeconds,
 		ExecMaxOutputBytes: sandboxwich.MaxExecOutput,
+		EventRetention:     sandboxwich.DefaultEventRetention,
 		MaxPrepareAhead:    sandboxwich.DefaultMaxPrepareAhead,
 		Pools:              []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target, Settings: settings}},
 	}

@@ -79,6 +79,7 @@ var commands = []command{
 	{name: "evidence", summary: "show what the server read back from a lease's cell (runtime class, agent digest)", run: cliEvidence},
 	{name: "release", summary: "release a leased pool cell (optionally --wait for proven deletion)", run: cliRelease},
 	{name: "revoke", summary: "end a live lease without its attestation (a harness that lost it)", run: cliRevoke},
+	{name: "events", summary: "show the tenant's lifecycle events (member events with the operator token); --follow streams them", run: cliEvents},
 	{name: "pools", summary: "list pools and their members (operator)", run: cliPools},
 	{name: "prepare", summary: "worker: register a prepared ready cell", run: cliPrepare},
 	{name: "cell", summary: "worker: show one of the worker's cells", run: cliCell},

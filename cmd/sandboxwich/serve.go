@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxwich/sandboxwich"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/postgres"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
+	"github.com/sandboxwich/sandboxwich/webhook"
 )
 
 // openStore opens the store named by a database URL.
@@ -71,6 +73,11 @@ type server struct {
 	store   store.Store
 	plane   *sandboxwich.Plane
 	handler http.Handler
+	// endStreams ends the event streams, which never finish by
+	// themselves, when the server shuts down.
+	endStreams func()
+	// webhooks delivers the event log to the configured endpoints.
+	webhooks *webhook.Deliverer
 	// drainTimeout, when positive, makes run end every pool cell, leased
 	// ones included, with proof, within that time before exiting (dev); a
 	// server otherwise keeps its cells for its restart, which reconciles
@@ -114,11 +121,18 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
 		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds), sandboxwich.WithExecMaxOutput(c.ExecMaxOutputBytes),
 		sandboxwich.WithPoolOptions(pool.WithInterval(c.SweepInterval), pool.WithLockTTL(c.PoolLockTTL)), sandboxwich.WithSweepInterval(sweep),
-		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead), sandboxwich.WithClockSync(c.ClockSync))
+		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead), sandboxwich.WithClockSync(c.ClockSync),
+		sandboxwich.WithEventRetention(c.EventRetention))
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
+	deliverer, err := buildWebhooks(c, st, log)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	streamsDone := make(chan struct{})
 	h, err := httpapi.New(httpapi.Config{
 		Plane: plane,
 		Auth: httpapi.Auth{
@@ -127,12 +141,15 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		},
 		Logger:        log,
 		MetricsPublic: c.MetricsPublic,
+		StreamsDone:   streamsDone,
+		Collectors:    deliverer.Collectors(),
 	})
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
-	return &server{cfg: c, log: log, store: st, plane: plane, handler: h}, nil
+	return &server{cfg: c, log: log, store: st, plane: plane, handler: h, webhooks: deliverer,
+		endStreams: sync.OnceFunc(func() { close(streamsDone) })}, nil
 }
 
 // run serves until ctx ends, then shuts down in order: stop accepting, let
@@ -158,9 +175,18 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	} else if off, unc, ok := s.plane.ClockOffset(); ok {
 		s.log.Info("clock offset from the database", "offset", off, "uncertainty", unc)
 	}
+	if s.endStreams != nil {
+		srv.RegisterOnShutdown(s.endStreams)
+	}
 	planeCtx, stopPlane := context.WithCancel(context.WithoutCancel(ctx))
 	planeDone := make(chan error, 1)
 	go func() { planeDone <- s.plane.Run(planeCtx) }()
+	hooksDone := make(chan error, 1)
+	if s.webhooks != nil {
+		go func() { hooksDone <- s.webhooks.Run(planeCtx) }()
+	} else {
+		hooksDone <- nil
+	}
 
 	serveErr := make(chan error, 1)
 	go func() {
@@ -186,6 +212,7 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	}
 	stopPlane()
 	<-planeDone
+	<-hooksDone
 	if s.drainTimeout > 0 {
 		s.drain()
 	}
@@ -269,4 +296,25 @@ func redactURL(u string) string {
 		return u[:scheme+3] + user + ":***" + u[at:]
 	}
 	return u
+}
+
+// buildWebhooks loads the webhook endpoints of the config file, each
+// secret file checked (mode 0600), into a deliverer.
+func buildWebhooks(c *config, st store.Store, log *slog.Logger) (*webhook.Deliverer, error) {
+	var eps []webhook.Endpoint
+	for i, w := range c.Webhooks {
+		if w.SecretFile == "" {
+			return nil, fmt.Errorf("invalid webhooks[%d].secret_file: required", i)
+		}
+		secrets, err := webhook.LoadSecretFile(w.SecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("invalid webhooks[%d].secret_file: %w", i, err)
+		}
+		eps = append(eps, webhook.Endpoint{TenantID: w.TenantID, URL: w.URL, Types: w.Types, Secrets: secrets})
+	}
+	d, err := webhook.New(webhook.Config{Store: st, Endpoints: eps, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("invalid webhooks: %w", err)
+	}
+	return d, nil
 }

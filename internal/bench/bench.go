@@ -44,6 +44,7 @@ type Report struct {
 	Refill   *RefillReport             `json:"refill,omitempty"`
 	GVisor   *GVisorReport             `json:"gvisor,omitempty"`
 	Image    *ImageReport              `json:"image,omitempty"`
+	Fanout   *FanoutReport             `json:"event_fanout,omitempty"`
 	Ratios   map[string]float64        `json:"ratios"`
 }
 
@@ -116,6 +117,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	rep.Ratios["refill_overhead"] = rep.Refill.Overhead
+	o.Logger.Info("bench: event stream fan-out")
+	fanClaims := 1000
+	if o.Quick {
+		fanClaims = 300
+	}
+	if rep.Fanout, err = benchFanout(ctx, dir, 100, fanClaims); err != nil {
+		return nil, fmt.Errorf("event fan-out: %w", err)
+	}
+	rep.Ratios["sse_fanout_throughput_ratio"] = rep.Fanout.Ratio
 	if _, err := exec.LookPath("runsc"); o.GVisor && err == nil {
 		o.Logger.Info("bench: gvisor")
 		if rep.GVisor, err = benchGVisor(ctx, dir, o.Quick); err != nil {
@@ -283,6 +293,10 @@ func (rep *Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "pool refill: %d cells, max_provisioning %d, latency %v: %v (ideal %v, overhead ×%.3f)\n",
 			f.Cells, f.MaxProvisioning, f.Latency, f.Took, f.Ideal, f.Overhead)
 	}
+	if f := rep.Fanout; f != nil {
+		fmt.Fprintf(w, "events: %d subscribers during %d claims at concurrency 8: delivery p50 %.1f ms p99 %.1f ms (%d missed), claims/s %.0f with, %.0f without (×%.3f)\n",
+			f.Subscribers, f.Claims, f.Latency.P50MS, f.Latency.P99MS, f.Latency.Errors, f.With.Throughput, f.Without.Throughput, f.Ratio)
+	}
 	if g := rep.GVisor; g != nil {
 		fmt.Fprintf(w, "gvisor: warm claim→first output through the agent p50 %.1f ms, bare runsc exec p50 %.1f ms, cold create+start+exec p50 %.1f ms (R7 ×%.3f)\n",
 			g.Warm.P50MS, g.Bare.P50MS, g.Cold.P50MS, g.Ratio)
@@ -309,7 +323,8 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 
 // Keys are the ratios of the summary line, in order.
 var Keys = []string{"claim_p50_ratio_sqlite", "claim_p50_ratio_postgres", "throughput_ratio_postgres",
-	"scale_ratio", "refill_overhead", "agent_first_output_ratio", "file_write_ratio", "image_provision_ratio"}
+	"scale_ratio", "refill_overhead", "agent_first_output_ratio", "file_write_ratio", "image_provision_ratio",
+	"sse_fanout_throughput_ratio"}
 
 // Targets are the issue's goals for each ratio, and whether lower is better.
 var Targets = map[string]struct {
@@ -324,6 +339,9 @@ var Targets = map[string]struct {
 	"agent_first_output_ratio":  {0.25, true},
 	"file_write_ratio":          {0.5, false},
 	"image_provision_ratio":     {1.2, true},
+	// sse_fanout_throughput_ratio: claims at concurrency 8 with 100 event
+	// stream subscribers over without (issue 21).
+	"sse_fanout_throughput_ratio": {0.9, false},
 }
 
 // SummaryLine is the last line of a run: every ratio, "na" when not measured.

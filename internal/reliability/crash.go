@@ -286,6 +286,9 @@ func (r *crashRun) frozen(ctx context.Context, db *DB, settled bool) Snapshot {
 	for _, v := range CheckObjects(s, objs, settled) {
 		r.violation("after kill %d: %s", r.rep.Kills, v)
 	}
+	for _, v := range s.ReplayViolations() {
+		r.violation("after kill %d: event log: %s", r.rep.Kills, v)
+	}
 	if settled {
 		r.rep.Objects = len(objs)
 	} else {

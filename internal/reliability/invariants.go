@@ -60,6 +60,66 @@ type Snapshot struct {
 	Members map[string]MemberRow
 	// Fences maps claim ID to lease ID ("" when durably empty).
 	Fences map[string]string
+	// Events is the event log, oldest first; Pruned reports that its
+	// start was pruned.
+	Events []EventRow
+	Pruned bool
+}
+
+// EventRow is one cell or member event of the log.
+type EventRow struct {
+	ID                           int64
+	Type, Cell, Member, From, To string
+}
+
+// ReplayViolations replays the event log and reports where it does not
+// reproduce the snapshot: ids that do not increase, a change that does not
+// start from the state the log last left its cell or member in, and a
+// cell or member whose replayed state is not the one stored (CONTRACT §16:
+// the log is written in the transaction of each change, so no crash can
+// separate them).
+func (s Snapshot) ReplayViolations() []string {
+	var out []string
+	cells, members := map[string]string{}, map[string]string{}
+	var last int64
+	for _, e := range s.Events {
+		if e.ID <= last {
+			out = append(out, fmt.Sprintf("event %d after %d", e.ID, last))
+		}
+		last = e.ID
+		kind, _, _ := strings.Cut(e.Type, ".")
+		m := cells
+		key := e.Cell
+		switch kind {
+		case "cell":
+		case "member":
+			m, key = members, e.Member
+		default:
+			continue
+		}
+		if !s.Pruned && m[key] != e.From {
+			out = append(out, fmt.Sprintf("event %d %s of %s goes from %q, the log left it %q", e.ID, e.Type, key, e.From, m[key]))
+		}
+		m[key] = e.To
+	}
+	if s.Pruned {
+		return out
+	}
+	for id, c := range s.Cells {
+		if cells[id] != c.State {
+			out = append(out, fmt.Sprintf("cell %s is %s, the log replays %q", id, c.State, cells[id]))
+		}
+	}
+	for id, m := range s.Members {
+		if members[id] != m.State {
+			out = append(out, fmt.Sprintf("member %s is %s, the log replays %q", id, m.State, members[id]))
+		}
+	}
+	if len(cells) != len(s.Cells) || len(members) != len(s.Members) {
+		out = append(out, fmt.Sprintf("the log replays %d cells and %d members, the database holds %d and %d",
+			len(cells), len(members), len(s.Cells), len(s.Members)))
+	}
+	return out
 }
 
 // Snapshot reads the database in one read transaction.
@@ -107,13 +167,34 @@ func (d *DB) Snapshot(ctx context.Context) (Snapshot, error) {
 	if err != nil {
 		return s, err
 	}
-	defer rows.Close()
 	for rows.Next() {
 		var id, l string
 		if err := rows.Scan(&id, &l); err != nil {
+			rows.Close()
 			return s, err
 		}
 		s.Fences[id] = l
+	}
+	if err := rows.Close(); err != nil {
+		return s, err
+	}
+	var through int64
+	if err := tx.QueryRowContext(ctx, `SELECT through FROM event_pruned WHERE singleton = 1`).Scan(&through); err != nil {
+		return s, err
+	}
+	s.Pruned = through > 0
+	rows, err = tx.QueryContext(ctx, `SELECT id, type, cell_id, COALESCE(member_id, ''), COALESCE(from_state, ''),
+		COALESCE(to_state, '') FROM events WHERE type NOT LIKE 'lease.%' ORDER BY id`)
+	if err != nil {
+		return s, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var e EventRow
+		if err := rows.Scan(&e.ID, &e.Type, &e.Cell, &e.Member, &e.From, &e.To); err != nil {
+			return s, err
+		}
+		s.Events = append(s.Events, e)
 	}
 	return s, rows.Err()
 }

@@ -72,6 +72,21 @@ func checkNoSecretStored(t *testing.T, d database) {
 	for _, secret := range []string{token, strings.TrimPrefix(token, "swla1_"), testenv.Key} {
 		CheckNoSecret(t, d.db, secret)
 	}
+	// The event log holds none of it, nor the digests of the lease and
+	// its release (CONTRACT §16), though it recorded the claim.
+	var n int
+	if err := d.db.QueryRowContext(t.Context(), `SELECT count(*) FROM events WHERE type = 'cell.leased'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the event log holds %d cell.leased events (%v), want 1", n, err)
+	}
+	for _, secret := range []string{token, res.Lease.AttestationDigest, inv.Release.PolicyDigest, inv.Release.Signature} {
+		hits, err := scanTable(t.Context(), d.db, "events", secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hits) > 0 {
+			t.Errorf("the event log holds a secret or digest in %v", hits)
+		}
+	}
 }
 
 // findSecret returns the table.column of every value that contains secret,

@@ -21,6 +21,14 @@
 // so pool reconciliation can never make a claim take a cell that changed
 // under it.
 //
+// Events: every change of state appends its events through the triggers of
+// migration 5, each taking a transaction-level advisory lock before its id
+// from the sequence events_id_seq. The lock is held until that transaction
+// ends, so event ids commit in their order: a reader of the log never
+// passes an id still in flight, whichever replica wrote it. State-changing transactions therefore commit one at a
+// time from their first event on; the store's statements change a state
+// last, or nearly, in their transaction.
+//
 // Every fixed statement is prepared once per connection. Behind PgBouncer
 // use session pooling, or a version with prepared statement support in
 // transaction pooling (1.21+).

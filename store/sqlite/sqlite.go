@@ -13,6 +13,10 @@
 // that a lease changes few B-trees, and since the writer sees every
 // committed lease, one pick serves the next 16 claims of an inventory
 // (each a compare-and-set on its candidate); see docs/performance.md.
+//
+// Events: triggers (migration 5) append a change's events in its
+// transaction; an event's id is its rowid, handed out in commit order as
+// the writers are serialized.
 package sqlite
 
 import (

@@ -268,3 +268,45 @@ func Example_customStore() {
 	fmt.Println(counts[lease.Ready], "ready cells;", "calls:", s.Calls())
 	// Output: 0 ready cells; calls: map[CellCounts:1 Ping:1]
 }
+
+// The event log.
+
+func (s *meteredStore) Events(ctx context.Context, q store.EventQuery) ([]store.Event, error) {
+	s.count("Events")
+	return s.inner.Events(ctx, q)
+}
+
+func (s *meteredStore) LastEventID(ctx context.Context) (uint64, error) {
+	s.count("LastEventID")
+	return s.inner.LastEventID(ctx)
+}
+
+func (s *meteredStore) PruneEvents(ctx context.Context, before time.Time) (int, error) {
+	s.count("PruneEvents")
+	return s.inner.PruneEvents(ctx, before)
+}
+
+func (s *meteredStore) EnqueueDeliveries(ctx context.Context, p store.DeliveryEnqueue) (int, error) {
+	s.count("EnqueueDeliveries")
+	return s.inner.EnqueueDeliveries(ctx, p)
+}
+
+func (s *meteredStore) LeaseDeliveries(ctx context.Context, p store.DeliveryLease) ([]store.Delivery, error) {
+	s.count("LeaseDeliveries")
+	return s.inner.LeaseDeliveries(ctx, p)
+}
+
+func (s *meteredStore) FinishDelivery(ctx context.Context, p store.DeliveryOutcome) error {
+	s.count("FinishDelivery")
+	return s.inner.FinishDelivery(ctx, p)
+}
+
+func (s *meteredStore) Deliveries(ctx context.Context, q store.DeliveryQuery) ([]store.Delivery, error) {
+	s.count("Deliveries")
+	return s.inner.Deliveries(ctx, q)
+}
+
+func (s *meteredStore) DeliveryCounts(ctx context.Context) (map[string]map[string]int, error) {
+	s.count("DeliveryCounts")
+	return s.inner.DeliveryCounts(ctx)
+}

@@ -238,6 +238,8 @@ func (k *tracker) verify(ctx context.Context) {
 	members := slices.Collect(maps.Keys(k.members))
 	k.mu.Unlock()
 
+	finalCells := map[uuid.UUID]lease.State{}
+	finalMembers := map[uuid.UUID]lease.MemberState{}
 	for id, w := range workers {
 		c, _, err := k.Store.WorkerCell(ctx, w, id)
 		if err != nil {
@@ -245,6 +247,7 @@ func (k *tracker) verify(ctx context.Context) {
 			continue
 		}
 		k.observeCell("final read", c)
+		finalCells[id] = c.State
 	}
 	for id, o := range leases {
 		rec, err := k.Store.Lease(ctx, o.tenant, id)
@@ -262,7 +265,9 @@ func (k *tracker) verify(ctx context.Context) {
 			continue
 		}
 		k.observeMember("final read", m)
+		finalMembers[id] = m.State
 	}
+	k.verifyLog(ctx, finalCells, finalMembers)
 	counts, err := k.Store.CellCounts(ctx)
 	if err != nil {
 		k.fail("CellCounts: %v", err)

@@ -76,6 +76,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 			concurrencyScenarios,
 			badInputScenarios,
 			listScenarios, revokeScenarios, inventoryScenarios,
+			eventScenarios, deliveryScenarios,
 		} {
 			for _, sc := range group {
 				t.Run(sc.name, func(t *testing.T) {

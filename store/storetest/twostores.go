@@ -11,7 +11,9 @@ import (
 )
 
 // CheckTwoStores claims through two stores over one database, a and b, as
-// two processes (or replicas) would. Each store remembers candidates for
+// two processes (or replicas) would; a reader following the event log
+// through one of them while both claim sees every event of both, in
+// order, each once. Each store remembers candidates for
 // its next claim that the other may lease first:
 //   - a claims, b claims, a claims: a's second claim leases the cell after
 //     b's, not b's again nor a younger one;
@@ -105,4 +107,23 @@ func CheckTwoStores(t *testing.T, a, b store.Store) {
 	if err != nil || counts[lease.Leased] != 4+n+m || counts[lease.Ready] != 0 {
 		t.Errorf("CellCounts = %v, %v; want %d leased, none ready", counts, err, 4+n+m)
 	}
+
+	// Claims on both stores at once while a reader follows the log
+	// through a: it sees every event of both, in order, each once.
+	const k = 60
+	for range k {
+		e.prepare()
+	}
+	start, err := a.LastEventID(t.Context())
+	if err != nil {
+		t.Fatalf("LastEventID: %v", err)
+	}
+	checkReader(t, t.Context(), stores[:], start, 4, func(s store.Store) bool {
+		res, err := s.Claim(t.Context(), e.claimParams(fenced(newID())))
+		if err != nil {
+			t.Errorf("Claim: %v", err)
+			return false
+		}
+		return res.Lease != nil
+	})
 }

@@ -421,7 +421,7 @@ func (s *Store) replay(ctx context.Context, tx txn, p *store.ClaimParams, res *s
 		return true, nil
 	default: // fence.NoLongerLive: expired or terminal never regenerates authority.
 		if cell.State == lease.Leased {
-			if err := s.quarantine(ctx, tx, &cell, p.Now); err != nil {
+			if err := s.quarantine(ctx, tx, &cell, store.ReasonExpired, p.Now); err != nil {
 				return false, err
 			}
 			return true, commitThen{errClaimNotLive}
@@ -477,12 +477,13 @@ func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, firs
 	}
 }
 
-// quarantine compare-and-sets a live cell to quarantined.
-func (s *Store) quarantine(ctx context.Context, tx txn, c *lease.Cell, now time.Time) error {
+// quarantine compare-and-sets a live cell to quarantined, for the event
+// reason code given.
+func (s *Store) quarantine(ctx context.Context, tx txn, c *lease.Cell, reason string, now time.Time) error {
 	if c.State.Terminal() {
 		return nil
 	}
-	n, err := affected(tx.exec(ctx, s.q.quarantine, us(now), us(now), c.ID.String(), string(c.State), c.Generation))
+	n, err := affected(tx.exec(ctx, s.q.quarantine, us(now), us(now), nullString(reason), c.ID.String(), string(c.State), c.Generation))
 	if err != nil {
 		return err
 	}
@@ -539,7 +540,7 @@ func (s *Store) lockedRecord(ctx context.Context, tx txn, tenantID string, lease
 func (s *Store) applyFence(ctx context.Context, tx txn, rec *store.LeaseRecord, p store.LeaseCheck) error {
 	err := rec.Cell.CheckProof(p.Proof, p.Now)
 	if errors.Is(err, lease.ErrNotLive) && !rec.Cell.State.Terminal() {
-		if qerr := s.quarantine(ctx, tx, &rec.Cell, p.Now); qerr != nil {
+		if qerr := s.quarantine(ctx, tx, &rec.Cell, store.ReasonExpired, p.Now); qerr != nil {
 			return qerr
 		}
 		return commitThen{fenceError(err)}
@@ -576,7 +577,7 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) (store.Lease
 		if rec.Member == nil {
 			return errcode.New(errcode.NotFound, "lease has no pool membership; its worker destroys the cell")
 		}
-		return s.stopLeased(ctx, tx, &rec, p.Disposition, "released by tenant", p.Now)
+		return s.stopLeased(ctx, tx, &rec, p.Disposition, "released by tenant", store.ReasonReleased, p.Now)
 	})
 	return rec, s.fail(ctx, "release", err)
 }
@@ -585,16 +586,17 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) (store.Lease
 // for Release and Revoke alike: membership leased → stopping with
 // disposition d; an exact repeat while stopping changes nothing; a repeat
 // with another disposition is a cleanup fence mismatch (cleanup_pending,
-// the cell quarantined, committed, and a conflict).
-func (s *Store) stopLeased(ctx context.Context, tx txn, rec *store.LeaseRecord, d lease.Disposition, reason string, now time.Time) error {
+// the cell quarantined, committed, and a conflict). code is the event
+// reason of the stop.
+func (s *Store) stopLeased(ctx context.Context, tx txn, rec *store.LeaseRecord, d lease.Disposition, reason, code string, now time.Time) error {
 	m := rec.Member
 	switch {
 	case m.State == lease.MemberLeased:
-		return s.recordStop(ctx, tx, m, &rec.Cell, d, reason, now)
+		return s.recordStop(ctx, tx, m, &rec.Cell, d, reason, code, now)
 	case m.State == lease.MemberStopping && m.RequestedDisposition == d:
 		return nil // exact retry: the stop is already recorded
 	case m.State == lease.MemberStopping:
-		if err := s.cleanupPending(ctx, tx, m, &rec.Cell, "stop requested again with another disposition", now); err != nil {
+		if err := s.cleanupPending(ctx, tx, m, &rec.Cell, "stop requested again with another disposition", store.ReasonFenceMismatch, now); err != nil {
 			return err
 		}
 		return commitThen{errcode.New(errcode.Conflict,

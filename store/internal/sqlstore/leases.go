@@ -83,15 +83,15 @@ func (s *Store) Revoke(ctx context.Context, p store.RevokeParams) (store.LeaseRe
 			if rec.Cell.State.Terminal() {
 				return fenceError(lease.ErrNotLive)
 			}
-			if err := s.quarantine(ctx, tx, &rec.Cell, p.Now); err != nil {
+			if err := s.quarantine(ctx, tx, &rec.Cell, store.ReasonExpired, p.Now); err != nil {
 				return err
 			}
 			return commitThen{fenceError(lease.ErrNotLive)}
 		}
 		if rec.Member == nil {
-			return s.quarantine(ctx, tx, &rec.Cell, p.Now)
+			return s.quarantine(ctx, tx, &rec.Cell, store.ReasonRevoked, p.Now)
 		}
-		return s.stopLeased(ctx, tx, &rec, p.Disposition, "revoked by tenant", p.Now)
+		return s.stopLeased(ctx, tx, &rec, p.Disposition, "revoked by tenant", store.ReasonRevoked, p.Now)
 	})
 	return rec, s.fail(ctx, "revoke", err)
 }

@@ -119,19 +119,20 @@ func (s *Store) BeginStop(ctx context.Context, p store.StopIntent) (store.Member
 			return errcode.New(errcode.Conflict, "member is "+string(m.State))
 		}
 		if p.Quarantine && m.Cell != nil {
-			if err := s.quarantine(ctx, tx, m.Cell, p.Now); err != nil {
+			if err := s.quarantine(ctx, tx, m.Cell, p.EventReason, p.Now); err != nil {
 				return err
 			}
 		}
-		return s.recordStop(ctx, tx, &m, m.Cell, p.Disposition, p.Reason, p.Now)
+		return s.recordStop(ctx, tx, &m, m.Cell, p.Disposition, p.Reason, p.EventReason, p.Now)
 	})
 	return m, s.fail(ctx, "begin stop", err)
 }
 
 // recordStop moves a member to stopping under the fence of its cell as it
 // is now. A ready cell is quarantined at once so it can never be claimed; a
-// leased cell stays leased until the provider confirms.
-func (s *Store) recordStop(ctx context.Context, tx txn, m *store.Member, c *lease.Cell, d lease.Disposition, reason string, now time.Time) error {
+// leased cell stays leased until the provider confirms. code is the event
+// reason.
+func (s *Store) recordStop(ctx context.Context, tx txn, m *store.Member, c *lease.Cell, d lease.Disposition, reason, code string, now time.Time) error {
 	var leaseID uuid.UUID
 	var gen uint64
 	if c != nil {
@@ -140,13 +141,13 @@ func (s *Store) recordStop(ctx context.Context, tx txn, m *store.Member, c *leas
 			leaseID = c.Lease.ID
 		}
 		if c.State == lease.Ready {
-			if err := s.quarantine(ctx, tx, c, now); err != nil {
+			if err := s.quarantine(ctx, tx, c, code, now); err != nil {
 				return err
 			}
 		}
 	}
 	n, err := affected(tx.exec(ctx, s.q.memberStop, string(d), nullUUID(leaseID), gen, reason, us(now),
-		m.CellID.String(), string(m.State)))
+		nullString(code), m.CellID.String(), string(m.State)))
 	if err != nil {
 		return err
 	}
@@ -159,14 +160,15 @@ func (s *Store) recordStop(ctx context.Context, tx txn, m *store.Member, c *leas
 }
 
 // cleanupPending records a failed, uncertain or mismatched stop: the member
-// is retried later and its cell is quarantined now.
-func (s *Store) cleanupPending(ctx context.Context, tx txn, m *store.Member, c *lease.Cell, reason string, now time.Time) error {
+// is retried later and its cell is quarantined now. code is the event
+// reason.
+func (s *Store) cleanupPending(ctx context.Context, tx txn, m *store.Member, c *lease.Cell, reason, code string, now time.Time) error {
 	if c != nil {
-		if err := s.quarantine(ctx, tx, c, now); err != nil {
+		if err := s.quarantine(ctx, tx, c, code, now); err != nil {
 			return err
 		}
 	}
-	n, err := affected(tx.exec(ctx, s.q.memberCleanup, reason, us(now), m.CellID.String()))
+	n, err := affected(tx.exec(ctx, s.q.memberCleanup, reason, us(now), nullString(code), m.CellID.String()))
 	if err != nil {
 		return err
 	}
@@ -194,7 +196,7 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 			return errcode.New(errcode.Conflict, "member is "+string(m.State)+", no stop recorded")
 		}
 		if m.StopLeaseID != p.StopLeaseID || m.StopGeneration != p.StopGeneration || m.RequestedDisposition != p.Disposition {
-			if err := s.cleanupPending(ctx, tx, &m, cell, "stop completed under another fence", p.Now); err != nil {
+			if err := s.cleanupPending(ctx, tx, &m, cell, "stop completed under another fence", store.ReasonFenceMismatch, p.Now); err != nil {
 				return err
 			}
 			return commitThen{errcode.New(errcode.Conflict, "stop outcome does not match the recorded fence")}
@@ -204,7 +206,7 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 			if reason == "" {
 				reason = "deletion not proven"
 			}
-			return s.cleanupPending(ctx, tx, &m, cell, reason, p.Now)
+			return s.cleanupPending(ctx, tx, &m, cell, reason, store.ReasonDeletionUncertain, p.Now)
 		}
 		final := p.Disposition
 		if cell != nil {
@@ -212,7 +214,7 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 			// A stopping member's cell is leased or already terminal:
 			// recordStop quarantined it if it was ready.
 			if !cell.State.Terminal() {
-				if err := s.terminal(ctx, tx, cell, final, p.Now); err != nil {
+				if err := s.terminal(ctx, tx, cell, final, store.ReasonDeletionProven, p.Now); err != nil {
 					return err
 				}
 			}
@@ -231,9 +233,10 @@ func (s *Store) CompleteStop(ctx context.Context, p store.StopOutcome) (store.Me
 	return m, s.fail(ctx, "complete stop", err)
 }
 
-// terminal compare-and-sets a leased cell to a terminal state.
-func (s *Store) terminal(ctx context.Context, tx txn, c *lease.Cell, to lease.State, now time.Time) error {
-	n, err := affected(tx.exec(ctx, s.q.toTerminal, string(to), us(now), us(now), c.ID.String(), c.Lease.ID.String()))
+// terminal compare-and-sets a leased cell to a terminal state, for the
+// event reason code given.
+func (s *Store) terminal(ctx context.Context, tx txn, c *lease.Cell, to lease.State, reason string, now time.Time) error {
+	n, err := affected(tx.exec(ctx, s.q.toTerminal, string(to), us(now), us(now), nullString(reason), c.ID.String(), c.Lease.ID.String()))
 	if err != nil {
 		return err
 	}

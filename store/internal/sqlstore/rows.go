@@ -214,6 +214,11 @@ type queries struct {
 
 	idemUpsert, idemGet, idemFinish, idemDrop string
 
+	eventsPruned, lastEvent, firstKept, pruneEvents, pruneMark, pruneDeliveries string
+
+	cursorInit, cursorGet, cursorSet, eventsAfter, eventByID           string
+	deliveryInsert, deliveryDue, deliveryLock, deliveryFinish, dCounts string
+
 	// candidateSkip and candidateWait are candidate + candidateOrder + the
 	// dialect's row lock, skipping or waiting for rows other transactions
 	// locked (skipLocked, waitLocked: the clauses alone).
@@ -259,12 +264,12 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = CAST(? AS TEXT) AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
-			claim_id = ?, updated_us = ?
+			claim_id = ?, updated_us = ?, event_reason = 'claimed'
 			WHERE id = ? AND ready_deadline_us > CAST(? AS BIGINT) AND state = 'ready' AND generation = 1
 			  AND lease_id IS NULL`,
 		fenceInsert: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
 			VALUES (?, ?, ?, ?, ?)`,
-		memberLeased: `UPDATE pool_members SET state = 'leased', updated_us = ? WHERE cell_id = ? AND state = 'ready'`,
+		memberLeased: `UPDATE pool_members SET state = 'leased', updated_us = ?, event_reason = 'claimed' WHERE cell_id = ? AND state = 'ready'`,
 
 		recordByLease: `SELECT ` + cellCols + `, ` + memberCols + `
 			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id AND m.pool_name = c.pool_name
@@ -276,9 +281,9 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		// transition: the row must still be in the state, generation and
 		// lease the caller decided from. Every terminal transition sets
 		// retired_us too (to its updated_us).
-		quarantine: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?
+		quarantine: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?, event_reason = ?
 			WHERE id = ? AND state = ? AND generation = ? AND state IN ('ready', 'leased')`,
-		toTerminal: `UPDATE cells SET state = ?, updated_us = ?, retired_us = ?
+		toTerminal: `UPDATE cells SET state = ?, updated_us = ?, retired_us = ?, event_reason = ?
 			WHERE id = ? AND state = 'leased' AND generation = 2 AND lease_id = ?`,
 		// A cell ID reserved by a pool member can never be prepared.
 		prepare: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
@@ -288,9 +293,9 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			ON CONFLICT DO NOTHING`,
 		// expireLeased runs first: a leased cell past its ready deadline is
 		// past its lease too, so expireReady then scans only ready cells.
-		expireLeased: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?
+		expireLeased: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?, event_reason = 'expired'
 			WHERE pool_name IS NULL AND state = 'leased' AND lease_expires_us <= ?`,
-		expireReady: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?
+		expireReady: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?, event_reason = 'ready_ttl'
 			WHERE pool_name IS NULL AND retired_us IS NULL AND state = 'ready' AND ready_deadline_us <= ?`,
 		expireIdempotency: `DELETE FROM idempotency_records WHERE expires_us <= ?`,
 
@@ -301,19 +306,19 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		memberLive: `SELECT count(*), count(CASE WHEN state = 'provisioning' THEN 1 END) FROM pool_members
 			WHERE pool_name = ? AND state IN ('provisioning', 'ready', 'leased', 'stopping', 'cleanup_pending')`,
 		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, admitted_class = ?, agent_digest = ?, image_digest = ?,
-			admitted_us = ?, verified_us = ?, updated_us = ?
+			admitted_us = ?, verified_us = ?, updated_us = ?, event_reason = NULL
 			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
 		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
 			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us)
 			VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?)`,
 		memberStop: `UPDATE pool_members SET state = 'stopping', requested_disposition = ?, stop_lease_id = ?,
-			stop_generation = ?, last_error = ?, updated_us = ?
+			stop_generation = ?, last_error = ?, updated_us = ?, event_reason = ?
 			WHERE cell_id = ? AND state = ?`,
 		memberByID: `SELECT ` + memberCols + `, ` + cellCols + ` FROM pool_members m ` + memberCellJoin + ` WHERE m.cell_id = ?`,
 		memberCleanup: `UPDATE pool_members SET state = 'cleanup_pending', attempts = attempts + 1, last_error = ?,
-			updated_us = ? WHERE cell_id = ? AND state IN ('stopping', 'cleanup_pending')`,
+			updated_us = ?, event_reason = ? WHERE cell_id = ? AND state IN ('stopping', 'cleanup_pending')`,
 		memberDone: `UPDATE pool_members SET state = ?, provider_absent = TRUE, attempts = attempts + 1,
-			last_error = '', lock_owner = NULL, lock_until_us = NULL, updated_us = ?
+			last_error = '', lock_owner = NULL, lock_until_us = NULL, updated_us = ?, event_reason = 'deletion_proven'
 			WHERE cell_id = ? AND state IN ('stopping', 'cleanup_pending')`,
 		memberLock: `UPDATE pool_members SET lock_owner = ?, lock_until_us = ?
 			WHERE cell_id = ? AND (lock_owner IS NULL OR lock_owner = ? OR lock_until_us <= ?)`,
@@ -349,10 +354,45 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		idemFinish: `UPDATE idempotency_records SET done = TRUE, status = ?, body = ?, expires_us = ?
 			WHERE tenant_id = ? AND idem_key = ? AND NOT done`,
 		idemDrop: `DELETE FROM idempotency_records WHERE tenant_id = ? AND idem_key = ? AND NOT done`,
+
+		eventsPruned: `SELECT through FROM event_pruned WHERE singleton = 1`,
+		lastEvent:    `SELECT coalesce(max(id), 0) FROM events`,
+		// pruneEvents deletes a prefix of the log, never its newest event:
+		// the events up to the newest one older than the cutoff.
+		// The log's ids and times increase together (but for clock skew
+		// between replicas), so the first event young enough to keep ends
+		// the prefix pruning deletes; the scan to it reads only what is
+		// deleted.
+		firstKept:   `SELECT id FROM events WHERE at_us >= ? ORDER BY id LIMIT 1`,
+		pruneEvents: `DELETE FROM events WHERE id <= ?`,
+		// The deliveries of pruned events go with them.
+		pruneDeliveries: `DELETE FROM webhook_deliveries WHERE event_id <= ?`,
+		pruneMark:       `UPDATE event_pruned SET through = ? WHERE singleton = 1 AND through < ?`,
+
+		cursorInit:  `INSERT INTO webhook_cursors (endpoint, after_id) VALUES (?, ?) ON CONFLICT DO NOTHING`,
+		cursorGet:   `SELECT after_id FROM webhook_cursors WHERE endpoint = ?`,
+		cursorSet:   `UPDATE webhook_cursors SET after_id = ? WHERE endpoint = ?`,
+		eventsAfter: `SELECT ` + eventCols + ` FROM events WHERE id > ? ORDER BY id LIMIT ?`,
+		eventByID:   `SELECT ` + eventCols + ` FROM events WHERE id = ?`,
+		deliveryInsert: `INSERT INTO webhook_deliveries (endpoint, event_id, tenant_id, status, next_us, created_us, updated_us)
+			VALUES (?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING`,
+		deliveryDue: `SELECT endpoint, event_id FROM webhook_deliveries
+			WHERE status = 'pending' AND next_us <= ? AND (lock_until_us IS NULL OR lock_until_us <= ?)
+			ORDER BY next_us, event_id LIMIT ?`,
+		deliveryLock: `UPDATE webhook_deliveries SET lock_owner = ?, lock_until_us = ?
+			WHERE endpoint = ? AND event_id = ? AND status = 'pending' AND (lock_until_us IS NULL OR lock_until_us <= ?)`,
+		deliveryFinish: `UPDATE webhook_deliveries SET status = ?, attempts = attempts + 1, next_us = ?, last_status = ?,
+			last_error = ?, lock_owner = NULL, lock_until_us = NULL, updated_us = ?
+			WHERE endpoint = ? AND event_id = ? AND lock_owner = ? AND status = 'pending'`,
+		dCounts: `SELECT endpoint, status, count(*) AS n FROM webhook_deliveries GROUP BY endpoint, status`,
 	}
 	q.candidateRaw = q.candidate
 	if d.RowLock != "" {
 		q.skipLocked, q.waitLocked = " "+d.RowLock+" SKIP LOCKED", " "+d.RowLock
+		// The cursor's row lock serializes an endpoint's enqueues; due
+		// deliveries another deliverer is leasing are skipped.
+		q.cursorGet += " " + d.RowLock
+		q.deliveryDue += q.skipLocked
 	}
 	if d.WritableCTE {
 		// The cell's compare-and-set also requires a ready member, so an
@@ -363,7 +403,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		leased := `WITH leased AS (` + q.leaseCell + ` AND (pool_name IS NULL OR EXISTS (SELECT 1 FROM pool_members pm
 				WHERE pm.cell_id = cells.id AND pm.pool_name = cells.pool_name AND pm.state = 'ready'))
 				RETURNING id, pool_name, lease_id),
-			member AS (UPDATE pool_members SET state = 'leased', updated_us = ?
+			member AS (UPDATE pool_members SET state = 'leased', updated_us = ?, event_reason = 'claimed'
 				WHERE cell_id = (SELECT id FROM leased WHERE pool_name IS NOT NULL) AND state = 'ready' RETURNING cell_id)`
 		result := ` SELECT (SELECT count(*) FROM leased), (SELECT count(*) FROM member), n.id, n.pool_name, n.ready_deadline_us
 			FROM (SELECT 1) AS one LEFT JOIN LATERAL (` + q.candidate + ` AND c.id <> ?` + q.candidateOrder + `) n ON TRUE`
@@ -390,6 +430,9 @@ func (q *queries) all() []*string {
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.inventory, &q.evidence, &q.memberVerified,
 		&q.idemUpsert, &q.idemGet, &q.idemFinish, &q.idemDrop,
+		&q.eventsPruned, &q.lastEvent, &q.firstKept, &q.pruneEvents, &q.pruneMark, &q.pruneDeliveries,
+		&q.cursorInit, &q.cursorGet, &q.cursorSet, &q.eventsAfter, &q.eventByID,
+		&q.deliveryInsert, &q.deliveryDue, &q.deliveryLock, &q.deliveryFinish, &q.dCounts,
 		&q.leaseAll, &q.leaseAllFenced,
 	}
 }

@@ -84,7 +84,7 @@ func (s *Store) Retire(ctx context.Context, p store.RetireParams) (lease.Cell, e
 		switch {
 		case p.Generation != lease.GenerationReady || c.Generation != lease.GenerationReady:
 		case c.State == lease.Ready:
-			return s.quarantine(ctx, tx, &c, p.Now)
+			return s.quarantine(ctx, tx, &c, store.ReasonWorkerRetire, p.Now)
 		case c.State == lease.Quarantined:
 			return nil // exact repeat
 		}
@@ -115,13 +115,13 @@ func (s *Store) Destroy(ctx context.Context, p store.DestroyParams) (lease.Cell,
 			return errcode.New(errcode.Conflict, "cell is already "+string(c.State))
 		}
 		if c.State != lease.Leased || !sameLease {
-			if err := s.quarantine(ctx, tx, &c, p.Now); err != nil {
+			if err := s.quarantine(ctx, tx, &c, store.ReasonFenceMismatch, p.Now); err != nil {
 				return err
 			}
 			return commitThen{errcode.New(errcode.Conflict,
 				"destroy does not match the cell's live lease; the cell is quarantined")}
 		}
-		return s.terminal(ctx, tx, &c, p.Disposition, p.Now) // sameLease: c.Lease.ID is p.LeaseID
+		return s.terminal(ctx, tx, &c, p.Disposition, store.ReasonWorkerDestroy, p.Now) // sameLease: c.Lease.ID is p.LeaseID
 	})
 	return c, s.fail(ctx, "destroy", err)
 }

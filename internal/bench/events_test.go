@@ -1,0 +1,18 @@
+package bench
+
+import (
+	"testing"
+)
+
+// TestFanoutRuns: the fan-out measurement runs end to end and every
+// subscriber receives every claim's event (its figures are the bench's;
+// nothing here is timed).
+func TestFanoutRuns(t *testing.T) {
+	rep, err := benchFanout(t.Context(), t.TempDir(), 5, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Latency.N != 5*20 || rep.Latency.Errors != 0 || rep.With.Errors != 0 || rep.Without.Errors != 0 {
+		t.Fatalf("fan-out report %+v", rep)
+	}
+}
