@@ -98,6 +98,29 @@ def test_revoke_and_pools(server: Server) -> None:
         assert [pl.name for pl in pools] == ["dev"] and pools[0].target == 2
 
 
+def test_events_of_a_revoked_lease(server: Server) -> None:
+    """The event log (CONTRACT §16) polled through the SDK: a lease's cell
+    went leased, then the lease was revoked, in that order, with strictly
+    increasing ids; resuming after the last id yields nothing already seen."""
+    with server.client() as c:
+        start = c.events(limit=1000)
+        after = start.next_after
+        for ev in c.iter_events(after=after):
+            after = ev.id
+        cl = claim(c, server, "s-events")
+        p = cl.proof()
+        c.revoke(p.lease_id)
+        c.wait_provider_absent(p.lease_id, poll=0.2, timeout=90)
+        evs = list(c.iter_events(after=after, lease_id=p.lease_id))
+        types = [e.type for e in evs]
+        assert "cell.leased" in types and "lease.revoked" in types, types
+        assert types.index("cell.leased") < types.index("lease.revoked")
+        ids = [int(e.id) for e in evs]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids) and ids[0] > int(after)
+        assert cl.lease is not None and all(e.cell_id == cl.lease.cell_id for e in evs)
+        assert list(c.iter_events(after=evs[-1].id, lease_id=p.lease_id)) == []
+
+
 def test_error_codes_map_to_their_exceptions(server: Server) -> None:
     with Client(server.url, token="not-a-token") as bad, pytest.raises(sandboxwich.UnauthorizedError) as ei:
         bad.inventory()

@@ -9,6 +9,7 @@ import os
 import random
 import secrets
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -256,6 +257,17 @@ def claim_req(
         "lease_seconds": lease_seconds,
     }
     return Req("POST", "/sterile-cells/claim", encode(body), retry=True)
+
+
+def events_query(after: str, limit: int | None, type: str | None, pool: str | None, lease_id: uuid.UUID | str | None) -> str:
+    """The query of GET /v1/events?format=json."""
+    q: dict[str, str] = {"format": "json", "after": after}
+    if limit is not None:
+        q["limit"] = str(limit)
+    for k, v in (("type", type), ("pool", pool), ("lease_id", str(lease_id) if lease_id else None)):
+        if v:
+            q[k] = v
+    return "?" + urllib.parse.urlencode(q)
 
 
 def list_query(

@@ -20,6 +20,7 @@ from .errors import APIError, ProtocolError, TransportError
 from .models import (
     ClaimResponse,
     Disposition,
+    EventsResponse,
     Evidence,
     EvidenceResponse,
     ExecResponse,
@@ -217,6 +218,19 @@ class AsyncClient:
 
     async def inventory(self) -> list[InventoryEntry]:
         return list((await self._json(Req("GET", "/sterile-cells/inventory", retry=True), InventoryResponse)).inventory)
+
+    async def events(
+        self,
+        *,
+        after: str = "0",
+        limit: int | None = None,
+        type: str | None = None,
+        pool: str | None = None,
+        lease_id: uuid.UUID | str | None = None,
+    ) -> EventsResponse:
+        """One page of the event log after ``after``; see :meth:`Client.events`."""
+        q = _core.events_query(after, limit, type, pool, lease_id)
+        return await self._json(Req("GET", "/events" + q, retry=True), EventsResponse)
 
     async def evidence(self, lease_id: uuid.UUID | str) -> Evidence:
         return (await self._json(Req("GET", _core.lease_path(lease_id, "/evidence"), retry=True), EvidenceResponse)).evidence

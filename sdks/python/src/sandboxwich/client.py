@@ -18,6 +18,8 @@ from .errors import APIError, ProtocolError, SandboxwichError, TransportError
 from .models import (
     ClaimResponse,
     Disposition,
+    Event,
+    EventsResponse,
     Evidence,
     EvidenceResponse,
     ExecResponse,
@@ -265,6 +267,32 @@ class Client:
     def inventory(self) -> list[InventoryEntry]:
         """Ready cells per release of the tenant."""
         return list(self._json(Req("GET", "/sterile-cells/inventory", retry=True), InventoryResponse).inventory)
+
+    def events(
+        self,
+        *,
+        after: str = "0",
+        limit: int | None = None,
+        type: str | None = None,
+        pool: str | None = None,
+        lease_id: uuid.UUID | str | None = None,
+    ) -> EventsResponse:
+        """One page of the event log (CONTRACT §16) after the event id
+        ``after``, oldest first: the tenant's own events (an operator token
+        adds its pools' member events). Store the last id processed and pass
+        it as ``after`` to resume; ``next_after`` is where the next page
+        starts. Older than the log's retention is EventsExpiredError."""
+        q = _core.events_query(after, limit, type, pool, lease_id)
+        return self._json(Req("GET", "/events" + q, retry=True), EventsResponse)
+
+    def iter_events(self, *, after: str = "0", **filters: Any) -> Iterator[Event]:
+        """Every event after ``after`` that the log holds now, page by page."""
+        while True:
+            page = self.events(after=after, **filters)
+            yield from page.events
+            if not page.events:
+                return
+            after = page.next_after
 
     def evidence(self, lease_id: uuid.UUID | str) -> Evidence:
         """What the plane verified about the lease's cell (CONTRACT §15)."""

@@ -370,3 +370,88 @@ class ExecResult(_Model):
     signal: str | None
     reason: ExecReason
     duration_ms: int
+
+
+EventType = Literal[
+    "cell.ready",
+    "cell.leased",
+    "cell.destroyed",
+    "cell.quarantined",
+    "member.provisioning",
+    "member.ready",
+    "member.leased",
+    "member.stopping",
+    "member.cleanup_pending",
+    "member.destroyed",
+    "member.quarantined",
+    "lease.released",
+    "lease.revoked",
+    "lease.expired",
+]
+
+
+class Event(_Model):
+    """One entry of the event log (CONTRACT §16). ``id`` increases strictly
+    in commit order; store the last one processed and resume after it."""
+
+    id: str
+    type: EventType
+    at: datetime
+    tenant_id: str
+    pool: str | None
+    cell_id: UUID
+    lease_id: UUID | None
+    member_id: UUID | None
+    generation: int | None
+    from_: str | None = Field(alias="from")
+    to: str | None
+    disposition: Disposition | None
+    provider_absent: bool
+    reason: Literal[
+        "claimed",
+        "released",
+        "revoked",
+        "expired",
+        "ready_ttl",
+        "fence_mismatch",
+        "runtime_unverified",
+        "image_unverified",
+        "agent_unverified",
+        "cell_lost",
+        "deletion_proven",
+        "deletion_uncertain",
+        "provision_failed",
+        "worker_destroy",
+        "worker_retire",
+        None,
+    ]
+
+
+class EventsResponse(_Model):
+    """Body of ``GET /v1/events?format=json``."""
+
+    ok: bool
+    events: list[Event]
+    next_after: str
+
+
+class WebhookDelivery(_Model):
+    """One delivery of an event to a webhook endpoint (operator view)."""
+
+    endpoint: str
+    event_id: str
+    status: Literal["pending", "delivered", "failed"]
+    attempts: int
+    next_at: datetime | None
+    last_status: int
+    last_error: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class DeliveriesResponse(_Model):
+    """Body of ``GET /v1/webhooks/deliveries``."""
+
+    ok: bool
+    deliveries: list[WebhookDelivery]
+    next_after: str
