@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -138,7 +139,7 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		// database, which names the installation they carry.
 		defer func() {
 			if g, ok := r.prov.(*gvisor.Provider); ok {
-				cleanupGVisor(g, settings["state_dir"])
+				cleanupGVisor(g, settings)
 			}
 		}()
 	default:
@@ -479,16 +480,27 @@ func gvisorLister(ctx context.Context, db *DB, settings map[string]string) (*gvi
 }
 
 // cleanupGVisor destroys every runsc container of g's installation and
-// removes the state root.
-func cleanupGVisor(g *gvisor.Provider, stateDir string) {
+// removes the state root and the bundles, with the host directory of a
+// cell whose destroy the stopped server left half done (its container
+// deleted, its bundle not yet: a server's next start finishes it, but the
+// run has no next start).
+func cleanupGVisor(g *gvisor.Provider, settings map[string]string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	objs, err := g.List(ctx)
-	if err != nil {
-		return
+	if objs, err := g.List(ctx); err == nil {
+		for _, o := range objs {
+			_ = g.Destroy(ctx, o)
+		}
 	}
-	for _, o := range objs {
-		_ = g.Destroy(ctx, o)
+	_ = gvisor.RemoveStateDir(settings["state_dir"])
+	if bundles := settings["bundle_dir"]; bundles != "" {
+		if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
+			for _, l := range strings.Split(string(b), "\n") {
+				if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], bundles+"/") {
+					_ = syscall.Unmount(f[1], syscall.MNT_DETACH)
+				}
+			}
+		}
+		_ = os.RemoveAll(bundles)
 	}
-	_ = gvisor.RemoveStateDir(stateDir)
 }
