@@ -105,6 +105,8 @@ harness lin-partition 5m "${bin[@]}" -duration "$lin_time"
 # 2. Crash recovery: SIGKILL loops.
 harness crash-dir 8m "${bin[@]}" "${mode[@]}"
 harness crash-gvisor 12m "${bin[@]}" "${mode[@]}"
+# … and two of them at once, two installations on one runsc state root.
+harness crash-two-gvisor 12m "${bin[@]}" "${mode[@]}"
 # … and the cell agent's fence on real gVisor cells (the agent binary sits
 # next to the server's, where the gVisor driver looks first).
 harness agent-fence 8m "${bin[@]}" "${mode[@]}"

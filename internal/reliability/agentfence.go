@@ -79,7 +79,7 @@ func RunAgentFence(ctx context.Context, env *Env, cfg AgentFenceConfig) (AgentFe
 	}
 	defer func() {
 		srv.Stop(10 * time.Second)
-		cleanupGVisor(g, spec.Pool.Settings) // a stopped server keeps its cells for the next start
+		cleanupGVisor(g, env.Dir) // a stopped server keeps its cells for the next start
 	}()
 	cl, err := client.New(srv.URL, client.WithToken(env.TenantToken))
 	if err != nil {

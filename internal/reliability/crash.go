@@ -53,7 +53,13 @@ type CrashConfig struct {
 	ReadyTTL int
 	// DatabaseURL defaults to a SQLite file in the run directory.
 	DatabaseURL string
-	Seed        uint64
+	// SharedRoot, for the gvisor provider, is where the runsc state and
+	// bundle roots are, shared with another run's server of another
+	// installation (default: the run's own directory). A run with a shared
+	// root destroys only its own installation's containers at the end and
+	// leaves the roots to the caller (RemoveGVisorRoots).
+	SharedRoot string
+	Seed       uint64
 }
 
 // CrashReport is what a crash loop observed.
@@ -133,13 +139,20 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		settings["max_latency_ms"] = "200"
 		r.prov = &dirprovider.Provider{Dir: r.dirOf}
 	case "gvisor":
-		settings["state_dir"] = filepath.Join(env.Dir, "runsc-state")
-		settings["bundle_dir"] = filepath.Join(env.Dir, "runsc-bundles")
+		root := env.Dir
+		if cfg.SharedRoot != "" {
+			root = cfg.SharedRoot
+		}
+		settings["state_dir"] = filepath.Join(root, "runsc-state")
+		settings["bundle_dir"] = filepath.Join(root, "runsc-bundles")
 		// The run lists the containers once the server has created its
 		// database, which names the installation they carry.
 		defer func() {
 			if g, ok := r.prov.(*gvisor.Provider); ok {
-				cleanupGVisor(g, settings)
+				destroyAll(g)
+				if cfg.SharedRoot == "" {
+					RemoveGVisorRoots(root)
+				}
 			}
 		}()
 	default:
@@ -480,11 +493,14 @@ func gvisorLister(ctx context.Context, db *DB, settings map[string]string) (*gvi
 }
 
 // cleanupGVisor destroys every runsc container of g's installation and
-// removes the state root and the bundles, with the host directory of a
-// cell whose destroy the stopped server left half done (its container
-// deleted, its bundle not yet: a server's next start finishes it, but the
-// run has no next start).
-func cleanupGVisor(g *gvisor.Provider, settings map[string]string) {
+// removes the roots under root.
+func cleanupGVisor(g *gvisor.Provider, root string) {
+	destroyAll(g)
+	RemoveGVisorRoots(root)
+}
+
+// destroyAll destroys every runsc container of g's installation.
+func destroyAll(g *gvisor.Provider) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if objs, err := g.List(ctx); err == nil {
@@ -492,15 +508,21 @@ func cleanupGVisor(g *gvisor.Provider, settings map[string]string) {
 			_ = g.Destroy(ctx, o)
 		}
 	}
-	_ = gvisor.RemoveStateDir(settings["state_dir"])
-	if bundles := settings["bundle_dir"]; bundles != "" {
-		if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
-			for _, l := range strings.Split(string(b), "\n") {
-				if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], bundles+"/") {
-					_ = syscall.Unmount(f[1], syscall.MNT_DETACH)
-				}
+}
+
+// RemoveGVisorRoots removes the runsc state root and the bundle root under
+// root, with the host directory of a cell whose destroy a stopped server
+// left half done (its container deleted, its bundle not yet: the server's
+// next start would finish it, but a run has no next start).
+func RemoveGVisorRoots(root string) {
+	_ = gvisor.RemoveStateDir(filepath.Join(root, "runsc-state"))
+	bundles := filepath.Join(root, "runsc-bundles")
+	if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], bundles+"/") {
+				_ = syscall.Unmount(f[1], syscall.MNT_DETACH)
 			}
 		}
-		_ = os.RemoveAll(bundles)
 	}
+	_ = os.RemoveAll(bundles)
 }

@@ -13,6 +13,7 @@
 //	lin-partition      lin-postgres with the servers in network namespaces whose links to PostgreSQL are cut and healed
 //	crash-dir          SIGKILL loop, SQLite, a pool on a file-backed provider that outlives the process
 //	crash-gvisor       SIGKILL loop, SQLite, a pool of real runsc (gVisor) cells
+//	crash-two-gvisor   two crash-gvisor loops of two installations sharing one runsc state root
 //	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
 //	pg-restart         PostgreSQL stopped, started and restarted (fast and immediate) under two replicas' load
 //	disk-full          SQLite's disk fills up during commits, then space returns
@@ -30,6 +31,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -116,6 +119,8 @@ func dispatch(ctx context.Context, env *reliability.Env, check string, o options
 		return lin(ctx, env, check, o)
 	case "crash-dir", "crash-gvisor":
 		return crash(ctx, env, check, o)
+	case "crash-two-gvisor":
+		return crashTwo(ctx, env, o)
 	case "soak":
 		return soak(ctx, env, o)
 	case "pg-restart", "disk-full", "partition":
@@ -287,4 +292,52 @@ func agentFence(ctx context.Context, env *reliability.Env, o options) (bool, str
 		return false, err.Error()
 	}
 	return rep.Passed(), rep.String()
+}
+
+// crashTwo runs two crash-gvisor loops at once, each its own installation
+// (database, key, tokens) with its own pool, on one runsc state and bundle
+// root: each loop's checks (every non-terminal member has its container,
+// every container a member, every acknowledged lease its cell) would fail
+// if either plane took the other's containers for its orphans.
+func crashTwo(ctx context.Context, env *reliability.Env, o options) (bool, string) {
+	if o.bin == "" {
+		return false, "-bin is required"
+	}
+	if _, err := exec.LookPath("runsc"); err != nil {
+		return false, "runsc is not installed (scripts/install-runsc.sh)"
+	}
+	shared := filepath.Join(env.Dir, "shared")
+	defer reliability.RemoveGVisorRoots(shared)
+	kills := o.kills
+	if kills == 0 {
+		kills = map[bool]int{true: 3, false: 12}[o.quick]
+	}
+	type result struct {
+		rep reliability.CrashReport
+		err error
+	}
+	results := make([]result, 2)
+	var wg sync.WaitGroup
+	for i := range results {
+		sub, err := reliability.NewEnv(filepath.Join(env.Dir, fmt.Sprintf("plane-%d", i)), env.Log)
+		if err != nil {
+			return false, err.Error()
+		}
+		cfg := reliability.CrashConfig{Bin: o.bin, Seed: o.seed + uint64(i), Faults: true, Provider: "gvisor", Target: 2, MaxProv: 2,
+			Clients: 2, ReadyTTL: 60, Kills: kills, MinUp: 500 * time.Millisecond, MaxUp: 8 * time.Second,
+			LockTTL: 10 * time.Second, Converge: 3 * time.Minute, SharedRoot: shared}
+		wg.Go(func() { results[i].rep, results[i].err = reliability.RunCrash(ctx, sub, cfg) })
+	}
+	wg.Wait()
+	ok, lines := true, make([]string, 2)
+	for i, r := range results {
+		switch {
+		case r.err != nil:
+			ok, lines[i] = false, fmt.Sprintf("plane %d: %v", i, r.err)
+		default:
+			ok = ok && len(r.rep.Violations) == 0
+			lines[i] = fmt.Sprintf("plane %d: %s", i, r.rep)
+		}
+	}
+	return ok, strings.Join(lines, "; ")
 }
