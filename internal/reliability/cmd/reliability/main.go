@@ -36,7 +36,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/internal/reliability"
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 func main() {
@@ -296,9 +301,10 @@ func agentFence(ctx context.Context, env *reliability.Env, o options) (bool, str
 
 // crashTwo runs two crash-gvisor loops at once, each its own installation
 // (database, key, tokens) with its own pool, on one runsc state and bundle
-// root: each loop's checks (every non-terminal member has its container,
-// every container a member, every acknowledged lease its cell) would fail
-// if either plane took the other's containers for its orphans.
+// root, beside a bystander cell of a third installation: each loop's checks
+// (every non-terminal member has its container, every container a member,
+// every acknowledged lease its cell) would fail if either plane took the
+// other's containers for its orphans, and the bystander must survive both.
 func crashTwo(ctx context.Context, env *reliability.Env, o options) (bool, string) {
 	if o.bin == "" {
 		return false, "-bin is required"
@@ -308,6 +314,26 @@ func crashTwo(ctx context.Context, env *reliability.Env, o options) (bool, strin
 	}
 	shared := filepath.Join(env.Dir, "shared")
 	defer reliability.RemoveGVisorRoots(shared)
+	// A bystander: a cell of a third installation on the same roots, which
+	// neither plane may touch. Listing it through its own installation
+	// before the loops is the check's positive control.
+	by, err := gvisor.New(gvisor.Config{StateDir: filepath.Join(shared, "runsc-state"), BundleDir: filepath.Join(shared, "runsc-bundles"),
+		Pool: "rel", Installation: driver.InstallationTag(uuid.NewString()), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return false, err.Error()
+	}
+	cell, err := by.Provision(ctx, driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
+	if err != nil {
+		return false, "the bystander cell: " + err.Error()
+	}
+	defer func() { _ = by.Destroy(context.Background(), cell) }()
+	bystander := func() bool {
+		objs, err := by.List(ctx)
+		return err == nil && len(objs) == 1 && objs[0].CellID == cell.CellID
+	}
+	if !bystander() {
+		return false, "the bystander cell is not listed through its own installation"
+	}
 	kills := o.kills
 	if kills == 0 {
 		kills = map[bool]int{true: 3, false: 12}[o.quick]
@@ -329,7 +355,11 @@ func crashTwo(ctx context.Context, env *reliability.Env, o options) (bool, strin
 		wg.Go(func() { results[i].rep, results[i].err = reliability.RunCrash(ctx, sub, cfg) })
 	}
 	wg.Wait()
-	ok, lines := true, make([]string, 2)
+	ok, lines := true, make([]string, 3)
+	lines[2] = "the bystander of a third installation survived both"
+	if !bystander() {
+		ok, lines[2] = false, "VIOLATION: the bystander cell of a third installation is gone"
+	}
 	for i, r := range results {
 		switch {
 		case r.err != nil:
