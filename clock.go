@@ -55,9 +55,10 @@ func (p *Plane) ClockOffset() (offset, uncertainty time.Duration, ok bool) {
 }
 
 // SyncClock measures the offset from the database's clock now and corrects
-// Now by it. Run calls it first and then every clock-sync interval; a
-// server may call it once before it takes requests. It does nothing when
-// the correction is off or the store has no clock.
+// Now by it. Run calls it first (unless it was called already) and then
+// every clock-sync interval; a server may call it once before it takes
+// requests. It does nothing when the correction is off or the store has no
+// clock.
 func (p *Plane) SyncClock(ctx context.Context) error {
 	c, ok := p.store.(store.Clock)
 	if !ok || p.clockEvery <= 0 {

@@ -208,8 +208,10 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 // ends. Call it once, in its own goroutine; claims work without it, but
 // pools are neither refilled nor stopped.
 func (p *Plane) Run(ctx context.Context) error {
-	if err := p.SyncClock(ctx); err != nil && ctx.Err() == nil {
-		p.log.Warn("clock sync", "error", err)
+	if _, _, synced := p.ClockOffset(); !synced {
+		if err := p.SyncClock(ctx); err != nil && ctx.Err() == nil {
+			p.log.Warn("clock sync", "error", err)
+		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if _, ok := p.store.(store.Clock); ok && p.clockEvery > 0 {

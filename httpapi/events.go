@@ -41,21 +41,9 @@ type eventsQuery struct {
 // sending the last id it received.
 func eventsQueryOf(r *http.Request) (eventsQuery, error) {
 	var eq eventsQuery
-	vals, err := url.ParseQuery(r.URL.RawQuery)
+	get, err := queryParams(r.URL.RawQuery)
 	if err != nil {
-		return eq, malformed("the query string is malformed")
-	}
-	get := func(name string) (string, bool, error) {
-		vs, ok := vals[name]
-		switch {
-		case !ok:
-			return "", false, nil
-		case len(vs) != 1:
-			return "", false, invalid(name + " must be given at most once")
-		case vs[0] == "":
-			return "", false, invalid(name + " must not be empty")
-		}
-		return vs[0], true, nil
+		return eq, err
 	}
 	if v, ok, err := get("format"); err != nil {
 		return eq, err

@@ -39,16 +39,15 @@ func (h *handler) listLeases(c *call) (int, any, error) {
 	return http.StatusOK, resp, nil
 }
 
-// leaseQueryOf reads the listing's query parameters: each at most once and
-// never empty. Unknown parameters are ignored, as unknown body fields are.
-// The plane checks the filters' and the cursor's values.
-func leaseQueryOf(raw string) (sandboxwich.LeaseQuery, error) {
-	var q sandboxwich.LeaseQuery
+// queryParams parses a query string and returns its reader: each
+// parameter at most once and never empty (an error otherwise); ok is false
+// when it is absent.
+func queryParams(raw string) (get func(name string) (value string, ok bool, err error), err error) {
 	vals, err := url.ParseQuery(raw)
 	if err != nil {
-		return q, malformed("the query string is malformed")
+		return nil, malformed("the query string is malformed")
 	}
-	get := func(name string) (string, bool, error) {
+	return func(name string) (string, bool, error) {
 		vs, ok := vals[name]
 		switch {
 		case !ok:
@@ -59,6 +58,17 @@ func leaseQueryOf(raw string) (sandboxwich.LeaseQuery, error) {
 			return "", false, invalid(name + " must not be empty")
 		}
 		return vs[0], true, nil
+	}, nil
+}
+
+// leaseQueryOf reads the listing's query parameters: each at most once and
+// never empty. Unknown parameters are ignored, as unknown body fields are.
+// The plane checks the filters' and the cursor's values.
+func leaseQueryOf(raw string) (sandboxwich.LeaseQuery, error) {
+	var q sandboxwich.LeaseQuery
+	get, err := queryParams(raw)
+	if err != nil {
+		return q, err
 	}
 	for _, f := range []struct {
 		name string
