@@ -17,23 +17,14 @@ import (
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 )
-
-func need(t *testing.T, what string, err error) {
-	t.Helper()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is required under CI=true: %v", what, err)
-		}
-		t.Skipf("no %s: %v", what, err)
-	}
-}
 
 // TestStandardLibraryOnly: the agent links the standard library and
 // package agent, nothing else (no client-go, no store).
 func TestStandardLibraryOnly(t *testing.T) {
 	goBin, err := exec.LookPath("go")
-	need(t, "go command", err)
+	testenv.Need(t, "go command", err)
 	out, err := exec.Command(goBin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
@@ -50,7 +41,7 @@ func TestStandardLibraryOnly(t *testing.T) {
 func build(t *testing.T) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
-	need(t, "go command", err)
+	testenv.Need(t, "go command", err)
 	bin := filepath.Join(t.TempDir(), "sandboxwich-agent")
 	cmd := exec.Command(goBin, "build", "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -86,12 +77,12 @@ func TestStaticBuild(t *testing.T) { build(t) }
 // the agent was sent, file content included.
 func TestAsPID1(t *testing.T) {
 	if os.Geteuid() != 0 {
-		need(t, "root", os.ErrPermission)
+		testenv.Need(t, "root", os.ErrPermission)
 	}
 	unshare, err := exec.LookPath("unshare")
-	need(t, "unshare", err)
+	testenv.Need(t, "unshare", err)
 	if err := exec.Command(unshare, "--pid", "--fork", "--mount-proc", "true").Run(); err != nil {
-		need(t, "PID namespaces (unshare --pid)", err)
+		testenv.Need(t, "PID namespaces (unshare --pid)", err)
 	}
 	bin := build(t)
 	dir, err := os.MkdirTemp("", "sbw-pid1-")

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 )
 
 // testToken is the bridge token of the local workerd the tests start.
@@ -21,18 +23,6 @@ const testToken = "test-token-0123456789abcdef0123456789abcdef"
 
 // testImage is the image the test bridge and the fake Cloudflare API report.
 var testImage = "registry.example/sandboxwich-cell@sha256:" + strings.Repeat("c", 64)
-
-// need skips the test locally, and fails it under CI=true, when a part
-// of the real environment is missing.
-func need(t testing.TB, what string, err error) {
-	t.Helper()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is required under CI=true: %v", what, err)
-		}
-		t.Skipf("no %s: %v", what, err)
-	}
-}
 
 // bridgeEnv is one local workerd serving the bridge (scripts/serve.mjs)
 // with the real cell agent behind it, shared by the package's tests.
@@ -58,7 +48,7 @@ func startBridge(t testing.TB) *bridgeEnv {
 	t.Helper()
 	sharedOnce.Do(func() { shared, sharedErr = launch() })
 	if sharedErr != nil {
-		need(t, "local workerd bridge", sharedErr)
+		testenv.Need(t, "local workerd bridge", sharedErr)
 	}
 	return shared
 }

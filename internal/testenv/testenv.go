@@ -10,6 +10,7 @@ package testenv
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -120,4 +121,16 @@ func Postgres(tb testing.TB) *postgres.Store {
 	}
 	tb.Cleanup(func() { _ = st.Close() })
 	return st
+}
+
+// Need skips the test locally, and fails it under CI=true, when err says
+// a part of the real environment (a binary, a service) is missing.
+func Need(tb testing.TB, what string, err error) {
+	tb.Helper()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("%s is required under CI=true: %v", what, err)
+		}
+		tb.Skipf("no %s: %v", what, err)
+	}
 }
