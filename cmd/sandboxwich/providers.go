@@ -60,7 +60,8 @@ var providers = map[string]providerFactory{
 	// gvisor runs each cell as a runsc container on this host.
 	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
-			"memory_limit_bytes", "cpus", "pids_limit", "image", "image_cache_dir", "registry_auth_file"); err != nil {
+			"memory_limit_bytes", "cpus", "pids_limit", "image", "image_cache_dir", "registry_auth_file",
+			"image_max_bytes"); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
@@ -76,6 +77,13 @@ var providers = map[string]providerFactory{
 				return nil, fmt.Errorf("setting memory_limit_bytes: %q is not a positive integer", v)
 			}
 			cfg.MemoryLimitBytes = n
+		}
+		if v := s["image_max_bytes"]; v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("setting image_max_bytes: %q is not a positive integer", v)
+			}
+			cfg.ImageMaxBytes = n
 		}
 		if v := s["cpus"]; v != "" {
 			n, err := strconv.ParseFloat(v, 64)

@@ -18,8 +18,8 @@
 //
 // A pool of provider "gvisor" takes the settings runsc, agent_path,
 // state_dir, bundle_dir, rootfs, network, platform, memory_limit_bytes,
-// cpus, pids_limit, image (the pool's key image), image_cache_dir and
-// registry_auth_file (SANDBOXWICH_GVISOR_<KEY> for the environment's
+// cpus, pids_limit, image (the pool's key image), image_cache_dir,
+// registry_auth_file and image_max_bytes (SANDBOXWICH_GVISOR_<KEY> for the environment's
 // pool), the Config fields of the same names.
 //
 // # Cell images

@@ -104,6 +104,14 @@ type Config struct {
 	// registry's credentials; setting registry_auth_file. "" pulls
 	// anonymously. Credentials never reach a cell, its argv or env.
 	RegistryAuthFile string
+	// ImageMaxBytes bounds what one pull of Image writes to the host's
+	// disk: the layers' compressed blobs together, and the regular files
+	// they unpack to together; setting image_max_bytes, default
+	// DefaultImageMaxBytes. A larger image (a decompression bomb among
+	// them) fails its pull, and the pool reports it in last_error. A copy
+	// another pool or installation already unpacked is used as it is: its
+	// digest names the same content.
+	ImageMaxBytes int64
 	// Installation is the plane's installation tag,
 	// driver.InstallationTag(store.Installation): required. Container IDs
 	// are "sbw-<installation>-<cell>", and List returns only containers
@@ -246,7 +254,7 @@ func New(cfg Config) (*Provider, error) {
 			cfg.ImageCacheDir = imageCacheDir(cfg.BundleDir)
 		}
 		p.cfg.ImageCacheDir = cfg.ImageCacheDir
-		if p.image, err = newImageStore(cfg.Image, cfg.ImageCacheDir, cfg.RegistryAuthFile, cfg.Installation, cfg.Pool, p.log); err != nil {
+		if p.image, err = newImageStore(cfg.Image, cfg.ImageCacheDir, cfg.RegistryAuthFile, cfg.ImageMaxBytes, cfg.Installation, cfg.Pool, p.log); err != nil {
 			return nil, err
 		}
 		p.image.inUse = p.imagesInUse

@@ -51,6 +51,11 @@ const (
 	imageRetryMax = 5 * time.Minute
 )
 
+// DefaultImageMaxBytes is Config.ImageMaxBytes's default: 16 GiB, above
+// the largest evaluation images in common use (SWE-bench's are a few GiB
+// unpacked).
+const DefaultImageMaxBytes int64 = 16 << 30
+
 // imageCacheDir is the default content-addressed image cache:
 // os.UserCacheDir()/sandboxwich/images, or, without a user cache
 // directory, image-cache under the bundle directory (as the agent's).
@@ -70,7 +75,10 @@ type imageStore struct {
 	cache  string // absolute cache directory
 	refKey string // this installation and pool's file in refs
 	keys   authn.Keychain
-	log    *slog.Logger
+	// maxBytes bounds a pull's compressed blobs and its unpacked files,
+	// each in total (Config.ImageMaxBytes).
+	maxBytes int64
+	log      *slog.Logger
 	// inUse lists the image digests of this state root's containers, so
 	// the collector never removes what a running cell mounts.
 	inUse func(context.Context) (map[string]bool, error)
@@ -90,10 +98,16 @@ type imageStore struct {
 // newImageStore checks the reference and the credentials file and records
 // the pool's reference in the cache, so no other installation's collector
 // removes the image. It pulls nothing.
-func newImageStore(ref, cache, authFile, installation, pool string, log *slog.Logger) (*imageStore, error) {
+func newImageStore(ref, cache, authFile string, maxBytes int64, installation, pool string, log *slog.Logger) (*imageStore, error) {
 	d, err := imageref.Parse(ref)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: setting image: %w", err)
+	}
+	switch {
+	case maxBytes == 0:
+		maxBytes = DefaultImageMaxBytes
+	case maxBytes < 0:
+		return nil, fmt.Errorf("gvisor: setting image_max_bytes: %d is negative", maxBytes)
 	}
 	if cache, err = filepath.Abs(cache); err != nil {
 		return nil, fmt.Errorf("gvisor: image cache: %w", err)
@@ -106,7 +120,7 @@ func newImageStore(ref, cache, authFile, installation, pool string, log *slog.Lo
 		}
 		keys = kc
 	}
-	s := &imageStore{ref: d, digest: d.DigestStr(), cache: cache, refKey: installation + "-" + pool, keys: keys, log: log}
+	s := &imageStore{ref: d, digest: d.DigestStr(), cache: cache, refKey: installation + "-" + pool, keys: keys, maxBytes: maxBytes, log: log}
 	if err := os.MkdirAll(filepath.Join(cache, imageRefsDir), 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: image cache: %w", err)
 	}
@@ -284,6 +298,20 @@ func (s *imageStore) pull(ctx context.Context, dir, blobs string) error {
 	if err := os.Chmod(filepath.Join(dir, imageRootFS), 0o755); err != nil {
 		return err
 	}
+	// The manifest's sizes bound the download before any of it starts
+	// (each blob is read up to its size alone), and the unpack's budget
+	// bounds what the blobs expand to.
+	var compressed int64
+	for i, l := range layers {
+		n, err := l.Size()
+		if err != nil {
+			return fmt.Errorf("layer %d: %w", i, err)
+		}
+		if compressed += n; n < 0 || compressed > s.maxBytes {
+			return fmt.Errorf("the image's layers are more than image_max_bytes (%d bytes) compressed: refused", s.maxBytes)
+		}
+	}
+	unpacked := &budget{left: s.maxBytes, max: s.maxBytes}
 	for i, l := range layers {
 		mt, err := l.MediaType()
 		if err != nil {
@@ -300,7 +328,7 @@ func (s *imageStore) pull(ctx context.Context, dir, blobs string) error {
 		if err != nil {
 			return fmt.Errorf("layer %d (%s): %w", i, h, err)
 		}
-		if err := unpackLayer(path, filepath.Join(dir, imageRootFS)); err != nil {
+		if err := unpackLayer(path, filepath.Join(dir, imageRootFS), unpacked); err != nil {
 			return fmt.Errorf("layer %d (%s): %w", i, h, err)
 		}
 	}
@@ -366,6 +394,9 @@ func fetchBlob(ctx context.Context, l v1.Layer, h v1.Hash, blobs string) (string
 	if got, err := fileDigest(path); err == nil && got == h.Hex {
 		return path, nil
 	}
+	// go-containerregistry reads at most the manifest's size of a blob
+	// (and verifies its digest), so a registry cannot make this copy
+	// longer than the pull's budget allowed.
 	rc, err := l.Compressed()
 	if err != nil {
 		return "", fmt.Errorf("fetching: %w", err)
@@ -408,13 +439,13 @@ func (c ctxReader) Read(p []byte) (int, error) {
 
 // unpackLayer applies a verified layer blob to root: first its whiteouts
 // (which remove what lower layers put there), then its entries.
-func unpackLayer(blob, root string) error {
+func unpackLayer(blob, root string, b *budget) error {
 	layer, err := tarball.LayerFromFile(blob)
 	if err != nil {
 		return err
 	}
 	open := func() (io.ReadCloser, error) { return layer.Uncompressed() }
-	return applyLayer(open, root)
+	return applyLayer(open, root, b)
 }
 
 // syncDir fsyncs a directory, making a rename in it durable.

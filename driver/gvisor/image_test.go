@@ -172,7 +172,7 @@ func imageOf(t *testing.T, layers ...v1.Layer) v1.Image {
 
 func testStore(t *testing.T, ref, cache, installation, pool string) *imageStore {
 	t.Helper()
-	s, err := newImageStore(ref, cache, "", installation, pool, slog.New(slog.DiscardHandler))
+	s, err := newImageStore(ref, cache, "", 0, installation, pool, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("newImageStore: %v", err)
 	}
@@ -449,7 +449,7 @@ func TestApplyLayerWhiteoutsAndEscapes(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	apply := func(l v1.Layer) error {
-		return applyLayer(func() (io.ReadCloser, error) { return l.Uncompressed() }, root)
+		return applyLayer(func() (io.ReadCloser, error) { return l.Uncompressed() }, root, &budget{left: DefaultImageMaxBytes, max: DefaultImageMaxBytes})
 	}
 	if err := apply(layerOf(t,
 		tarEntry{name: "a/", typ: tar.TypeDir}, tarEntry{name: "a/keep", body: "k"}, tarEntry{name: "a/gone", body: "g"},
@@ -709,5 +709,91 @@ func TestImageIndexAndCrashedUnpack(t *testing.T) {
 		if strings.HasPrefix(e, ".tmp-") {
 			t.Errorf("the crashed unpack's %s is left", e)
 		}
+	}
+}
+
+// TestImageSizeCap: image_max_bytes bounds a pull's download by the
+// manifest's sizes before it starts, holds each blob to its manifest
+// size, and bounds what the layers unpack to (a decompression bomb); a
+// refused pull leaves no image behind.
+func TestImageSizeCap(t *testing.T) {
+	t.Parallel()
+	reg := newTestRegistry(t)
+	bomb := layerOf(t, tarEntry{name: "zeros", body: strings.Repeat("\x00", 4<<20)})
+	bombRef := reg.push(t, "bomb", imageOf(t, bomb))
+	compressed, _ := bomb.Size()
+	if compressed > 64<<10 {
+		t.Fatalf("the bomb layer is %d bytes compressed", compressed)
+	}
+	store := func(ref string, max int64) (*imageStore, string) {
+		cache := t.TempDir()
+		s, err := newImageStore(ref, cache, "", max, "inst", "p", slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, cache
+	}
+	noImage := func(cache string) {
+		t.Helper()
+		for _, d := range cachedImages(t, cache) {
+			if strings.HasPrefix(d, "sha256-") || strings.HasPrefix(d, ".tmp-") {
+				t.Errorf("cache holds %s after a refused pull", d)
+			}
+		}
+	}
+
+	s, cache := store(bombRef, 1<<20) // far above the blob, far below what it unpacks to
+	if err := s.ensure(context.Background()); err == nil || !strings.Contains(err.Error(), "unpacks to more than image_max_bytes") {
+		t.Errorf("pull of a layer unpacking to 4 MiB under a 1 MiB cap: %v", err)
+	}
+	noImage(cache)
+	s, _ = store(bombRef, 8<<20)
+	if err := s.ensure(context.Background()); err != nil {
+		t.Errorf("the same image under an 8 MiB cap: %v", err)
+	}
+	if !complete(s.dir(s.digest), s.digest) {
+		t.Error("the image under an 8 MiB cap is not cached")
+	}
+
+	ld, _ := bomb.Digest()
+	before := reg.fetches(ld)
+	s, cache = store(bombRef, compressed-1)
+	if err := s.ensure(context.Background()); err == nil || !strings.Contains(err.Error(), "compressed") {
+		t.Errorf("pull of layers larger than the cap compressed: %v", err)
+	}
+	if n := reg.fetches(ld) - before; n != 0 {
+		t.Errorf("the blob was fetched %d times although the manifest's size was over the cap", n)
+	}
+	noImage(cache)
+
+	// A registry sending more than the manifest's size for a blob: only
+	// the manifest's size is read (go-containerregistry stops there and
+	// verifies the digest), so it cannot outgrow the budget.
+	l := layerOf(t, tarEntry{name: "file", body: "content\n"})
+	ref := reg.push(t, "long", imageOf(t, l))
+	d, _ := l.Digest()
+	rc, _ := l.Compressed()
+	body, _ := io.ReadAll(rc)
+	rc.Close()
+	long := append(body, make([]byte, 1<<20)...)
+	f := func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/blobs/"+d.String()) {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(long)
+		return true
+	}
+	reg.fault.Store(&f)
+	s, _ = store(ref, 0)
+	if err := s.ensure(context.Background()); err != nil {
+		t.Fatalf("pull of a blob served with 1 MiB more than its manifest size: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(s.rootfs(), "file")); err != nil || string(b) != "content\n" {
+		t.Errorf("unpacked %q, %v", b, err)
+	}
+
+	if _, err := newImageStore(ref, t.TempDir(), "", -1, "inst", "p", slog.New(slog.DiscardHandler)); err == nil {
+		t.Error("a negative image_max_bytes was accepted")
 	}
 }

@@ -26,7 +26,10 @@ const (
 // inside root without following a symlink: a name with "..", or one whose
 // parent is a symlink, is refused, as is a hard link to outside root.
 // Device nodes and FIFOs are skipped (a cell's /dev is gVisor's own).
-func applyLayer(open func() (io.ReadCloser, error), root string) error {
+//
+// The regular files' sizes are taken from b first: a layer that would
+// write more than b has left fails before it writes the file.
+func applyLayer(open func() (io.ReadCloser, error), root string, b *budget) error {
 	if err := eachEntry(open, func(h *tar.Header, rel string, _ io.Reader) error {
 		dir, base := path.Split(rel)
 		switch {
@@ -62,8 +65,24 @@ func applyLayer(open func() (io.ReadCloser, error), root string) error {
 		if strings.HasPrefix(path.Base(rel), whiteoutPrefix) {
 			return nil
 		}
+		if h.Typeflag == tar.TypeReg {
+			if err := b.take(h.Size); err != nil {
+				return err
+			}
+		}
 		return writeEntry(root, rel, h, r)
 	})
+}
+
+// budget is what an unpack may still write, in bytes of regular files.
+type budget struct{ left, max int64 }
+
+func (b *budget) take(n int64) error {
+	if n < 0 || n > b.left {
+		return fmt.Errorf("the image unpacks to more than image_max_bytes (%d bytes): refused", b.max)
+	}
+	b.left -= n
+	return nil
 }
 
 // eachEntry calls fn for every entry of the tar with its cleaned name

@@ -44,6 +44,7 @@ type Report struct {
 	Refill   *RefillReport             `json:"refill,omitempty"`
 	GVisor   *GVisorReport             `json:"gvisor,omitempty"`
 	Image    *ImageReport              `json:"image,omitempty"`
+	Memory   *MemoryReport             `json:"memory,omitempty"`
 	Fanout   *FanoutReport             `json:"event_fanout,omitempty"`
 	Ratios   map[string]float64        `json:"ratios"`
 }
@@ -140,6 +141,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if rep.Image != nil {
 			rep.Ratios["image_provision_ratio"] = rep.Image.Ratio
 		}
+		o.Logger.Info("bench: gvisor memory")
+		if rep.Memory, err = benchMemory(ctx, dir, o.Quick); err != nil {
+			return nil, fmt.Errorf("memory: %w", err)
+		}
+		rep.Ratios["cell_memory_ratio"] = rep.Memory.Ratio
 	}
 	return rep, nil
 }
@@ -312,6 +318,10 @@ func (rep *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(w, "images: first pull+unpack of a %d MiB image from the loopback registry %.0f ms\n", im.LargeBytes>>20, im.LargePullMS)
 		}
 	}
+	if m := rep.Memory; m != nil {
+		fmt.Fprintf(w, "memory: one warm gvisor cell %d KiB PSS (%d KiB RSS), a bare runsc container of the same spec running sleep %d KiB (×%.3f); cells of one image: the first %d KiB, a second adds %d KiB\n",
+			m.CellKiB, m.CellRSSKiB, m.BareKiB, m.Ratio, m.ImageFirstKiB, m.ImageAddedKiB)
+	}
 }
 
 // WriteJSON prints the report as one JSON document.
@@ -324,7 +334,7 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 // Keys are the ratios of the summary line, in order.
 var Keys = []string{"claim_p50_ratio_sqlite", "claim_p50_ratio_postgres", "throughput_ratio_postgres",
 	"scale_ratio", "refill_overhead", "agent_first_output_ratio", "file_write_ratio", "image_provision_ratio",
-	"sse_fanout_throughput_ratio"}
+	"sse_fanout_throughput_ratio", "cell_memory_ratio"}
 
 // Targets are the issue's goals for each ratio, and whether lower is better.
 var Targets = map[string]struct {
@@ -342,6 +352,9 @@ var Targets = map[string]struct {
 	// sse_fanout_throughput_ratio: claims at concurrency 8 with 100 event
 	// stream subscribers over without (issue 21).
 	"sse_fanout_throughput_ratio": {0.9, false},
+	// cell_memory_ratio: one warm gVisor cell's PSS over a bare runsc
+	// container of the same spec running sleep (issue 23).
+	"cell_memory_ratio": {1.15, true},
 }
 
 // SummaryLine is the last line of a run: every ratio, "na" when not measured.

@@ -1,0 +1,347 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// MemoryReport is the host memory of warm gVisor cells: what one costs
+// against runsc running the same spec bare, and what a further cell of the
+// same image adds. Memory is PSS (proportional set size, from
+// /proc/<pid>/smaps_rollup) summed over every host process of a container
+// — runsc's sandbox (the sentry, which holds the agent and the workload),
+// its gofer and the platform's stub processes — so pages two processes or
+// two cells share are counted once, split between them. RSS alone would
+// count runsc's own text once per process.
+type MemoryReport struct {
+	// CellKiB is one warm cell (created, started, its agent answering and
+	// waiting), median over the cells measured; BareKiB is a bare runsc
+	// container of the same spec whose process is `sleep` instead of the
+	// agent, created and started the same way on the same root.
+	CellKiB int64 `json:"cell_pss_kib"`
+	BareKiB int64 `json:"bare_runsc_sleep_pss_kib"`
+	// CellRSSKiB is CellKiB's RSS sum, for reference.
+	CellRSSKiB int64 `json:"cell_rss_kib"`
+	// Ratio is CellKiB ÷ BareKiB (target ≤ 1.15).
+	Ratio float64 `json:"ratio"`
+	// ImageFirstKiB is the PSS of the cells of one image when one runs;
+	// ImageAddedKiB is what the total grows by when a second cell of the
+	// same image starts (its lower layer is shared on disk and in the
+	// host's page cache; its writes live in its own memory).
+	ImageFirstKiB int64 `json:"image_first_cell_pss_kib,omitempty"`
+	ImageAddedKiB int64 `json:"image_added_cell_pss_kib,omitempty"`
+}
+
+// benchMemory measures MemoryReport: n cells and n bare containers taking
+// turns on one state root, then, when a static busybox is installed, two
+// cells of a busybox image served by a loopback registry.
+func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, error) {
+	n := 5
+	if quick {
+		n = 2
+	}
+	stateDir := filepath.Join(dir, "runsc-mem-"+uuid.NewString()[:8])
+	defer func() { _ = gvisor.RemoveStateDir(stateDir) }()
+	base := gvisor.Config{StateDir: stateDir, BundleDir: filepath.Join(dir, "bundles-mem"), Pool: "mem",
+		Installation: driver.InstallationTag(stateDir), Logger: slog.New(slog.DiscardHandler)}
+	prov, err := gvisor.New(base)
+	if err != nil {
+		return nil, err
+	}
+	rep := &MemoryReport{}
+	var cells, bares, rss []int64
+	for range n {
+		obj, id, err := provisionFor(ctx, prov)
+		if err != nil {
+			return nil, err
+		}
+		m, err := settledMemory(ctx, id)
+		if err == nil {
+			cells, rss = append(cells, m.pss), append(rss, m.rss)
+			m, err = bareMemory(ctx, stateDir, filepath.Join(base.BundleDir, id), "", filepath.Join(dir, "bare"))
+			bares = append(bares, m.pss)
+		}
+		if derr := prov.Destroy(ctx, obj); err == nil {
+			err = derr
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	rep.CellKiB, rep.BareKiB, rep.CellRSSKiB = median(cells), median(bares), median(rss)
+	rep.Ratio = ratio(float64(rep.CellKiB), float64(rep.BareKiB))
+
+	const busybox = "/bin/busybox"
+	if _, err := os.Stat(busybox); err != nil {
+		return rep, nil
+	}
+	root := filepath.Join(dir, "mem-rootfs")
+	if err := busyboxRoot(root, busybox); err != nil {
+		return nil, err
+	}
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	ref, err := pushDir(strings.TrimPrefix(srv.URL, "http://")+"/bench/mem", root)
+	if err != nil {
+		return nil, err
+	}
+	icfg := base
+	icfg.Pool, icfg.Image, icfg.ImageCacheDir = "mem-image", ref, filepath.Join(dir, "images-mem")
+	ip, err := gvisor.New(icfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := ip.PullImage(ctx); err != nil {
+		return nil, err
+	}
+	var ids []string
+	defer func() {
+		for _, id := range ids {
+			_ = ip.Destroy(context.WithoutCancel(ctx), driver.Object{CellID: uuid.MustParse(strings.TrimPrefix(id, "sbw-"+icfg.Installation+"-"))})
+		}
+	}()
+	var totals []int64
+	for range 2 {
+		_, id, err := provisionFor(ctx, ip)
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+		total := int64(0)
+		for _, id := range ids {
+			m, err := settledMemory(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			total += m.pss
+		}
+		totals = append(totals, total)
+	}
+	rep.ImageFirstKiB, rep.ImageAddedKiB = totals[0], totals[1]-totals[0]
+	return rep, nil
+}
+
+// provisionFor provisions one cell and returns it with its container ID.
+func provisionFor(ctx context.Context, p *gvisor.Provider) (driver.Object, string, error) {
+	obj, err := p.Provision(ctx, driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
+	if err != nil {
+		return obj, "", fmt.Errorf("provision: %w", err)
+	}
+	id, _, _ := strings.Cut(obj.Identity, "@")
+	return obj, id, nil
+}
+
+// bareMemory creates and starts a bare runsc container from a copy of the
+// cell bundle's spec with `sleep` as its process (as root, like the agent,
+// and without the agent's mounts), measures it, and deletes it.
+func bareMemory(ctx context.Context, stateDir, cellBundle, overlay, bundles string) (mem, error) {
+	raw, err := os.ReadFile(filepath.Join(cellBundle, "config.json"))
+	if err != nil {
+		return mem{}, err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return mem{}, err
+	}
+	proc := spec["process"].(map[string]any)
+	proc["args"] = []string{"sleep", "100000"}
+	var mounts []any
+	for _, m := range spec["mounts"].([]any) {
+		if src, _ := m.(map[string]any)["source"].(string); !strings.HasPrefix(src, filepath.Dir(cellBundle)) && !strings.Contains(src, "agent") {
+			mounts = append(mounts, m)
+		}
+	}
+	spec["mounts"] = mounts
+	id := "bare-" + uuid.NewString()[:8]
+	bundle := filepath.Join(bundles, id)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return mem{}, err
+	}
+	defer os.RemoveAll(bundle)
+	b, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		return mem{}, err
+	}
+	flags := []string{"--root=" + stateDir, "--network=none", "--host-uds=create"}
+	if overlay != "" {
+		flags = append(flags, "--overlay2="+overlay)
+	}
+	// The sandbox inherits create's stdio, so its output goes to a file: a
+	// pipe would stay open for as long as the container runs.
+	out, err := os.Create(filepath.Join(bundles, id+".log"))
+	if err != nil {
+		return mem{}, err
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	runsc := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, "runsc", append(flags, args...)...)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Run(); err != nil {
+			log, _ := os.ReadFile(out.Name())
+			return fmt.Errorf("runsc %s: %v: %s", args[0], err, bytes.TrimSpace(log))
+		}
+		return nil
+	}
+	defer func() { _ = runsc("delete", "--force", id) }()
+	if err := runsc("create", "--bundle", bundle, id); err != nil {
+		return mem{}, err
+	}
+	if err := runsc("start", id); err != nil {
+		return mem{}, err
+	}
+	return settledMemory(ctx, id)
+}
+
+// mem is a container's memory in KiB.
+type mem struct{ pss, rss int64 }
+
+// settledMemory measures a container's processes until two readings 100 ms
+// apart agree within 1% (a sandbox that just started is still faulting in),
+// or for at most two seconds.
+func settledMemory(ctx context.Context, id string) (mem, error) {
+	var last mem
+	for i := range 20 {
+		m, err := containerMemory(id)
+		if err != nil {
+			return mem{}, err
+		}
+		if i > 0 && abs(m.pss-last.pss)*100 <= last.pss {
+			return m, nil
+		}
+		last = m
+		select {
+		case <-ctx.Done():
+			return mem{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return last, nil
+}
+
+// containerMemory sums PSS and RSS over the host processes whose command
+// line names the container (runsc's sandbox and gofer carry its ID or its
+// bundle's path) and their descendants (the platform's stubs).
+func containerMemory(id string) (mem, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return mem{}, err
+	}
+	parent := map[int]int{}
+	named := map[int]bool{}
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if bytes.Contains(cmdline, []byte(id)) && !bytes.Contains(cmdline, []byte("runsc\x00--root")) {
+			named[pid] = true // not a runsc management command naming it
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
+			// pid (comm) state ppid …: comm may hold spaces, so cut after ")".
+			if i := bytes.LastIndexByte(stat, ')'); i > 0 {
+				if f := strings.Fields(string(stat[i+1:])); len(f) > 1 {
+					parent[pid], _ = strconv.Atoi(f[1])
+				}
+			}
+		}
+	}
+	if len(named) == 0 {
+		return mem{}, fmt.Errorf("no process of container %s", id)
+	}
+	in := func(pid int) bool {
+		for seen := 0; pid > 1 && seen < 64; seen++ {
+			if named[pid] {
+				return true
+			}
+			pid = parent[pid]
+		}
+		return false
+	}
+	var m mem
+	for pid := range parent {
+		if !in(pid) {
+			continue
+		}
+		pss, rss, err := rollup(pid)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // exited meanwhile
+		}
+		if err != nil {
+			return mem{}, err
+		}
+		m.pss += pss
+		m.rss += rss
+	}
+	return m, nil
+}
+
+// rollup reads a process's Pss and Rss in KiB from smaps_rollup.
+func rollup(pid int) (pss, rss int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		k, v, ok := strings.Cut(s.Text(), ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		switch k {
+		case "Pss":
+			pss = n
+		case "Rss":
+			rss = n
+		}
+	}
+	return pss, rss, s.Err()
+}
+
+func median(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
