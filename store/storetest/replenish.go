@@ -94,6 +94,14 @@ func testReplenishLocked(e *env) {
 	lock("replica-1", e.now.Add(time.Second), true, "the owner")
 	e.wantOK(e.s.UnlockMember(e.ctx, id, "replica-1"), "UnlockMember")
 	lock("replica-2", e.now.Add(2*time.Second), true, "another replica after unlock")
+
+	// Admission ends the provisioner's lock itself, so the unlock after it
+	// has nothing left to write.
+	ms = e.replenish(poolA, 2, 2, 1)
+	id = ms[0].CellID
+	_, err := e.s.AdmitMember(e.ctx, e.admitParams(ms[0]))
+	e.wantOK(err, "AdmitMember")
+	lock("replica-2", e.now.Add(time.Second), true, "another replica right after the admission")
 }
 
 func testReplenishAtomic(e *env) {

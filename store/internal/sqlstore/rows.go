@@ -305,8 +305,11 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE NOT EXISTS (SELECT 1 FROM cells WHERE id = ?)`,
 		memberLive: `SELECT count(*), count(CASE WHEN state = 'provisioning' THEN 1 END) FROM pool_members
 			WHERE pool_name = ? AND state IN ('provisioning', 'ready', 'leased', 'stopping', 'cleanup_pending')`,
+		// memberAdmit ends the provisioner's executor lock with the
+		// admission (as memberDone ends a destroyer's), so the unlock
+		// that follows changes nothing and costs no commit.
 		memberAdmit: `UPDATE pool_members SET state = 'ready', identity = ?, admitted_class = ?, agent_digest = ?, image_digest = ?,
-			admitted_us = ?, verified_us = ?, updated_us = ?, event_reason = NULL
+			admitted_us = ?, verified_us = ?, updated_us = ?, event_reason = NULL, lock_owner = NULL, lock_until_us = NULL
 			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
 		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
 			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us)
