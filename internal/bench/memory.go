@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -153,63 +151,17 @@ func provisionFor(ctx context.Context, p *gvisor.Provider) (driver.Object, strin
 	return obj, id, nil
 }
 
-// bareMemory creates and starts a bare runsc container from a copy of the
-// cell bundle's spec with `sleep` as its process (as root, like the agent,
-// and without the agent's mounts), measures it, and deletes it.
+// bareMemory starts a bare runsc container of the cell bundle's spec
+// running sleep, measures it, and deletes it.
 func bareMemory(ctx context.Context, stateDir, cellBundle, overlay, bundles string) (mem, error) {
-	raw, err := os.ReadFile(filepath.Join(cellBundle, "config.json"))
+	b, err := newBare(stateDir, cellBundle, overlay, bundles, []string{"sleep", "100000"})
 	if err != nil {
 		return mem{}, err
 	}
-	var spec map[string]any
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		return mem{}, err
-	}
-	proc := spec["process"].(map[string]any)
-	proc["args"] = []string{"sleep", "100000"}
-	var mounts []any
-	for _, m := range spec["mounts"].([]any) {
-		if src, _ := m.(map[string]any)["source"].(string); !strings.HasPrefix(src, filepath.Dir(cellBundle)) && !strings.Contains(src, "agent") {
-			mounts = append(mounts, m)
-		}
-	}
-	spec["mounts"] = mounts
+	defer b.close()
 	id := "bare-" + uuid.NewString()[:8]
-	bundle := filepath.Join(bundles, id)
-	if err := os.MkdirAll(bundle, 0o700); err != nil {
-		return mem{}, err
-	}
-	defer os.RemoveAll(bundle)
-	b, _ := json.Marshal(spec)
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
-		return mem{}, err
-	}
-	flags := []string{"--root=" + stateDir, "--network=none", "--host-uds=create"}
-	if overlay != "" {
-		flags = append(flags, "--overlay2="+overlay)
-	}
-	// The sandbox inherits create's stdio, so its output goes to a file: a
-	// pipe would stay open for as long as the container runs.
-	out, err := os.Create(filepath.Join(bundles, id+".log"))
-	if err != nil {
-		return mem{}, err
-	}
-	defer os.Remove(out.Name())
-	defer out.Close()
-	runsc := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, "runsc", append(flags, args...)...)
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Run(); err != nil {
-			log, _ := os.ReadFile(out.Name())
-			return fmt.Errorf("runsc %s: %v: %s", args[0], err, bytes.TrimSpace(log))
-		}
-		return nil
-	}
-	defer func() { _ = runsc("delete", "--force", id) }()
-	if err := runsc("create", "--bundle", bundle, id); err != nil {
-		return mem{}, err
-	}
-	if err := runsc("start", id); err != nil {
+	defer func() { _ = b.runsc(context.WithoutCancel(ctx), "delete", "--force", id) }()
+	if err := b.start(ctx, id); err != nil {
 		return mem{}, err
 	}
 	return settledMemory(ctx, id)

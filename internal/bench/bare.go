@@ -1,0 +1,91 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// bare runs runsc itself, with no plane, driver or agent: the baselines
+// of the gVisor figures. Its bundle is a copy of a cell's spec whose
+// process is argv (as root, like the agent) and which lacks the agent's
+// mounts, and it passes the driver's global flags.
+type bare struct {
+	flags  []string
+	bundle string
+	log    *os.File
+}
+
+// newBare writes the bundle under bundles from the spec of the cell
+// bundle cellBundle; overlay is the driver's --overlay2 value ("" for
+// runsc's default).
+func newBare(stateDir, cellBundle, overlay, bundles string, argv []string) (*bare, error) {
+	raw, err := os.ReadFile(filepath.Join(cellBundle, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return nil, err
+	}
+	spec["process"].(map[string]any)["args"] = argv
+	var mounts []any
+	for _, m := range spec["mounts"].([]any) {
+		src, _ := m.(map[string]any)["source"].(string)
+		if !strings.HasPrefix(src, filepath.Dir(cellBundle)) && !strings.Contains(src, "agent") {
+			mounts = append(mounts, m)
+		}
+	}
+	spec["mounts"] = mounts
+	b := &bare{flags: []string{"--root=" + stateDir, "--network=none", "--host-uds=create"},
+		bundle: filepath.Join(bundles, "bare-"+filepath.Base(cellBundle))}
+	if overlay != "" {
+		b.flags = append(b.flags, "--overlay2="+overlay)
+	}
+	if err := os.MkdirAll(b.bundle, 0o700); err != nil {
+		return nil, err
+	}
+	out, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(b.bundle, "config.json"), out, 0o600); err != nil {
+		return nil, err
+	}
+	// A container's init inherits create's stdio, so runsc writes to a
+	// file: a pipe would stay open for as long as the container runs.
+	if b.log, err = os.Create(b.bundle + ".log"); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// runsc runs one runsc command with the driver's global flags.
+func (b *bare) runsc(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, "runsc", append(b.flags, args...)...)
+	cmd.Stdout, cmd.Stderr = b.log, b.log
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(b.log.Name())
+		if len(out) > 2048 {
+			out = out[len(out)-2048:]
+		}
+		return fmt.Errorf("runsc %s: %v: %s", args[0], err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// start creates and starts container id.
+func (b *bare) start(ctx context.Context, id string) error {
+	if err := b.runsc(ctx, "create", "--bundle", b.bundle, id); err != nil {
+		return err
+	}
+	return b.runsc(ctx, "start", id)
+}
+
+func (b *bare) close() {
+	b.log.Close()
+	os.Remove(b.log.Name())
+	os.RemoveAll(b.bundle)
+}
