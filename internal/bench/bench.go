@@ -363,11 +363,11 @@ var Targets = map[string]struct {
 	// second at concurrency 32 over the baseline transaction's (issue 23).
 	"claim_floor_ratio_sqlite": {1.3, true},
 	"throughput_ratio_sqlite":  {0.9, false},
-	"scale_ratio":               {1.2, true},
-	"refill_overhead":           {1.10, true},
-	"agent_first_output_ratio":  {0.25, true},
-	"file_write_ratio":          {0.5, false},
-	"image_provision_ratio":     {1.2, true},
+	"scale_ratio":              {1.2, true},
+	"refill_overhead":          {1.10, true},
+	"agent_first_output_ratio": {0.25, true},
+	"file_write_ratio":         {0.5, false},
+	"image_provision_ratio":    {1.2, true},
 	// sse_fanout_throughput_ratio: claims at concurrency 8 with 100 event
 	// stream subscribers over without (issue 21).
 	"sse_fanout_throughput_ratio": {0.9, false},
