@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"database/sql"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -124,7 +125,7 @@ func TestTwoPools(t *testing.T) {
 			defer mu.Unlock()
 			switch {
 			case err != nil:
-				t.Errorf("Claim: %v", err)
+				t.Errorf("Claim: %v (cause: %v)", err, errors.Unwrap(err))
 			case res.Lease == nil:
 				empty++
 			default:
