@@ -10,14 +10,26 @@
 //
 //	sandboxwich-agent -listen /run/sandboxwich/agent.sock -cell-id <cell>
 //	sandboxwich-agent -listen tcp:0.0.0.0:8080 -cell-id <cell>
+//	sandboxwich-agent -listen tcp:0.0.0.0:7443 -cell-id <cell> \
+//	    -tls-cert tls.crt -tls-key tls.key -tls-client-ca ca.crt \
+//	    -digest sha256:<agent image digest>
 //
 // A -listen value "tcp:<host>:<port>" serves on TCP instead of a Unix
 // socket: a provider that reaches its cells only over a port (a
 // Cloudflare Container, whose one client is the bridge's Durable Object,
 // CONTRACT §18) runs it so.
 //
+// With -tls-cert, -tls-key and -tls-client-ca (files of a Secret mounted
+// read-only: the server leaf, its key and the cell's CA) it serves TLS 1.3
+// only on a tcp: listener and requires a client certificate from that CA
+// whose only URI SAN is spiffe://sandboxwich/cell/<cell-id>/control
+// (agent.ServerTLS): the Kubernetes driver's channel (CONTRACT §13). The
+// three go together, and only with tcp:.
+//
 // Its digest ("sha256:<hex>" of its own executable, read from
-// /proc/self/exe at start) is what Status reports. As PID 1 it reaps every
+// /proc/self/exe at start) is what Status reports, unless -digest names
+// the build digest to report instead: a provider that ships the agent in
+// an image pinned by digest passes that digest, the one it expects. As PID 1 it reaps every
 // orphan of the cell, replaces its stdio with /dev/null (the runtime hands
 // an init the host files of whoever created the container), and so logs
 // nowhere, and makes itself non-dumpable (no workload can read its /proc
@@ -33,6 +45,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -63,10 +76,24 @@ func run() error {
 	cellID := flag.String("cell-id", "", "the cell this agent serves")
 	home := flag.String("home", agent.DefaultHome, "the cell user's home")
 	record := flag.String("record", "", "TEST ONLY: append every request received to this file")
+	tlsCert := flag.String("tls-cert", "", "PEM server certificate (serve TLS 1.3 with client authentication)")
+	tlsKey := flag.String("tls-key", "", "PEM key of -tls-cert")
+	tlsCA := flag.String("tls-client-ca", "", "PEM CA certificate the client certificate must chain to")
+	digestFlag := flag.String("digest", "", "the build digest (sha256:<64 hex>) Status reports; default the executable's")
 	flag.Parse()
 	if *listen == "" || *cellID == "" || flag.NArg() > 0 {
 		flag.Usage()
 		os.Exit(2)
+	}
+	useTLS := *tlsCert != "" || *tlsKey != "" || *tlsCA != ""
+	if useTLS && (*tlsCert == "" || *tlsKey == "" || *tlsCA == "") {
+		return errors.New("-tls-cert, -tls-key and -tls-client-ca go together")
+	}
+	if useTLS && !strings.HasPrefix(*listen, "tcp:") {
+		return errors.New("TLS needs a tcp: listener")
+	}
+	if d := *digestFlag; d != "" && !validDigest(d) {
+		return fmt.Errorf("-digest %q is not sha256:<64 hex digits>", d)
 	}
 	if os.Getpid() == 1 {
 		if err := becomeInit(); err != nil {
@@ -75,9 +102,12 @@ func run() error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 
-	digest, err := selfDigest()
-	if err != nil {
-		return err
+	digest := *digestFlag
+	if digest == "" {
+		var err error
+		if digest, err = selfDigest(); err != nil {
+			return err
+		}
 	}
 	a, err := agent.New(agent.Config{CellID: *cellID, Digest: digest, Home: *home, Logger: log})
 	if err != nil {
@@ -86,6 +116,14 @@ func run() error {
 	ln, err := listenOn(*listen)
 	if err != nil {
 		return err
+	}
+	if useTLS {
+		cfg, err := agent.LoadServerTLS(*tlsCert, *tlsKey, *tlsCA, *cellID)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		ln = tls.NewListener(ln, cfg)
 	}
 	h := agent.NewHandler(a)
 	if *record != "" {
@@ -106,7 +144,7 @@ func run() error {
 		a.Shutdown()
 		_ = srv.Shutdown(context.Background())
 	}()
-	log.Info("cell agent serving", "cell_id", *cellID, "digest", digest, "listen", ln.Addr().String(), "pid", os.Getpid())
+	log.Info("cell agent serving", "cell_id", *cellID, "digest", digest, "listen", ln.Addr().String(), "tls", useTLS, "pid", os.Getpid())
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
@@ -127,6 +165,12 @@ func listenOn(listen string) (net.Listener, error) {
 	ln, err := net.Listen("unix", listen)
 	syscall.Umask(old)
 	return ln, err
+}
+
+// validDigest reports whether d is "sha256:<64 lower-case hex digits>".
+func validDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	return ok && len(h) == 64 && strings.Trim(h, "0123456789abcdef") == ""
 }
 
 // selfDigest is "sha256:<hex>" of the running executable.
