@@ -49,49 +49,80 @@ func NewCellPKI(cellID string, now time.Time, validity time.Duration) (*CellPKI,
 		IsCA:                  true,
 		MaxPathLenZero:        true,
 	}
-	caDER, caCert, err := sign(caTmpl, caKey, nil, nil)
+	caDER, _, err := sign(caTmpl, caKey, nil, nil)
 	if err != nil {
 		return nil, err
 	}
 	out := &CellPKI{CACert: pemBlock("CERTIFICATE", caDER)}
-	if out.CAKey, err = keyPEM(caKey); err != nil {
+	if out.CAKey, err = keyPEMOf(caKey); err != nil {
 		return nil, err
 	}
-	for _, leaf := range []struct {
-		uri        string
-		usage      x509.ExtKeyUsage
-		cert, key  *[]byte
-		commonName string
-	}{
-		{AgentURI(cellID), x509.ExtKeyUsageServerAuth, &out.ServerCert, &out.ServerKey, "sandboxwich cell " + cellID + " agent"},
-		{ControlURI(cellID), x509.ExtKeyUsageClientAuth, &out.ClientCert, &out.ClientKey, "sandboxwich cell " + cellID + " control"},
-	} {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return nil, fmt.Errorf("agent pki: %w", err)
-		}
-		u, err := url.Parse(leaf.uri)
-		if err != nil {
-			return nil, fmt.Errorf("agent pki: %w", err)
-		}
-		der, _, err := sign(&x509.Certificate{
-			Subject:               pkix.Name{CommonName: leaf.commonName},
-			NotBefore:             notBefore,
-			NotAfter:              notAfter,
-			KeyUsage:              x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:           []x509.ExtKeyUsage{leaf.usage},
-			BasicConstraintsValid: true,
-			URIs:                  []*url.URL{u},
-		}, key, caCert, caKey)
-		if err != nil {
-			return nil, err
-		}
-		*leaf.cert = pemBlock("CERTIFICATE", der)
-		if *leaf.key, err = keyPEM(key); err != nil {
-			return nil, err
-		}
+	if out.ServerCert, out.ServerKey, err = out.issue(AgentURI(cellID), x509.ExtKeyUsageServerAuth, notBefore, notAfter); err != nil {
+		return nil, err
+	}
+	if out.ClientCert, out.ClientKey, err = out.issue(ControlURI(cellID), x509.ExtKeyUsageClientAuth, notBefore, notAfter); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// IssueServer issues a new server leaf for cellID from pki's CA key,
+// replacing ServerCert and ServerKey: for a provider that adopts the CA an
+// earlier, interrupted provisioning generated, before the agent's leaf
+// was stored.
+func (pki *CellPKI) IssueServer(cellID string, now time.Time, validity time.Duration) error {
+	if cellID == "" || validity <= 0 {
+		return errors.New("agent pki: a cell ID and a positive validity are required")
+	}
+	c, k, err := pki.issue(AgentURI(cellID), x509.ExtKeyUsageServerAuth, now.Add(-time.Minute), now.Add(validity))
+	if err != nil {
+		return err
+	}
+	pki.ServerCert, pki.ServerKey = c, k
+	return nil
+}
+
+// issue signs a new leaf with URI SAN uri for usage with pki's CA.
+func (pki *CellPKI) issue(uri string, usage x509.ExtKeyUsage, notBefore, notAfter time.Time) (certPEM, keyPEM []byte, err error) {
+	caBlock, _ := pem.Decode(pki.CACert)
+	keyBlock, _ := pem.Decode(pki.CAKey)
+	if caBlock == nil || keyBlock == nil {
+		return nil, nil, errors.New("agent pki: the CA certificate or key is not PEM")
+	}
+	caCert, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent pki: CA certificate: %w", err)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(keyBlock.Bytes)
+	caKey, ok := k.(*ecdsa.PrivateKey)
+	if err != nil || !ok {
+		return nil, nil, fmt.Errorf("agent pki: CA key is not an ECDSA PKCS #8 key (%v)", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent pki: %w", err)
+	}
+	u, err := url.Parse(uri)
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent pki: %w", err)
+	}
+	der, _, err := sign(&x509.Certificate{
+		Subject:               pkix.Name{CommonName: uri},
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{usage},
+		BasicConstraintsValid: true,
+		URIs:                  []*url.URL{u},
+	}, key, caCert, caKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	kp, err := keyPEMOf(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pemBlock("CERTIFICATE", der), kp, nil
 }
 
 // sign issues tmpl for key's public half, signed by parent and parentKey
@@ -120,7 +151,7 @@ func pemBlock(typ string, der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
 }
 
-func keyPEM(key *ecdsa.PrivateKey) ([]byte, error) {
+func keyPEMOf(key *ecdsa.PrivateKey) ([]byte, error) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return nil, fmt.Errorf("agent pki: %w", err)

@@ -199,6 +199,20 @@ func TestNewCellPKI(t *testing.T) {
 	if !caCert.IsCA || caCert.MaxPathLen != 0 || !caCert.MaxPathLenZero {
 		t.Errorf("CA IsCA %v MaxPathLen %d", caCert.IsCA, caCert.MaxPathLen)
 	}
+	// A server leaf issued again from the CA key: another key, the same
+	// identity and CA.
+	old := pki.ServerCert
+	if err := pki.IssueServer(cell, time.Now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = pem.Decode(pki.ServerCert)
+	again, err := x509.ParseCertificate(b.Bytes)
+	if err != nil || string(old) == string(pki.ServerCert) {
+		t.Fatalf("IssueServer: %v", err)
+	}
+	if _, err := again.Verify(x509.VerifyOptions{Roots: ca, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil || again.URIs[0].String() != agent.AgentURI(cell) {
+		t.Fatalf("reissued leaf: %v %v", again.URIs, err)
+	}
 	if _, err := agent.NewCellPKI("", time.Now(), time.Hour); err == nil {
 		t.Error("an empty cell ID was accepted")
 	}

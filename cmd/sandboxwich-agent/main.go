@@ -13,6 +13,12 @@
 //	sandboxwich-agent -listen tcp:0.0.0.0:7443 -cell-id <cell> \
 //	    -tls-cert tls.crt -tls-key tls.key -tls-client-ca ca.crt \
 //	    -digest sha256:<agent image digest>
+//	sandboxwich-agent -install /sbw/bin/sandboxwich-agent
+//
+// -install copies the running executable to the path (mode 0555, parents
+// not created) and exits: the init container of a Kubernetes cell runs it
+// from the agent image, which holds nothing else, to put the agent into
+// the emptyDir the cell container starts it from.
 //
 // A -listen value "tcp:<host>:<port>" serves on TCP instead of a Unix
 // socket: a provider that reaches its cells only over a port (a
@@ -80,7 +86,11 @@ func run() error {
 	tlsKey := flag.String("tls-key", "", "PEM key of -tls-cert")
 	tlsCA := flag.String("tls-client-ca", "", "PEM CA certificate the client certificate must chain to")
 	digestFlag := flag.String("digest", "", "the build digest (sha256:<64 hex>) Status reports; default the executable's")
+	install := flag.String("install", "", "copy this executable to the path and exit")
 	flag.Parse()
+	if *install != "" && flag.NArg() == 0 {
+		return installSelf(*install)
+	}
 	if *listen == "" || *cellID == "" || flag.NArg() > 0 {
 		flag.Usage()
 		os.Exit(2)
@@ -165,6 +175,27 @@ func listenOn(listen string) (net.Listener, error) {
 	ln, err := net.Listen("unix", listen)
 	syscall.Umask(old)
 	return ln, err
+}
+
+// installSelf copies the running executable to dst, mode 0555.
+func installSelf(dst string) error {
+	src, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	defer src.Close()
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o555)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	if _, err := io.Copy(f, src); err != nil {
+		f.Close()
+		return fmt.Errorf("install: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	return os.Chmod(dst, 0o555)
 }
 
 // validDigest reports whether d is "sha256:<64 lower-case hex digits>".

@@ -427,3 +427,21 @@ func TestListenTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestInstall: -install copies the agent, byte for byte and executable,
+// and exits.
+func TestInstall(t *testing.T) {
+	bin := build(t)
+	dst := filepath.Join(t.TempDir(), "sandboxwich-agent")
+	if out, err := exec.Command(bin, "-install", dst).CombinedOutput(); err != nil {
+		t.Fatalf("-install: %v %s", err, out)
+	}
+	want, _ := fileSHA256(bin)
+	got, err := fileSHA256(dst)
+	if err != nil || got != want {
+		t.Fatalf("copy sha256 %s, want %s (%v)", got, want, err)
+	}
+	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o555 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+}
