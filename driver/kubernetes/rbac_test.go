@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -59,9 +60,35 @@ func TestRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The identity is what the binding names, and it has nothing beyond
-	// the Role.
-	if _, err := asSA.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
-		t.Fatalf("listing secrets as the service account: %v, want Forbidden", err)
+	// the Role: not in another namespace, not cluster-wide, no verb the
+	// Role does not name.
+	other := env.Namespace(t)
+	if _, err := asSA.CoreV1().Secrets(other).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing secrets of another namespace as the service account: %v, want Forbidden", err)
+	}
+	if _, err := asSA.CoreV1().Pods(other).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing pods of another namespace: %v, want Forbidden", err)
+	}
+	if _, err := asSA.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing configmaps: %v, want Forbidden", err)
+	}
+	if _, err := asSA.CoreV1().Services(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing services: %v, want Forbidden", err)
+	}
+	if _, err := asSA.CoreV1().Secrets(ns).Watch(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("watching secrets: %v, want Forbidden", err)
+	}
+	if _, err := asSA.CoreV1().Secrets(ns).Patch(ctx, "any", "application/merge-patch+json", []byte(`{}`), metav1.PatchOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("patching a secret: %v, want Forbidden", err)
+	}
+	wantRules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "list", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}},
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create", "get"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create", "get", "list", "delete"}},
+	}
+	if fmt.Sprint(role.Rules) != fmt.Sprint(wantRules) {
+		t.Fatalf("the Role grants %+v, want exactly %+v", role.Rules, wantRules)
 	}
 
 	p := newProvider(t, env, ns, "rbac", func(c *kubernetes.Config) { c.RESTConfig = cfg })
@@ -91,6 +118,31 @@ func TestRBAC(t *testing.T) {
 	if err := p.Destroy(ctx, obj); err != nil {
 		t.Fatalf("Destroy under the manifest's RBAC: %v", err)
 	}
+	requireNoPods(t, env, ns)
+
+	// With the agent: the cell's Secrets are created, read back by a
+	// restarted driver, listed and deleted under the same Role, and the
+	// Pod with its init container passes the restricted standard.
+	pa := newProvider(t, env, ns, "rbac-agent", withAgent(0), func(c *kubernetes.Config) { c.RESTConfig = cfg })
+	objA, err := pa.Provision(ctx, provisionReq(lease.GVisorLowerRisk))
+	if err != nil {
+		t.Fatalf("Provision with the agent under the manifest's RBAC: %v", err)
+	}
+	if _, err := pa.Provision(ctx, driver.ProvisionRequest{CellID: objA.CellID, RuntimeClass: lease.GVisorLowerRisk}); err != nil {
+		t.Fatalf("a retried Provision (adopting the secrets) under the manifest's RBAC: %v", err)
+	}
+	updateStatus(ctx, t, env, ns, kubernetes.PodName(objA.CellID), func(pod *corev1.Pod) { pod.Status.PodIP = "127.0.0.1" })
+	restarted := newProvider(t, env, ns, "rbac-agent", withAgent(0), func(c *kubernetes.Config) { c.RESTConfig = cfg })
+	if _, err := restarted.Driver().(driver.AgentHost).Agent(ctx, objA); err != nil {
+		t.Fatalf("reading the control secret back under the manifest's RBAC: %v", err)
+	}
+	if objs, err := pa.List(ctx); err != nil || len(objs) != 1 {
+		t.Fatalf("List with the agent under the manifest's RBAC: %+v, %v", objs, err)
+	}
+	if err := pa.Destroy(ctx, objA); err != nil {
+		t.Fatalf("Destroy with the agent under the manifest's RBAC: %v", err)
+	}
+	requireSecretsGone(ctx, t, env, ns, objA.CellID)
 	requireNoPods(t, env, ns)
 
 	// The Role grants nothing that Pod Security would let a Pod abuse: a
