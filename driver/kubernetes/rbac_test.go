@@ -10,6 +10,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -191,3 +193,92 @@ func rbacManifest(t *testing.T) (*rbacv1.Role, *rbacv1.RoleBinding) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// manifestDocs reads the YAML documents of a deploy/kubernetes file.
+func manifestDocs(t *testing.T, name string) [][]byte {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/kubernetes/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Split(b, []byte("\n---\n"))
+}
+
+// TestDeployManifests: the NetworkPolicy admits only the agent port, only
+// from the server's Pods, into the cells' Pods, and the API server accepts
+// it; the RuntimeClasses name the handlers; the supervisor Pod runs outside
+// the cells' namespace and any RuntimeClass, without API credentials, its
+// attestation on stdin, and passes the restricted Pod Security Standard.
+func TestDeployManifests(t *testing.T) {
+	t.Parallel()
+	env := k8stest.Shared(t)
+	ctx := ctxT(t, time.Minute)
+
+	docs := manifestDocs(t, "networkpolicy.yaml")
+	var np networkingv1.NetworkPolicy
+	if len(docs) != 1 || yaml.UnmarshalStrict(docs[0], &np) != nil {
+		t.Fatalf("networkpolicy.yaml must hold one NetworkPolicy")
+	}
+	if np.Namespace != "sandboxwich-cells" || np.Spec.PodSelector.MatchLabels[kubernetes.LabelManagedBy] != kubernetes.ManagedByValue ||
+		len(np.Spec.PolicyTypes) != 1 || np.Spec.PolicyTypes[0] != networkingv1.PolicyTypeIngress || len(np.Spec.Egress) != 0 || len(np.Spec.Ingress) != 1 {
+		t.Fatalf("network policy %+v", np.Spec)
+	}
+	in := np.Spec.Ingress[0]
+	if len(in.Ports) != 1 || in.Ports[0].Port.IntValue() != kubernetes.DefaultAgentPort || *in.Ports[0].Protocol != corev1.ProtocolTCP {
+		t.Errorf("ports %+v, want only TCP %d", in.Ports, kubernetes.DefaultAgentPort)
+	}
+	if len(in.From) != 1 || in.From[0].IPBlock != nil || in.From[0].PodSelector == nil || in.From[0].NamespaceSelector == nil ||
+		in.From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "sandboxwich" ||
+		in.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "sandboxwich" {
+		t.Errorf("from %+v, want only the server's Pods of namespace sandboxwich", in.From)
+	}
+	ns := env.Namespace(t)
+	np.Namespace = ns
+	if _, err := env.Client.NetworkingV1().NetworkPolicies(ns).Create(ctx, &np, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the API server refuses networkpolicy.yaml: %v", err)
+	}
+
+	handlers := map[string]string{}
+	for _, doc := range manifestDocs(t, "runtimeclass.yaml") {
+		var rc nodev1.RuntimeClass
+		if err := yaml.UnmarshalStrict(doc, &rc); err != nil {
+			t.Fatal(err)
+		}
+		handlers[rc.Name] = rc.Handler
+	}
+	if len(handlers) != 2 || handlers["gvisor"] != "runsc" || handlers["kata"] != "kata" {
+		t.Errorf("runtime classes %v", handlers)
+	}
+
+	docs = manifestDocs(t, "supervisor.yaml")
+	var pod corev1.Pod
+	if len(docs) != 1 || yaml.UnmarshalStrict(docs[0], &pod) != nil {
+		t.Fatal("supervisor.yaml must hold one Pod")
+	}
+	s := pod.Spec
+	c := s.Containers[0]
+	args := strings.Join(c.Args, " ")
+	switch {
+	case pod.Namespace == "sandboxwich-cells" || s.RuntimeClassName != nil:
+		t.Errorf("the supervisor runs in %q under runtime class %v", pod.Namespace, s.RuntimeClassName)
+	case s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken:
+		t.Error("the supervisor mounts a service-account token")
+	case len(c.Env) > 0 || len(c.EnvFrom) > 0:
+		t.Errorf("the supervisor has env %v %v", c.Env, c.EnvFrom)
+	case !c.Stdin || !c.StdinOnce || !strings.HasPrefix(args, "supervise ") || !strings.Contains(args, "--attestation-file=- ") || !strings.Contains(args, "--token-file="):
+		t.Errorf("the supervisor's args %q (stdin %v)", args, c.Stdin)
+	}
+	// Restricted Pod Security admits it.
+	nsObj, err := env.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	if _, err := env.Client.CoreV1().Namespaces().Update(ctx, nsObj, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod.Namespace, pod.Name = ns, "supervise"
+	if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, &pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatalf("the supervisor Pod in a restricted namespace: %v", err)
+	}
+}
