@@ -62,6 +62,46 @@ var _ interface {
 	driver.AgentHost
 } = (*AgentProvider)(nil)
 
+// Provision implements driver.Provider: Provider.Provision, then a wait,
+// within ctx and Config.ReadyTimeout, until the cell's agent answers its
+// status over the channel (Agent): the container runs a moment before the
+// agent listens, and the pool reads the agent's readiness evidence at
+// once. A Pod gone or ended meanwhile fails at once.
+func (a *AgentProvider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+	obj, err := a.Provider.Provision(ctx, req)
+	if err != nil {
+		return obj, err
+	}
+	if err := a.waitAgent(ctx, obj); err != nil {
+		return obj, fmt.Errorf("kubernetes: provision %s: %w", PodName(obj.CellID), err)
+	}
+	return obj, nil
+}
+
+// waitAgent polls the agent's status until it answers.
+func (a *AgentProvider) waitAgent(ctx context.Context, obj driver.Object) error {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.ReadyTimeout)
+	defer cancel()
+	delay := 20 * time.Millisecond
+	for {
+		conn, err := a.Agent(ctx, obj)
+		if err == nil {
+			if _, err = conn.Status(ctx); err == nil {
+				return nil
+			}
+		}
+		if errors.Is(err, driver.ErrNotFound) || errors.Is(err, driver.ErrCellLost) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the cell agent did not answer within %v: %v", a.cfg.ReadyTimeout, err)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
 // agentEntry is a cached channel to one Pod's agent.
 type agentEntry struct {
 	uid, addr string

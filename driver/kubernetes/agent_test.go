@@ -473,3 +473,30 @@ func TestAgentChannel(t *testing.T) {
 	}
 	requireSecretsGone(ctx, t, env, ns, obj.CellID)
 }
+
+// TestAgentProvisionWaitsForAgent: through Driver, Provision returns only
+// once the cell's agent answers; one that never does fails it within
+// ReadyTimeout, and the pool's Destroy then removes Pod and Secrets.
+func TestAgentProvisionWaitsForAgent(t *testing.T) {
+	t.Parallel()
+	env := k8stest.Shared(t)
+	ns := env.Namespace(t)
+	ctx := ctxT(t, time.Minute)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // nothing listens: the agent never answers
+	p := newProvider(t, env, ns, "agent-wait", withAgent(port), func(c *kubernetes.Config) { c.ReadyTimeout = 2 * time.Second })
+	req := provisionReq(lease.GVisorLowerRisk)
+	obj, err := p.Driver().Provision(ctx, req)
+	if err == nil || !strings.Contains(err.Error(), "agent did not answer") {
+		t.Fatalf("Provision with no agent answering: %+v %v", obj, err)
+	}
+	if err := p.Driver().Destroy(ctx, driver.Object{CellID: req.CellID}); err != nil {
+		t.Fatal(err)
+	}
+	requireNoPods(t, env, ns)
+	requireSecretsGone(ctx, t, env, ns, req.CellID)
+}

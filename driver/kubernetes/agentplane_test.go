@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
@@ -42,22 +43,44 @@ type kubeletAgent struct {
 }
 
 func (k *kubeletAgent) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+	// The kubelet's part runs while Provision waits for the agent.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k.playKubelet(ctx, req.CellID)
+	}()
 	obj, err := k.AgentProvider.Provision(ctx, req)
-	if err != nil {
-		return obj, err
+	<-done
+	return obj, err
+}
+
+// playKubelet waits for the cell's Pod to be Running and ready (kwok
+// reports it so), then reports the agent init container's imageID and the
+// Pod IP, and serves the cell's agent with the mounted Secret's leaf.
+func (k *kubeletAgent) playKubelet(ctx context.Context, cellID uuid.UUID) {
+	name := kubernetes.PodName(cellID)
+	for {
+		pod, err := k.env.Client.CoreV1().Pods(k.ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && pod.Status.Phase == corev1.PodRunning && len(pod.Status.ContainerStatuses) > 0 && pod.Status.ContainerStatuses[0].Ready {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	name := kubernetes.PodName(obj.CellID)
 	setInitImageID(ctx, k.t, k.env, k.ns, name, k.imageID)
 	updateStatus(ctx, k.t, k.env, k.ns, name, func(pod *corev1.Pod) { pod.Status.PodIP = "127.0.0.1" })
 	k.once.Do(func() {
-		s := getSecret(ctx, k.t, k.env, k.ns, kubernetes.AgentSecretName(obj.CellID))
+		s := getSecret(ctx, k.t, k.env, k.ns, kubernetes.AgentSecretName(cellID))
 		pki := &agent.CellPKI{CACert: s.Data[kubernetes.SecretCACert], ServerCert: s.Data[kubernetes.SecretTLSCert], ServerKey: s.Data[kubernetes.SecretTLSKey]}
-		cfg, err := pki.ServerConfig(obj.CellID.String())
+		cfg, err := pki.ServerConfig(cellID.String())
 		if err != nil {
 			k.t.Error(err)
 			return
 		}
-		a, err := agent.New(agent.Config{CellID: obj.CellID.String(), Digest: testAgentDigest, Home: k.t.TempDir()})
+		a, err := agent.New(agent.Config{CellID: cellID.String(), Digest: testAgentDigest, Home: k.t.TempDir()})
 		if err != nil {
 			k.t.Error(err)
 			return
@@ -67,7 +90,6 @@ func (k *kubeletAgent) Provision(ctx context.Context, req driver.ProvisionReques
 		go srv.Serve(tls.NewListener(k.ln, cfg))
 		k.t.Cleanup(func() { srv.Close() })
 	})
-	return obj, nil
 }
 
 // TestAgentPlane runs the plane over the driver with the agent: a cell is
@@ -153,6 +175,9 @@ func TestAgentPlane(t *testing.T) {
 			ev, err := plane.Evidence(ctx, "acme", id)
 			if err != nil || ev.AgentDigest != testAgentDigest {
 				t.Fatalf("evidence %+v %v", ev, err)
+			}
+			if err := plane.Pools().SetTarget("k8s", 0); err != nil { // no replacement
+				t.Fatal(err)
 			}
 			if _, err := plane.Release(ctx, "acme", id, pr, lease.Destroyed); err != nil {
 				t.Fatal(err)

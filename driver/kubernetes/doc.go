@@ -81,6 +81,9 @@
 //     from the init container's status imageID (driver.RepoDigest): the
 //     pool requires the agent to report exactly it. A Pod admitted without
 //     that init container or with another agent image is weakened.
+//   - AgentProvider.Provision returns only once the agent answers its
+//     status over the channel (within ReadyTimeout): the pool reads the
+//     agent's readiness evidence at once.
 //   - Agent reads the Pod and the control Secret from the API server (a
 //     restarted plane needs nothing else), dials the Pod IP and the agent
 //     port, and verifies the agent's leaf against the cell's CA by its URI
