@@ -500,3 +500,52 @@ func TestAgentProvisionWaitsForAgent(t *testing.T) {
 	requireNoPods(t, env, ns)
 	requireSecretsGone(ctx, t, env, ns, req.CellID)
 }
+
+// TestAgentSecretsForeign: a Secret under a cell's name that lacks the
+// pool's labels is neither adopted nor deleted (Destroy stays uncertain),
+// and an agent Secret of another CA is never paired with the cell's
+// control Secret.
+func TestAgentSecretsForeign(t *testing.T) {
+	t.Parallel()
+	env := k8stest.Shared(t)
+	ns := env.Namespace(t)
+	ctx := ctxT(t, time.Minute)
+	p := newProvider(t, env, ns, "agent-foreign", withAgent(0))
+	secrets := env.Client.CoreV1().Secrets(ns)
+
+	req := provisionReq(lease.GVisorLowerRisk)
+	foreign := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: kubernetes.ControlSecretName(req.CellID)}, Data: map[string][]byte{"x": []byte("y")}}
+	if _, err := secrets.Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Provision(ctx, req); err == nil || !strings.Contains(err.Error(), "ownership labels") {
+		t.Fatalf("Provision over a foreign control secret: %v", err)
+	}
+	if err := p.Destroy(ctx, driver.Object{CellID: req.CellID}); !errors.Is(err, driver.ErrUncertain) {
+		t.Fatalf("Destroy with a foreign secret: %v, want ErrUncertain", err)
+	}
+	if _, err := secrets.Get(ctx, foreign.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the foreign secret was deleted: %v", err)
+	}
+
+	req2 := provisionReq(lease.GVisorLowerRisk)
+	otherCA, err := agent.NewCellPKI(req2.CellID.String(), time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{kubernetes.LabelManagedBy: kubernetes.ManagedByValue, kubernetes.LabelPool: "agent-foreign",
+		kubernetes.LabelInstallation: testInstallation, kubernetes.LabelCellID: req2.CellID.String()}
+	stale := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: kubernetes.AgentSecretName(req2.CellID), Labels: labels},
+		Data: map[string][]byte{kubernetes.SecretCACert: otherCA.CACert, kubernetes.SecretTLSCert: otherCA.ServerCert, kubernetes.SecretTLSKey: otherCA.ServerKey}}
+	if _, err := secrets.Create(ctx, stale, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Provision(ctx, req2); err == nil || !strings.Contains(err.Error(), "another CA") {
+		t.Fatalf("Provision over an agent secret of another CA: %v", err)
+	}
+	if err := p.Destroy(ctx, driver.Object{CellID: req2.CellID}); err != nil {
+		t.Fatal(err)
+	}
+	requireSecretsGone(ctx, t, env, ns, req2.CellID)
+	requireNoPods(t, env, ns)
+}
