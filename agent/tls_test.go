@@ -217,3 +217,61 @@ func TestNewCellPKI(t *testing.T) {
 		t.Error("an empty cell ID was accepted")
 	}
 }
+
+// BenchmarkChannel compares a status round trip over the per-cell mTLS
+// channel (connections kept alive, as the drivers' clients do) with the
+// same over plain TCP, in the same run: report the ratio, not the times.
+func BenchmarkChannel(b *testing.B) {
+	const cell = "bench-cell"
+	pki, err := agent.NewCellPKI(cell, time.Now(), time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{CellID: cell, Digest: "sha256:" + strings.Repeat("a", 64), Home: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Shutdown()
+	serve := func(cfg *tls.Config) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		srv := &http.Server{Handler: agent.NewHandler(a), ErrorLog: log.New(io.Discard, "", 0)}
+		if cfg != nil {
+			go srv.Serve(tls.NewListener(ln, cfg))
+		} else {
+			go srv.Serve(ln)
+		}
+		b.Cleanup(func() { srv.Close() })
+		return ln.Addr().String()
+	}
+	serverCfg, _ := pki.ServerConfig(cell)
+	clientCfg, _ := pki.ClientConfig(cell)
+	for _, bc := range []struct {
+		name string
+		srv  *tls.Config
+		dial func(ctx context.Context, addr string) (net.Conn, error)
+	}{
+		{"plain", nil, func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}},
+		{"mtls", serverCfg, func(ctx context.Context, addr string) (net.Conn, error) {
+			d := tls.Dialer{Config: clientCfg}
+			return d.DialContext(ctx, "tcp", addr)
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			addr := serve(bc.srv)
+			c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return bc.dial(ctx, addr) })
+			defer c.CloseIdleConnections()
+			ctx := context.Background()
+			for b.Loop() {
+				if _, err := c.Status(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
