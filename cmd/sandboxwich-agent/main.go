@@ -10,14 +10,32 @@
 //
 //	sandboxwich-agent -listen /run/sandboxwich/agent.sock -cell-id <cell>
 //	sandboxwich-agent -listen tcp:0.0.0.0:8080 -cell-id <cell>
+//	sandboxwich-agent -listen tcp:0.0.0.0:7443 -cell-id <cell> \
+//	    -tls-cert tls.crt -tls-key tls.key -tls-client-ca ca.crt \
+//	    -digest sha256:<agent image digest>
+//	sandboxwich-agent -install /sbw/bin/sandboxwich-agent
+//
+// -install copies the running executable to the path (mode 0555, parents
+// not created) and exits: the init container of a Kubernetes cell runs it
+// from the agent image, which holds nothing else, to put the agent into
+// the emptyDir the cell container starts it from.
 //
 // A -listen value "tcp:<host>:<port>" serves on TCP instead of a Unix
 // socket: a provider that reaches its cells only over a port (a
 // Cloudflare Container, whose one client is the bridge's Durable Object,
 // CONTRACT §18) runs it so.
 //
+// With -tls-cert, -tls-key and -tls-client-ca (files of a Secret mounted
+// read-only: the server leaf, its key and the cell's CA) it serves TLS 1.3
+// only on a tcp: listener and requires a client certificate from that CA
+// whose only URI SAN is spiffe://sandboxwich/cell/<cell-id>/control
+// (agent.ServerTLS): the Kubernetes driver's channel (CONTRACT §13). The
+// three go together, and only with tcp:.
+//
 // Its digest ("sha256:<hex>" of its own executable, read from
-// /proc/self/exe at start) is what Status reports. As PID 1 it reaps every
+// /proc/self/exe at start) is what Status reports, unless -digest names
+// the build digest to report instead: a provider that ships the agent in
+// an image pinned by digest passes that digest, the one it expects. As PID 1 it reaps every
 // orphan of the cell, replaces its stdio with /dev/null (the runtime hands
 // an init the host files of whoever created the container), and so logs
 // nowhere, and makes itself non-dumpable (no workload can read its /proc
@@ -33,6 +51,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -63,10 +82,28 @@ func run() error {
 	cellID := flag.String("cell-id", "", "the cell this agent serves")
 	home := flag.String("home", agent.DefaultHome, "the cell user's home")
 	record := flag.String("record", "", "TEST ONLY: append every request received to this file")
+	tlsCert := flag.String("tls-cert", "", "PEM server certificate (serve TLS 1.3 with client authentication)")
+	tlsKey := flag.String("tls-key", "", "PEM key of -tls-cert")
+	tlsCA := flag.String("tls-client-ca", "", "PEM CA certificate the client certificate must chain to")
+	digestFlag := flag.String("digest", "", "the build digest (sha256:<64 hex>) Status reports; default the executable's")
+	install := flag.String("install", "", "copy this executable to the path and exit")
 	flag.Parse()
+	if *install != "" && flag.NArg() == 0 {
+		return installSelf(*install)
+	}
 	if *listen == "" || *cellID == "" || flag.NArg() > 0 {
 		flag.Usage()
 		os.Exit(2)
+	}
+	useTLS := *tlsCert != "" || *tlsKey != "" || *tlsCA != ""
+	if useTLS && (*tlsCert == "" || *tlsKey == "" || *tlsCA == "") {
+		return errors.New("-tls-cert, -tls-key and -tls-client-ca go together")
+	}
+	if useTLS && !strings.HasPrefix(*listen, "tcp:") {
+		return errors.New("TLS needs a tcp: listener")
+	}
+	if d := *digestFlag; d != "" && !validDigest(d) {
+		return fmt.Errorf("-digest %q is not sha256:<64 hex digits>", d)
 	}
 	if os.Getpid() == 1 {
 		if err := becomeInit(); err != nil {
@@ -75,9 +112,12 @@ func run() error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 
-	digest, err := selfDigest()
-	if err != nil {
-		return err
+	digest := *digestFlag
+	if digest == "" {
+		var err error
+		if digest, err = selfDigest(); err != nil {
+			return err
+		}
 	}
 	a, err := agent.New(agent.Config{CellID: *cellID, Digest: digest, Home: *home, Logger: log})
 	if err != nil {
@@ -86,6 +126,14 @@ func run() error {
 	ln, err := listenOn(*listen)
 	if err != nil {
 		return err
+	}
+	if useTLS {
+		cfg, err := agent.LoadServerTLS(*tlsCert, *tlsKey, *tlsCA, *cellID)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		ln = tls.NewListener(ln, cfg)
 	}
 	h := agent.NewHandler(a)
 	if *record != "" {
@@ -106,7 +154,7 @@ func run() error {
 		a.Shutdown()
 		_ = srv.Shutdown(context.Background())
 	}()
-	log.Info("cell agent serving", "cell_id", *cellID, "digest", digest, "listen", ln.Addr().String(), "pid", os.Getpid())
+	log.Info("cell agent serving", "cell_id", *cellID, "digest", digest, "listen", ln.Addr().String(), "tls", useTLS, "pid", os.Getpid())
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
@@ -127,6 +175,33 @@ func listenOn(listen string) (net.Listener, error) {
 	ln, err := net.Listen("unix", listen)
 	syscall.Umask(old)
 	return ln, err
+}
+
+// installSelf copies the running executable to dst, mode 0555.
+func installSelf(dst string) error {
+	src, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	defer src.Close()
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o555)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	if _, err := io.Copy(f, src); err != nil {
+		f.Close()
+		return fmt.Errorf("install: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	return os.Chmod(dst, 0o555)
+}
+
+// validDigest reports whether d is "sha256:<64 lower-case hex digits>".
+func validDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	return ok && len(h) == 64 && strings.Trim(h, "0123456789abcdef") == ""
 }
 
 // selfDigest is "sha256:<hex>" of the running executable.

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"debug/elf"
 	"encoding/hex"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -306,5 +309,139 @@ func TestListenTCP(t *testing.T) {
 	}
 	if st.State != agent.Waiting || st.CellID != "cell-tcp" {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// startLogged starts bin with args and returns the address it logs it
+// listens on.
+func startLogged(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := make(chan string, 1)
+	go func() {
+		var seen []byte
+		buf := make([]byte, 4096)
+		for {
+			n, err := stderr.Read(buf)
+			seen = append(seen, buf[:n]...)
+			if _, rest, ok := bytes.Cut(seen, []byte("listen=")); ok {
+				if a, _, ok := bytes.Cut(rest, []byte(" ")); ok {
+					addr <- string(a)
+					io.Copy(io.Discard, stderr)
+					return
+				}
+			}
+			if err != nil {
+				close(addr)
+				return
+			}
+		}
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatal("the agent exited without listening")
+		}
+		return a
+	case <-time.After(time.Minute):
+		t.Fatal("the agent logged no listen address")
+	}
+	return ""
+}
+
+// TestListenTLS: with the TLS flags the agent serves TLS 1.3 only, to the
+// control leaf of its own cell only, and reports the -digest it was given.
+// The flags go together, with a tcp: listener, and a malformed -digest is
+// refused.
+func TestListenTLS(t *testing.T) {
+	bin := build(t)
+	const cell = "3f2a1b0c-1111-4222-8333-944455556666"
+	pki, err := agent.NewCellPKI(cell, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	files := map[string][]byte{"tls.crt": pki.ServerCert, "tls.key": pki.ServerKey, "ca.crt": pki.CACert}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+	digest := "sha256:" + strings.Repeat("5e", 32)
+	tlsArgs := []string{"-tls-cert", filepath.Join(dir, "tls.crt"), "-tls-key", filepath.Join(dir, "tls.key"), "-tls-client-ca", filepath.Join(dir, "ca.crt")}
+	a := startLogged(t, bin, append([]string{"-listen", "tcp:127.0.0.1:0", "-cell-id", cell, "-home", t.TempDir(), "-digest", digest}, tlsArgs...)...)
+	dial := func(cfg *tls.Config) *agent.Client {
+		return agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+			d := tls.Dialer{Config: cfg}
+			return d.DialContext(ctx, "tcp", a)
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	good, err := pki.ClientConfig(cell)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := dial(good).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != agent.Waiting || st.CellID != cell || st.Digest != digest {
+		t.Fatalf("status %+v, want waiting %s %s", st, cell, digest)
+	}
+	other, err := agent.NewCellPKI("another-cell", time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := tls.X509KeyPair(other.ClientCert, other.ClientKey)
+	ca := x509.NewCertPool()
+	ca.AppendCertsFromPEM(pki.CACert)
+	if st, err := dial(agent.ClientTLS(cert, ca, cell)).Status(ctx); err == nil {
+		t.Fatalf("another cell's control leaf got %+v", st)
+	}
+	var plain net.Dialer
+	plainClient := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return plain.DialContext(ctx, "tcp", a) })
+	if st, err := plainClient.Status(ctx); err == nil {
+		t.Fatalf("plain HTTP got %+v", st)
+	}
+
+	for name, args := range map[string][]string{
+		"cert without key and CA": {"-listen", "tcp:127.0.0.1:0", "-cell-id", cell, "-tls-cert", tlsArgs[1]},
+		"TLS on a Unix socket":    append([]string{"-listen", filepath.Join(dir, "s.sock"), "-cell-id", cell}, tlsArgs...),
+		"a malformed digest":      {"-listen", "tcp:127.0.0.1:0", "-cell-id", cell, "-digest", "sha256:xyz"},
+		"a CA file without PEM":   {"-listen", "tcp:127.0.0.1:0", "-cell-id", cell, "-tls-cert", tlsArgs[1], "-tls-key", tlsArgs[3], "-tls-client-ca", tlsArgs[3]},
+	} {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if err == nil {
+			t.Errorf("%s: the agent started", name)
+		} else if !strings.Contains(string(out), "sandboxwich-agent:") {
+			t.Errorf("%s: %v %s", name, err, out)
+		}
+	}
+}
+
+// TestInstall: -install copies the agent, byte for byte and executable,
+// and exits.
+func TestInstall(t *testing.T) {
+	bin := build(t)
+	dst := filepath.Join(t.TempDir(), "sandboxwich-agent")
+	if out, err := exec.Command(bin, "-install", dst).CombinedOutput(); err != nil {
+		t.Fatalf("-install: %v %s", err, out)
+	}
+	want, _ := fileSHA256(bin)
+	got, err := fileSHA256(dst)
+	if err != nil || got != want {
+		t.Fatalf("copy sha256 %s, want %s (%v)", got, want, err)
+	}
+	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o555 {
+		t.Fatalf("mode %v", fi.Mode())
 	}
 }

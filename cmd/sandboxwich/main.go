@@ -6,9 +6,9 @@
 //	sandboxwich claim …    client commands against a running server
 //
 // Run `sandboxwich help` for every command. Exit status: 0 success, 1 a
-// failure, 2 a usage error, 3 a claim that leased nothing; exec (and launch
-// and launch-status with --wait) exit with the command's status and use 125
-// for their own failures, as docker run does. With --json a failure is
+// failure, 2 a usage error, 3 a claim that leased nothing; exec and
+// supervise (and launch and launch-status with --wait) exit with the
+// command's status and use 125 for their own failures, as docker run does. With --json a failure is
 // {"ok":false,"code","message"} on stdout.
 package main
 
@@ -74,6 +74,7 @@ var commands = []command{
 	{name: "cp", summary: "copy a file into or out of a leased cell: cp [flags] LOCAL cell:/abs/path, or cell:/abs/path LOCAL (- is stdin/stdout)", run: cliCp},
 	{name: "launch", summary: "start the lease's resident workload (optionally --wait for its exit): launch [flags] -- argv…", run: cliLaunch, workload: true},
 	{name: "launch-status", summary: "show the lease's launched workload (optionally --wait for its exit)", run: cliLaunchStatus, workload: true},
+	{name: "supervise", summary: "the control sidecar: validate the lease, launch its workload, exit with its status: supervise --attestation-file FILE|- --token-file FILE [flags] -- argv…", run: cliSupervise, workload: true},
 	{name: "lease", summary: "show the status of a lease", run: cliLease},
 	{name: "leases", summary: "list the tenant's leases, newest first (filters, --live, --all)", run: cliLeases},
 	{name: "evidence", summary: "show what the server read back from a lease's cell (runtime class, agent digest)", run: cliEvidence},

@@ -109,7 +109,13 @@ var providers = map[string]providerFactory{
 			return nil, err
 		}
 		cfg.Installation, cfg.Logger = installation, log
-		return kubernetes.New(cfg)
+		p, err := kubernetes.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		// With agent_image: exec, files and launch through the cell agent
+		// over per-cell mTLS; without: exec through pods/exec.
+		return p.Driver(), nil
 	},
 	// agent-sandbox claims warm Pods of kubernetes-sigs/agent-sandbox
 	// (settings: SANDBOXWICH_AGENT_SANDBOX_*, see driver/agentsandbox).

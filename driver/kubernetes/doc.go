@@ -56,6 +56,45 @@
 // before the first is created; a CNI plugin that enforces NetworkPolicy is
 // what makes it bite. deploy/kubernetes holds the minimal RBAC.
 //
+// # The cell agent over per-cell mutual TLS
+//
+// With Config.AgentImage (an image pinned by digest holding the static
+// agent at AgentImageBinary), every cell runs the cell agent of CONTRACT
+// §13, and Provider.Driver returns an AgentProvider (driver.AgentHost):
+// exec, files and launch go through the agent; without it Driver returns
+// the Provider itself and exec goes through pods/exec.
+//
+//   - Before the Pod, Provision creates two immutable Secrets carrying the
+//     Pod's labels: ControlSecretName (the CA certificate and key, and the
+//     client leaf with URI SAN spiffe://sandboxwich/cell/<cell>/control),
+//     mounted into no Pod, and AgentSecretName (the CA certificate and the
+//     server leaf, URI SAN …/agent), mounted read-only into the cell. A
+//     retried Provision adopts the CA of the control Secret it finds,
+//     issuing the agent leaf again from its key when the agent Secret is
+//     missing: a cell never has two CAs. Keys are ECDSA P-256
+//     (agent.NewCellPKI).
+//   - The Pod's init container AgentInitContainerName, from the agent
+//     image, copies the agent into an emptyDir; the cell container, as the
+//     cell user (agent.CellUID), runs it as its entrypoint with
+//     -listen tcp:0.0.0.0:<AgentPort>, the Secret's files and -digest set
+//     to the image's pinned digest. Inspect reports Observation.AgentDigest
+//     from the init container's status imageID (driver.RepoDigest): the
+//     pool requires the agent to report exactly it. A Pod admitted without
+//     that init container or with another agent image is weakened.
+//   - AgentProvider.Provision returns only once the agent answers its
+//     status over the channel (within ReadyTimeout): the pool reads the
+//     agent's readiness evidence at once.
+//   - Agent reads the Pod and the control Secret from the API server (a
+//     restarted plane needs nothing else), dials the Pod IP and the agent
+//     port, and verifies the agent's leaf against the cell's CA by its URI
+//     SAN, never by the address (agent.ClientTLS); the agent accepts only
+//     the cell's control leaf (agent.ServerTLS). TLS 1.3 only.
+//   - Destroy, once the Pod is gone, deletes both Secrets with UID
+//     preconditions and reads them back until absent: a Secret it cannot
+//     prove gone keeps the result driver.ErrUncertain. List also reports
+//     a cell whose Secrets outlived its Pod (Identity empty), so orphan
+//     reconciliation removes them.
+//
 // Process limits: a Pod spec cannot cap its processes; the kubelet does,
 // with podPidsLimit in its configuration (--pod-max-pids), for every Pod of
 // the node. The driver sets none and has no pids_limit setting: a cluster

@@ -22,6 +22,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
@@ -121,6 +122,27 @@ type Config struct {
 	Identity string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+
+	// AgentImage, when set, runs the cell agent (CONTRACT §13) in every
+	// Pod: the image (pinned by digest, name@sha256:<64 hex>) holding the
+	// static agent at AgentImageBinary. An init container copies it into
+	// an emptyDir and the cell container runs it as its entrypoint, the
+	// launcher of the workload; its pinned digest is the agent build
+	// digest the plane expects, read back from the init container's
+	// imageID. Each cell gets its own CA and leaves in two Secrets
+	// (AgentSecretName, ControlSecretName), and Provider.Driver returns
+	// an AgentProvider: exec, files and launch go through the agent over
+	// TLS 1.3 with mutual authentication. Empty: no agent, exec through
+	// pods/exec, no Secrets.
+	AgentImage string
+	// AgentPort is the Pod port the agent serves on (default
+	// DefaultAgentPort). The pool's deny-all NetworkPolicy stays; the
+	// deployment admits this port from the plane with a policy of its
+	// own (deploy/kubernetes/networkpolicy.yaml).
+	AgentPort int
+	// CertValidity is how long a cell's certificates are valid (default
+	// DefaultCertValidity).
+	CertValidity time.Duration
 }
 
 // Provider runs each cell as one Pod. It implements driver.Provider,
@@ -138,6 +160,8 @@ type Provider struct {
 	npOK bool
 
 	exec *podexec.Runner
+
+	agents sync.Map // cell ID → *agentEntry
 }
 
 var _ interface {
@@ -192,6 +216,27 @@ func New(cfg Config) (*Provider, error) {
 	}{{"cpu", cfg.CPU, &p.cpu}, {"memory", cfg.Memory, &p.memory}, {"tmp_size", cfg.TmpSize, &p.tmpSize}} {
 		if *q.dst, err = resource.ParseQuantity(q.s); err != nil || q.dst.Sign() <= 0 {
 			return bad(q.field, "%q is not a positive quantity", q.s)
+		}
+	}
+	if cfg.AgentImage != "" {
+		if !digestRef.MatchString(cfg.AgentImage) {
+			return bad("agent_image", "%q must be pinned by digest (name@sha256:<64 hex digits>)", cfg.AgentImage)
+		}
+		if cfg.AgentPort == 0 {
+			cfg.AgentPort = DefaultAgentPort
+		}
+		if cfg.AgentPort < 1 || cfg.AgentPort > 65535 {
+			return bad("agent_port", "%d is not a TCP port", cfg.AgentPort)
+		}
+		if cfg.CertValidity <= 0 {
+			cfg.CertValidity = DefaultCertValidity
+		}
+		// The agent runs commands as the cell user only by being it.
+		if cfg.RunAsUser == 0 {
+			cfg.RunAsUser = agent.CellUID
+		}
+		if cfg.RunAsUser != agent.CellUID {
+			return bad("run_as_user", "must be %d (the cell user) with agent_image: the agent runs as the cell user", agent.CellUID)
 		}
 	}
 	if cfg.RunAsUser == 0 {
@@ -262,6 +307,12 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	}
 	name := PodName(req.CellID)
 	log := p.log.With("cell_id", req.CellID, "pod", name)
+	if p.cfg.AgentImage != "" {
+		// Before the Pod, which mounts the agent's Secret.
+		if err := p.ensureSecrets(ctx, req.CellID, req.RuntimeClass); err != nil {
+			return driver.Object{}, fmt.Errorf("kubernetes: provision %s: %w", name, err)
+		}
+	}
 
 	created, err := p.pods().Create(ctx, p.podSpec(req.CellID, req.RuntimeClass, rcName), metav1.CreateOptions{})
 	switch {
@@ -340,9 +391,17 @@ func (p *Provider) waitReady(ctx context.Context, obj driver.Object, class lease
 // owned checks that a Pod found under a cell's name carries this pool's
 // ownership labels.
 func (p *Provider) owned(pod *corev1.Pod, cellID uuid.UUID) error {
-	l := pod.Labels
+	if err := p.ownedLabels(pod.Labels, cellID); err != nil {
+		return fmt.Errorf("pod %s/%s (uid %s) %w", pod.Namespace, pod.Name, pod.UID, err)
+	}
+	return nil
+}
+
+// ownedLabels checks an object's labels for this pool's ownership of the
+// cell's object.
+func (p *Provider) ownedLabels(l map[string]string, cellID uuid.UUID) error {
 	if l[LabelManagedBy] != ManagedByValue || l[LabelPool] != p.cfg.Pool || l[LabelCellID] != cellID.String() {
-		return fmt.Errorf("pod %s/%s (uid %s) does not carry the ownership labels of pool %q", pod.Namespace, pod.Name, pod.UID, p.cfg.Pool)
+		return fmt.Errorf("does not carry the ownership labels of pool %q", p.cfg.Pool)
 	}
 	return nil
 }
@@ -390,6 +449,9 @@ func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
 	}
 	o.Ready = kubeconf.PodReady(pod)
 	o.ImageDigest = admittedImage(pod)
+	if p.cfg.AgentImage != "" {
+		o.AgentDigest = admittedAgent(pod)
+	}
 	phase := string(pod.Status.Phase)
 	if pod.DeletionTimestamp != nil {
 		phase += ", terminating"
@@ -442,6 +504,15 @@ func (p *Provider) weakened(pod *corev1.Pod) []string {
 			}
 		}
 	}
+	if p.cfg.AgentImage != "" {
+		i := slices.IndexFunc(s.InitContainers, func(c corev1.Container) bool { return c.Name == AgentInitContainerName })
+		switch {
+		case i < 0:
+			out = append(out, "admitted pod has no "+AgentInitContainerName+" init container")
+		case s.InitContainers[i].Image != p.cfg.AgentImage:
+			out = append(out, fmt.Sprintf("admitted agent image %q is not the configured agent image", s.InitContainers[i].Image))
+		}
+	}
 	for _, c := range s.EphemeralContainers {
 		out = append(out, fmt.Sprintf("admitted pod has ephemeral container %q", c.Name))
 	}
@@ -463,7 +534,36 @@ func (p *Provider) weakened(pod *corev1.Pod) []string {
 //
 // An empty obj.Identity names whatever Pod backs the cell, if it carries
 // this pool's ownership labels.
+//
+// With the agent (Config.AgentImage), the cell's Secrets are deleted once
+// the Pod is gone and their absence is part of the proof: a Secret still
+// present is driver.ErrUncertain too. They are left while another Pod
+// holds the cell's name (they are its Secrets then).
 func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
+	if err := p.destroyPod(ctx, obj); err != nil || p.cfg.AgentImage == "" {
+		return err
+	}
+	p.dropAgent(obj.CellID)
+	name := PodName(obj.CellID)
+	uncertain := func(format string, args ...any) error {
+		return fmt.Errorf("kubernetes: destroy %s: %w: %s", name, driver.ErrUncertain, fmt.Sprintf(format, args...))
+	}
+	pod, err := p.pods().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		p.log.Info("another pod holds the cell's name; keeping its secrets", "cell_id", obj.CellID, "uid", pod.UID)
+		return nil
+	case !apierrors.IsNotFound(err):
+		return uncertain("reading the pod: %v", err)
+	}
+	if err := p.destroySecrets(ctx, obj.CellID); err != nil {
+		return uncertain("%v", err)
+	}
+	return nil
+}
+
+// destroyPod is Destroy's proven deletion of the Pod.
+func (p *Provider) destroyPod(ctx context.Context, obj driver.Object) error {
 	name := PodName(obj.CellID)
 	uncertain := func(format string, args ...any) error {
 		return fmt.Errorf("kubernetes: destroy %s: %w: %s", name, driver.ErrUncertain, fmt.Sprintf(format, args...))
@@ -558,6 +658,14 @@ func (p *Provider) List(ctx context.Context) ([]driver.Object, error) {
 			break
 		}
 		opts.Continue = list.Continue
+	}
+	if p.cfg.AgentImage != "" {
+		// A cell whose Pod is gone (or was never created) but whose
+		// Secrets remain is an object too: Destroy removes them.
+		var err error
+		if out, err = p.listSecrets(ctx, sel, out); err != nil {
+			return nil, err
+		}
 	}
 	slices.SortFunc(out, func(a, b driver.Object) int { return strings.Compare(a.CellID.String(), b.CellID.String()) })
 	return out, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 	"github.com/sandboxwich/sandboxwich/internal/k8stest"
@@ -20,7 +21,12 @@ import (
 
 // The package's tests share one control plane (etcd, kube-apiserver and
 // kwok); TestAPIServerRestart starts its own.
-func TestMain(m *testing.M) { os.Exit(k8stest.Main(m)) }
+// The in-process cell agents of the agent tests re-execute the test
+// binary as their helper.
+func TestMain(m *testing.M) {
+	agent.HelperMain()
+	os.Exit(k8stest.Main(m))
+}
 
 // testImage is digest-pinned; kwok never pulls it.
 const testImage = "registry.invalid/sandboxwich/cell@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

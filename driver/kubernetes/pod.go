@@ -9,9 +9,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -37,7 +39,7 @@ func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName st
 	uid := p.cfg.RunAsUser
 	grace := int64(p.cfg.TerminationGracePeriod.Seconds())
 	limits := corev1.ResourceList{corev1.ResourceCPU: p.cpu, corev1.ResourceMemory: p.memory}
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      PodName(cellID),
 			Namespace: p.cfg.Namespace,
@@ -85,6 +87,54 @@ func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName st
 			}},
 		},
 	}
+	if p.cfg.AgentImage != "" {
+		p.addAgent(pod, cellID)
+	}
+	return pod
+}
+
+// Volumes of a cell with the agent.
+const (
+	agentBinVolume  = "sbw-agent-bin"
+	agentTLSVolume  = "sbw-agent-tls"
+	agentHomeVolume = "sbw-home"
+)
+
+// addAgent makes the cell agent the cell container's entrypoint: an init
+// container from the digest-pinned agent image copies the static agent
+// into an emptyDir, which the cell container mounts read-only and runs
+// as its launcher (agentArgs), with the agent Secret mounted read-only
+// (files readable by the cell's group only) and a writable home. The
+// control Secret is mounted nowhere; no credential is in an env or an
+// argument.
+func (p *Provider) addAgent(pod *corev1.Pod, cellID uuid.UUID) {
+	s := &pod.Spec
+	cell := &s.Containers[0]
+	small := resource.MustParse("64Mi")
+	s.InitContainers = []corev1.Container{{
+		Name:                     AgentInitContainerName,
+		Image:                    p.cfg.AgentImage,
+		ImagePullPolicy:          corev1.PullIfNotPresent,
+		Command:                  []string{AgentImageBinary, "-install", agentBinary},
+		Resources:                cell.Resources,
+		SecurityContext:          cell.SecurityContext.DeepCopy(),
+		VolumeMounts:             []corev1.VolumeMount{{Name: agentBinVolume, MountPath: agentBinDir}},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}}
+	cell.Command = p.agentArgs(cellID)
+	cell.Ports = []corev1.ContainerPort{{Name: "agent", ContainerPort: int32(p.cfg.AgentPort), Protocol: corev1.ProtocolTCP}}
+	cell.VolumeMounts = append(cell.VolumeMounts,
+		corev1.VolumeMount{Name: agentBinVolume, MountPath: agentBinDir, ReadOnly: true},
+		corev1.VolumeMount{Name: agentTLSVolume, MountPath: agentTLSDir, ReadOnly: true},
+		corev1.VolumeMount{Name: agentHomeVolume, MountPath: agent.DefaultHome},
+	)
+	s.Volumes = append(s.Volumes,
+		corev1.Volume{Name: agentBinVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &small}}},
+		corev1.Volume{Name: agentTLSVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: AgentSecretName(cellID), DefaultMode: ptr(int32(0o440)),
+		}}},
+		corev1.Volume{Name: agentHomeVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr(p.tmpSize.DeepCopy())}}},
+	)
 }
 
 // NetworkPolicyName is the name of the deny-all NetworkPolicy of a pool.

@@ -16,6 +16,7 @@ var Settings = []string{
 	"runtime_class_gvisor_lower_risk", "runtime_class_kata_microvm",
 	"cpu", "memory", "tmp_size", "run_as_user", "network_policy",
 	"ready_timeout_ms", "termination_grace_period_ms", "node_name", "pool_label",
+	"agent_image", "agent_port",
 }
 
 // ConfigFromSettings builds a Config for the named pool from string
@@ -36,6 +37,11 @@ var Settings = []string{
 //	pool_label                       ownership label value (default: the
 //	                                 pool name, with characters a label
 //	                                 value cannot hold replaced by "-")
+//	agent_image                      the cell agent's image, pinned by
+//	                                 digest: exec, files and launch go
+//	                                 through the agent over per-cell mTLS
+//	                                 (default none: exec via pods/exec)
+//	agent_port                       the agent's Pod port (default 7443)
 //
 // At least one runtime_class_* setting is required. The result still goes
 // through New for validation.
@@ -50,6 +56,12 @@ func ConfigFromSettings(pool string, values map[string]string) (Config, error) {
 		return cfg, err
 	}
 	cfg.Namespace, cfg.Image, cfg.NodeName = values["namespace"], values["image"], values["node_name"]
+	cfg.AgentImage = values["agent_image"]
+	if v := values["agent_port"]; v != "" {
+		if cfg.AgentPort, err = strconv.Atoi(v); err != nil || cfg.AgentPort < 1 || cfg.AgentPort > 65535 {
+			return cfg, fmt.Errorf("kubernetes: setting agent_port: %q is not a TCP port", v)
+		}
+	}
 	cfg.CPU, cfg.Memory, cfg.TmpSize = values["cpu"], values["memory"], values["tmp_size"]
 	if c := strings.Fields(values["command"]); len(c) > 0 {
 		cfg.Command = c
