@@ -142,27 +142,56 @@ def _py_claims(url: str, rel: dict[str, str], n: int, token_file: Path) -> list[
     return ds
 
 
-async def _inspect_overheads(url: str, rel: dict[str, str], n: int, token_file: Path) -> tuple[float, float]:
+async def _inspect_overheads(url: str, rel: dict[str, str], n: int, token_file: Path) -> tuple[float, float, dict[str, float]]:
     from inspect_ai.util._sandbox.local import LocalSandboxEnvironment
 
+    from sandboxwich import AsyncClient, Release
     from sandboxwich.inspect import SandboxwichConfig, SandboxwichSandboxEnvironment
 
     cfg = SandboxwichConfig.model_validate({"url": url, "token_file": str(token_file), "release": rel, "wait_for_deletion": False})
     await SandboxwichSandboxEnvironment.task_init("bench", cfg)
     ours: list[float] = []
+    inits: list[float] = []
+    cleanups: list[float] = []
     while len(ours) < n:
         t0 = time.perf_counter()
         envs = await SandboxwichSandboxEnvironment.sample_init("bench", cfg, {})
+        t1 = time.perf_counter()
         await SandboxwichSandboxEnvironment.sample_cleanup("bench", cfg, envs, False)
-        ours.append((time.perf_counter() - t0) * 1000)
+        t2 = time.perf_counter()
+        ours.append((t2 - t0) * 1000)
+        inits.append((t1 - t0) * 1000)
+        cleanups.append((t2 - t1) * 1000)
     await SandboxwichSandboxEnvironment.task_cleanup("bench", cfg, True)
+    # The SDK's own claim and release, the floor of the provider's two
+    # steps, on the same server in the same run.
+    release = Release.model_validate(rel)
+    claims: list[float] = []
+    releases: list[float] = []
+    async with AsyncClient(url, token_file=token_file) as c:
+        while len(claims) < n:
+            t0 = time.perf_counter()
+            cl = await c.claim(release, organization_id="o", workspace_id="w", thread_id="t", runner_session_id="bench-sdk")
+            t1 = time.perf_counter()
+            if cl.empty:
+                await asyncio.sleep(0.02)
+                continue
+            await c.release(cl.proof(), "destroyed")
+            claims.append((t1 - t0) * 1000)
+            releases.append((time.perf_counter() - t1) * 1000)
+    parts = {
+        "sample_init_p50_ms": statistics.median(inits),
+        "sample_cleanup_p50_ms": statistics.median(cleanups),
+        "sdk_claim_p50_ms": statistics.median(claims),
+        "sdk_release_p50_ms": statistics.median(releases),
+    }
     local: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()
         envs = await LocalSandboxEnvironment.sample_init("bench", None, {})
         await LocalSandboxEnvironment.sample_cleanup("bench", None, envs, False)
         local.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(ours), statistics.median(local)
+    return statistics.median(ours), statistics.median(local), parts
 
 
 def main() -> int:
@@ -206,7 +235,7 @@ def main() -> int:
                 gos += _go_claims(prog, url, rel, args.samples // rounds, tok)
                 pys += _py_claims(url, rel, args.samples // rounds, tok)
             go, py = statistics.median(gos), statistics.median(pys)
-            ours, local = asyncio.run(_inspect_overheads(url, rel, max(20, args.samples // 4), tok))
+            ours, local, parts = asyncio.run(_inspect_overheads(url, rel, max(20, args.samples // 4), tok))
         finally:
             proc.send_signal(signal.SIGINT)
             try:
@@ -221,6 +250,7 @@ def main() -> int:
         "inspect_overhead_p50_ms": round(ours, 3),
         "inspect_overhead_target_ms": 10.0,
         "inspect_local_sample_init_p50_ms": round(local, 3),
+        **{k: round(v, 3) for k, v in parts.items()},
         "provider": "dry-run (simulated cells: the API path, not provisioning)",
     }
     print(json.dumps(report, indent=1))
