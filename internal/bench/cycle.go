@@ -54,18 +54,11 @@ func benchCycle(ctx context.Context, dir string, quick bool) (*CycleReport, erro
 	if err != nil {
 		return nil, err
 	}
-	plane, st, rel, err := poolPlane(ctx, dir, pool.Config{Name: "cycle", Target: par, MaxProvisioning: par, Provider: prov},
-		sandboxwich.WithPoolOptions(pool.WithInterval(20*time.Millisecond)))
+	plane, st, rel, stop, err := runPool(ctx, dir, pool.Config{Name: "cycle", Target: par, MaxProvisioning: par, Provider: prov})
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
-	stop := run(ctx, plane)
-	defer func() {
-		_ = plane.Pools().SetTarget("cycle", 0)
-		waitLive(ctx, plane, 0)
-		stop()
-	}()
+	defer stop()
 	waitReady(ctx, plane, par)
 
 	// A ready cell's bundle is the spec the bare loops copy.

@@ -89,6 +89,23 @@ func poolPlane(ctx context.Context, dir string, cfg pool.Config, opts ...sandbox
 	return plane, st, rel, nil
 }
 
+// runPool runs a plane of the one pool cfg (poolPlane), reconciling every
+// 20 ms; stop drains the pool (target 0, every member ended), stops the
+// plane and closes its store.
+func runPool(ctx context.Context, dir string, cfg pool.Config) (*sandboxwich.Plane, *sqlite.Store, lease.Release, func(), error) {
+	plane, st, rel, err := poolPlane(ctx, dir, cfg, sandboxwich.WithPoolOptions(pool.WithInterval(20*time.Millisecond)))
+	if err != nil {
+		return nil, nil, rel, nil, err
+	}
+	stopRun := run(ctx, plane)
+	return plane, st, rel, func() {
+		_ = plane.Pools().SetTarget(cfg.Name, 0)
+		waitLive(ctx, plane, 0)
+		stopRun()
+		st.Close()
+	}, nil
+}
+
 // run runs plane's pools until the returned stop is called.
 func run(ctx context.Context, plane *sandboxwich.Plane) (stop func()) {
 	runCtx, cancel := context.WithCancel(ctx)
@@ -158,16 +175,11 @@ func benchGVisor(ctx context.Context, dir string, quick bool) (*GVisorReport, er
 	if err != nil {
 		return nil, err
 	}
-	plane, st, rel, err := poolPlane(ctx, dir, pool.Config{Name: "bench", Target: 2, Provider: prov},
-		sandboxwich.WithPoolOptions(pool.WithInterval(20*time.Millisecond)))
+	plane, st, rel, stop, err := runPool(ctx, dir, pool.Config{Name: "bench", Target: 2, Provider: prov})
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
-	stop := run(ctx, plane)
 	defer func() {
-		_ = plane.Pools().SetTarget("bench", 0)
-		waitLive(ctx, plane, 0)
 		stop()
 		_ = gvisor.RemoveStateDir(stateDir)
 	}()

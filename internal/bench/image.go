@@ -53,7 +53,6 @@ type ImageReport struct {
 // benchImage measures R9 when a static busybox is installed
 // (scripts/install-busybox.sh); nil without one.
 func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, error) {
-	const busybox = "/bin/busybox"
 	if _, err := os.Stat(busybox); err != nil {
 		return nil, nil
 	}
@@ -65,9 +64,8 @@ func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, erro
 	if err := busyboxRoot(root, busybox); err != nil {
 		return nil, err
 	}
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer srv.Close()
-	host := strings.TrimPrefix(srv.URL, "http://")
+	host, closeRegistry := loopbackRegistry()
+	defer closeRegistry()
 	ref, err := pushDir(host+"/bench/busybox", root)
 	if err != nil {
 		return nil, err
@@ -150,6 +148,17 @@ func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, erro
 		_ = os.RemoveAll(filepath.Join(dir, "images-large"))
 	}
 	return rep, nil
+}
+
+// busybox is the static busybox of scripts/install-busybox.sh, whose
+// root filesystems the image figures push.
+const busybox = "/bin/busybox"
+
+// loopbackRegistry serves an OCI registry (go-containerregistry's) on
+// loopback until closeRegistry is called; host is its host:port.
+func loopbackRegistry() (host string, closeRegistry func()) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	return strings.TrimPrefix(srv.URL, "http://"), srv.Close
 }
 
 // busyboxRoot lays out a root filesystem of a static busybox alone.

@@ -6,10 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"log/slog"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/driver"
@@ -91,7 +87,6 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 	rep.CellKiB, rep.BareKiB, rep.CellRSSKiB = median(cells), median(bares), median(rss)
 	rep.Ratio = ratio(float64(rep.CellKiB), float64(rep.BareKiB))
 
-	const busybox = "/bin/busybox"
 	if _, err := os.Stat(busybox); err != nil {
 		return rep, nil
 	}
@@ -99,9 +94,9 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 	if err := busyboxRoot(root, busybox); err != nil {
 		return nil, err
 	}
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer srv.Close()
-	ref, err := pushDir(strings.TrimPrefix(srv.URL, "http://")+"/bench/mem", root)
+	host, closeRegistry := loopbackRegistry()
+	defer closeRegistry()
+	ref, err := pushDir(host+"/bench/mem", root)
 	if err != nil {
 		return nil, err
 	}
