@@ -121,7 +121,8 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("client: base URL %q has no host", baseURL)
 	case u.User != nil:
 		return nil, errors.New("client: base URL must not hold credentials; use WithToken")
-	case u.RawQuery != "" || u.Fragment != "":
+	case strings.ContainsAny(baseURL, "?#"): // even an empty one: "http://h/#" would keep its slash
+
 		return nil, fmt.Errorf("client: base URL %q must not have a query or fragment", baseURL)
 	}
 	c := &Client{

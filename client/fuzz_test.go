@@ -169,7 +169,7 @@ func FuzzClaimResponse(f *testing.F) {
 func FuzzBaseURL(f *testing.F) {
 	for _, s := range []string{"http://127.0.0.1:3217", "https://h/prefix/", "ftp://h", "http://user:pw@h", "http://h?x=1",
 		"http://h#f", "http:///x", "//h", "h", "", "http://[::1]:80", "http://h/%zz", "HTTP://H", "http://h\x00",
-		"http://:", "http://:8080", "http://0:"} {
+		"http://:", "http://:8080", "http://0:", "http://0/#", "http://h/?"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
