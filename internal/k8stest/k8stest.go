@@ -75,6 +75,9 @@ type Options struct {
 	// NoKwok starts no kwok: Pods stay Pending, and a Pod with a nodeName
 	// stays Terminating after deletion until something finalizes it.
 	NoKwok bool
+
+	// realNode configures the API server for a real kubelet (StartNode).
+	realNode bool
 }
 
 // Env is a running control plane.
@@ -168,6 +171,14 @@ func Shared(tb testing.TB) *Env {
 // started. Use it from TestMain.
 func Main(m *testing.M) int {
 	code := m.Run()
+	if sharedNode.node != nil {
+		if err := sharedNode.node.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "k8stest: stopping the shared real node:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
 	if shared.env != nil {
 		if err := shared.env.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "k8stest: stopping the shared control plane:", err)
@@ -213,6 +224,11 @@ func start(binDir string, opt Options) (_ *Env, err error) {
 	// On SIGTERM, end watches (kwok holds some) within a second instead of
 	// waiting up to a minute for them: StopAPIServer stays quick.
 	args.Set("shutdown-watch-termination-grace-period", "1s")
+	if opt.realNode {
+		// pods/exec dials the node's Hostname address, RealNodeName
+		// (127.0.0.1): the kubelet refuses a loopback InternalIP.
+		args.Set("kubelet-preferred-address-types", "Hostname")
+	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory:    binDir,
 		ControlPlaneStartTimeout: 3 * time.Minute,
