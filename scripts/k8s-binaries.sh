@@ -34,11 +34,13 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 # The real node (internal/k8stest.StartNode): containerd 2.x (the gVisor
 # shim's JSON bootstrap needs it; v2.1.5 is what that gVisor version's
-# go.mod requires), runc for the `runc` RuntimeClass (the version containerd
-# v2.1.5 tests with, script/setup/runc-version), and the gVisor shim plus
-# runsc from one gVisor module version, the one driver/gvisor pins.
+# go.mod requires), runc for the `runc` RuntimeClass (v1.3.2: containerd
+# v2.1.5 tests with v1.3.3, whose module zip does not build because its
+# go.mod replaces go-selinux with a nested module the zip leaves out), and
+# the gVisor shim plus runsc from one gVisor module version, the one
+# driver/gvisor pins.
 CONTAINERD_VERSION=v2.1.5
-RUNC_VERSION=v1.3.3
+RUNC_VERSION=v1.3.2
 
 here=$(cd "$(dirname "$0")" && pwd)
 mods=$here/k8s
@@ -48,7 +50,7 @@ bin=$root/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_${gover}
 GVISOR_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' "$here/../driver/gvisor/runsc_version.go")
 # The node's binaries live in $bin/node; its .complete names their versions.
 nodebin=$bin/node
-nodekey="containerd-${CONTAINERD_VERSION} runc-${RUNC_VERSION} gvisor-${GVISOR_VERSION} kubelet-${K8S_VERSION}"
+nodekey="containerd-${CONTAINERD_VERSION} runc-${RUNC_VERSION}+seccomp gvisor-${GVISOR_VERSION} kubelet-${K8S_VERSION}"
 
 log() { echo "k8s-binaries: $*" >&2; }
 
@@ -194,7 +196,11 @@ mv "$bin/.kwok-stages.yaml.tmp" "$bin/kwok-stages.yaml"
 touch "$bin/.complete"
 
 # ---- The real node: kubelet, containerd, runc, the gVisor shim, runsc, pause.
+# Binaries of other versions go: the folder's name does not say them.
+if [ "$(cat "$nodebin/.key" 2>/dev/null)" != "$nodekey" ]; then rm -rf "$nodebin"; fi
 mkdir -p "$nodebin"
+echo "$nodekey" >"$nodebin/.key"
+rm -rf "$nodebin"/.build.* # left by an interrupted build (we hold the lock)
 nodebuild() { # name dir cgo ldflags packages... (run in dir; -mod=readonly)
 	local name=$1 dir=$2 cgo=$3 ldflags=$4
 	shift 4
@@ -205,7 +211,7 @@ nodebuild() { # name dir cgo ldflags packages... (run in dir; -mod=readonly)
 	local start=$SECONDS tmp
 	tmp=$(mktemp -d "$nodebin/.build.XXXXXX")
 	log "$name: building $* (cold builds take minutes)"
-	(cd "$dir" && CGO_ENABLED=$cgo go build -mod=readonly -trimpath -ldflags "-s -w $ldflags" -o "$tmp/" "$@")
+	(cd "$dir" && CGO_ENABLED=$cgo go build -mod=readonly -trimpath ${NODE_TAGS:+-tags=$NODE_TAGS} -ldflags "-s -w $ldflags" -o "$tmp/" "$@")
 	mv "$tmp"/* "$nodebin/"
 	rmdir "$tmp"
 	log "$name: built in $((SECONDS - start)) s"
@@ -225,9 +231,21 @@ if [ ! -x "$nodebin/containerd" ] || [ ! -x "$nodebin/ctr" ] || [ ! -x "$nodebin
 		./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2
 fi
 
-# runc needs cgo (its nsenter is C); without the seccomp build tag it needs
-# no libseccomp. The module has a replace directive: build inside it too.
-nodebuild runc "$(moddir "github.com/opencontainers/runc@$RUNC_VERSION")" 1 "" .
+# runc needs cgo (its nsenter is C) and, with the seccomp build tag,
+# libseccomp's headers: containerd gives every Pod's sandbox container a
+# seccomp profile, which a runc without seccomp refuses. The library itself
+# (libseccomp2) is part of every Debian system (apt uses it); the headers
+# come from Debian's libseccomp-dev, installed here when missing.
+if [ ! -x "$nodebin/runc" ] && [ ! -f /usr/include/seccomp.h ]; then
+	log "runc: installing Debian's libseccomp-dev (headers for runc's seccomp support)"
+	SUDO=""
+	if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+	# Other installers may hold the dpkg lock (.ci/run runs this script
+	# beside them): wait for it.
+	$SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq libseccomp-dev >/dev/null
+fi
+NODE_TAGS=seccomp nodebuild runc "$(moddir "github.com/opencontainers/runc@$RUNC_VERSION")" 1 "" .
 
 # The gVisor shim and runsc, from one copy of the gVisor module. The copy
 # gets one change before it is built: the shim's `start` lowers its daemon's

@@ -3,10 +3,15 @@ package kubernetes_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxwich/sandboxwich/driver"
@@ -130,6 +135,94 @@ func TestRealNodeWebhookStripsRuntimeClass(t *testing.T) {
 	}
 	if err := p.Destroy(ctx, obj); err != nil {
 		t.Fatalf("Destroy: %v", err)
+	}
+	requireNoPods(t, node.Env, ns)
+}
+
+// TestRealNodeImageFromRegistry: containerd pulls the pool's digest-pinned
+// image from a loopback registry (through its hosts.toml mirror), and the
+// driver reads back the repo digest the kubelet reports; an image whose
+// content does not match its pinned digest never makes a ready cell.
+func TestRealNodeImageFromRegistry(t *testing.T) {
+	node := k8stest.SharedNode(t)
+	ns := node.Namespace(t)
+	reg := node.Registry(t)
+	img, err := k8stest.BusyboxImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err = mutate.Config(img, v1.Config{Env: []string{"PATH=/bin", "POOL=registry"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Push(t, "cell", img)
+	digest := ref[strings.Index(ref, "@")+1:]
+	ctx := ctxT(t, 4*time.Minute)
+
+	p := newRealProvider(t, node, ns, "registry", func(c *kubernetes.Config) { c.Image = ref })
+	obj, err := p.Provision(ctx, provisionReq(lease.GVisorLowerRisk))
+	if err != nil {
+		t.Fatalf("Provision: %v\nkubelet log:\n%s", err, node.Log("kubelet"))
+	}
+	o, err := p.Inspect(ctx, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Ready || o.ImageDigest != digest {
+		t.Fatalf("Inspect = %+v, want ready with image %s", o, digest)
+	}
+	pod, err := node.Client.CoreV1().Pods(ns).Get(ctx, kubernetes.PodName(obj.CellID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if !strings.HasSuffix(cs.ImageID, reg.Host+"/cell@"+digest) {
+			t.Errorf("imageID = %q, want the repo digest %s/cell@%s", cs.ImageID, reg.Host, digest)
+		}
+	}
+	if err := p.Destroy(ctx, obj); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+
+	// A second image, pinned by its digest, whose manifest the registry
+	// swaps for the first image's: the runtime refuses content that does
+	// not hash to the pinned digest, and the cell never becomes ready.
+	other, err := mutate.Config(img, v1.Config{Env: []string{"PATH=/bin", "POOL=other"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherRef := reg.Push(t, "other", other)
+	manifest, err := img.RawManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	swapped := strings.Replace(otherRef, reg.Host, "/v2", 1)
+	swapped = strings.Replace(swapped, "@", "/manifests/", 1)
+	fault := func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != swapped {
+			return false
+		}
+		w.Header().Set("Content-Type", string(types.OCIManifestSchema1))
+		w.Header().Set("Docker-Content-Digest", otherRef[strings.Index(otherRef, "@")+1:])
+		w.Header().Set("Content-Length", fmt.Sprint(len(manifest)))
+		if r.Method != http.MethodHead {
+			_, _ = w.Write(manifest)
+		}
+		return true
+	}
+	reg.Fault.Store(&fault)
+	bad := newRealProvider(t, node, ns, "mismatch", func(c *kubernetes.Config) {
+		c.Image = otherRef
+		c.ReadyTimeout = 45 * time.Second
+	})
+	obj, err = bad.Provision(ctx, provisionReq(lease.GVisorLowerRisk))
+	if err == nil {
+		t.Fatal("Provision of an image whose content does not match its digest succeeded")
+	}
+	if obj.Identity != "" {
+		if err := bad.Destroy(ctx, obj); err != nil {
+			t.Fatalf("Destroy: %v", err)
+		}
 	}
 	requireNoPods(t, node.Env, ns)
 }

@@ -35,13 +35,15 @@ var nodePaths = []string{
 
 // HostState is what a real node may change on the host: the values of the
 // sysctls the kubelet sets, which of the fixed paths exist, the mounts
-// under them or under a node's work folder, the kubelet's cgroups, and the
-// processes running the node's binaries.
+// under them or under a node's work folder, the kubelet's cgroups, the
+// host network namespace's interfaces, and the processes running the
+// node's binaries.
 type HostState struct {
 	Sysctls map[string]string
 	Paths   []string
 	Mounts  []string
 	Cgroups []string
+	Links   []string
 	Procs   []int
 }
 
@@ -60,6 +62,7 @@ func SnapshotHost(nodeBin string) HostState {
 	}
 	s.Mounts = nodeMounts("")
 	s.Cgroups = kubeCgroups()
+	s.Links = hostLinks()
 	s.Procs = nodePIDs(nodeBin)
 	return s
 }
@@ -87,6 +90,7 @@ func (s HostState) Diff(t HostState) string {
 	list("path", s.Paths, t.Paths)
 	list("mount", s.Mounts, t.Mounts)
 	list("cgroup", s.Cgroups, t.Cgroups)
+	list("host network interface", s.Links, t.Links)
 	if len(t.Procs) > len(s.Procs) {
 		d = append(d, fmt.Sprintf("node processes running: %v", t.Procs))
 	}
@@ -210,6 +214,42 @@ func kubeCgroups() []string {
 	}
 	if st, err := os.Stat("/sys/fs/cgroup/kubepods"); err == nil && st.IsDir() {
 		out = append(out, "/sys/fs/cgroup/kubepods") // cgroup v2
+	}
+	return out
+}
+
+// cgroupPIDs lists the processes in the kubelet's cgroups that are not in
+// s (the node made them).
+func (s HostState) cgroupPIDs() []int {
+	var out []int
+	for _, cg := range kubeCgroups() {
+		if slices.Contains(s.Cgroups, cg) {
+			continue
+		}
+		_ = filepath.WalkDir(cg, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(b)) {
+				var pid int
+				if _, err := fmt.Sscan(f, &pid); err == nil && pid != os.Getpid() {
+					out = append(out, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// hostLinks lists the network interfaces of the host's (this process's)
+// network namespace.
+func hostLinks() []string {
+	ents, _ := os.ReadDir("/sys/class/net")
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
 	}
 	return out
 }

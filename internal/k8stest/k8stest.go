@@ -21,6 +21,13 @@
 //
 // A test that disturbs the control plane (RestartAPIServer) starts its own
 // with Start.
+//
+// A real node (SharedNode, StartNode; see node.go) adds containerd 2.x and
+// a kubelet to a control plane of its own: Pods run as real containers
+// under the RuntimeClasses gvisor (runsc) and runc, from images imported
+// into containerd or pulled from a loopback Registry. One real node runs
+// per host at a time (a host-wide lock), and its teardown puts the host
+// back as it found it.
 package k8stest
 
 import (

@@ -341,6 +341,10 @@ func (n *Node) setupNetwork() error {
 	if err := os.WriteFile(filepath.Join(cniBin, "sbwbridge"), []byte(plugin), 0o755); err != nil {
 		return err
 	}
+	// containerd's CRI also runs a "loopback" plugin for every Pod.
+	if err := os.WriteFile(filepath.Join(cniBin, "loopback"), []byte(loopbackPlugin), 0o755); err != nil {
+		return err
+	}
 	conf := `{"cniVersion":"1.0.0","name":"sbw-k8stest","plugins":[{"type":"sbwbridge"}]}`
 	return os.WriteFile(filepath.Join(cniConf, "10-sbw.conflist"), []byte(conf), 0o644)
 }
@@ -370,6 +374,21 @@ ADD)
 DEL)
 	ip -n @NETNS@ link del "$peer" 2>/dev/null
 	exit 0 ;;
+VERSION)
+	echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}' ;;
+*) exit 0 ;;
+esac
+`
+
+// loopbackPlugin is the CNI loopback plugin: lo up in the Pod's network
+// namespace.
+const loopbackPlugin = `#!/bin/sh
+cat >/dev/null
+case "$CNI_COMMAND" in
+ADD)
+	nsenter --net="$CNI_NETNS" ip link set lo up >&2 || { echo '{"cniVersion":"1.0.0","code":11,"msg":"loopback: setup failed"}'; exit 1; }
+	printf '{"cniVersion":"1.0.0","interfaces":[{"name":"lo","sandbox":"%s"}],"ips":[{"address":"127.0.0.1/8","interface":0}]}\n' "$CNI_NETNS"
+	;;
 VERSION)
 	echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}' ;;
 *) exit 0 ;;
@@ -518,13 +537,17 @@ func (n *Node) importImages() error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		// --digests also names the image repo@digest, which a
-		// digest-pinned Pod looks up and reports as its imageID.
-		if err := n.ctr(ctx, "images", "import", "--digests", tar); err != nil {
+		if err := n.ctr(ctx, "images", "import", tar); err != nil {
+			return err
+		}
+		// Also name it repo@digest, which a digest-pinned Pod looks up
+		// and reports as its imageID.
+		pinned := strings.Split(name, ":")[0] + "@" + digest
+		if err := n.ctr(ctx, "images", "tag", name, pinned); err != nil {
 			return err
 		}
 		if name == BusyboxImageName {
-			n.BusyboxImage = strings.Split(name, ":")[0] + "@" + digest
+			n.BusyboxImage = pinned
 		}
 	}
 	return n.ctr(ctx, "images", "label", pauseImageName, "io.cri-containerd.pinned=pinned")
@@ -642,9 +665,10 @@ func (n *Node) Stop() error {
 		}
 	}
 	// Shims and sandboxes outlive containerd by design: end those of our
-	// binaries (by PID, found by their executable).
+	// binaries (by PID, found by their executable), and every process left
+	// in the kubelet's cgroups (which did not exist before the node).
 	for range 50 {
-		pids := nodePIDs(n.NodeBin)
+		pids := append(nodePIDs(n.NodeBin), n.before.cgroupPIDs()...)
 		if len(pids) == 0 {
 			break
 		}
@@ -680,9 +704,11 @@ func (n *Node) proc(name string) *nodeProc {
 }
 
 // deleteAllPods deletes every Pod at once and waits until the kubelet has
-// confirmed every deletion (so it stopped their sandboxes).
+// confirmed every deletion (so it stopped their sandboxes). The grace
+// period is one second, not zero: zero would remove the Pods from the API
+// at once, before the kubelet stops anything.
 func (n *Node) deleteAllPods(ctx context.Context) error {
-	zero := int64(0)
+	zero := int64(1)
 	nss, err := n.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
