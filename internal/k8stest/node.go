@@ -652,6 +652,10 @@ func (n *Node) Stop() error {
 		return nil
 	}
 	n.stopped = true
+	begin := time.Now()
+	defer func() {
+		fmt.Fprintf(os.Stderr, "k8stest: real node torn down in %v\n", time.Since(begin).Round(time.Millisecond))
+	}()
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
