@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // nodeSysctls are the host sysctls the kubelet sets at start
@@ -270,6 +271,35 @@ func removeCgroup(root string) error {
 		}
 	}
 	return last
+}
+
+// cleanStale ends what a node whose test binary died left running: the
+// processes of its binaries and of its cgroups, its mounts under
+// /run/containerd and /run/netns, its network namespace, /run/containerd
+// and its cgroups. It does nothing when no such process and no such
+// namespace exists. The sysctls the kubelet changed cannot be known and
+// stay as they are.
+func cleanStale(nodeBin string) error {
+	_, nsErr := os.Lstat(filepath.Join("/run/netns", NodeNetNS))
+	empty := HostState{}
+	if len(nodePIDs(nodeBin)) == 0 && len(empty.cgroupPIDs()) == 0 && nsErr != nil {
+		return nil
+	}
+	fmt.Fprintln(os.Stderr, "k8stest: cleaning up after a real node whose test binary died")
+	for range 50 {
+		pids := append(nodePIDs(nodeBin), empty.cgroupPIDs()...)
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Every mount of the node goes; of the paths only /run/containerd
+	// (shim sockets, runsc state), which the next node needs empty.
+	keep := HostState{Paths: slices.DeleteFunc(slices.Clone(nodePaths), func(p string) bool { return p == "/run/containerd" })}
+	return keep.restore("")
 }
 
 // nodePIDs lists the processes whose executable is under nodeBin.

@@ -196,7 +196,10 @@ func (n *Node) spawn(name string, env []string, bin string, args ...string) (*no
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Killed with the test process: no kubelet or containerd outlives a
+	// test binary that dies without tearing down (startNode then ends
+	// what they leave).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -268,6 +271,14 @@ func startNode() (_ *Node, err error) {
 		return nil, fmt.Errorf("host lock %s: %w", NodeLockPath, err)
 	}
 	waited := time.Since(begin)
+	// Holding the lock, any process of the node's binaries, or the node's
+	// network namespace, is what a test binary killed before its teardown
+	// left: end it before taking the snapshot.
+	if err := cleanStale(nodeBin); err != nil {
+		_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		lock.Close()
+		return nil, fmt.Errorf("cleaning a node a dead test left: %w", err)
+	}
 	n := &Node{NodeBin: nodeBin, lock: lock, before: SnapshotHost(nodeBin)}
 	defer func() {
 		if err != nil {
@@ -405,21 +416,34 @@ func (n *Node) DialContext(ctx context.Context, network, addr string) (net.Conn,
 	ch := make(chan result, 1)
 	go func() {
 		// The socket is created in the namespace of the thread that makes
-		// it: switch this locked thread, dial, and let the thread die
-		// (never switched back) when the goroutine ends.
+		// it: switch this locked thread, dial, and switch it back. A
+		// thread that cannot be switched back stays locked, so it ends
+		// with the goroutine.
 		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{nil, err}
+			return
+		}
+		defer home.Close()
 		f, err := os.Open(filepath.Join("/run/netns", NodeNetNS))
 		if err != nil {
+			runtime.UnlockOSThread()
 			ch <- result{nil, err}
 			return
 		}
 		defer f.Close()
 		if err := setns(int(f.Fd())); err != nil {
+			runtime.UnlockOSThread()
 			ch <- result{nil, fmt.Errorf("setns %s: %w", NodeNetNS, err)}
 			return
 		}
 		var d net.Dialer
 		c, err := d.DialContext(ctx, network, addr)
+		if setns(int(home.Fd())) == nil {
+			runtime.UnlockOSThread()
+		}
 		ch <- result{c, err}
 	}()
 	r := <-ch

@@ -42,11 +42,13 @@ func nodePod(n *Node, name, rc string, cmd ...string) *corev1.Pod {
 func TestRealNode(t *testing.T) {
 	needNode(t)
 	nodeBin, _ := NodeBinDir()
-	before := SnapshotHost(nodeBin)
 	n, err := startNode()
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The host as startNode found it, holding the host lock (after it
+	// cleaned what a killed test binary may have left).
+	before := n.before
 	stopped := false
 	defer func() {
 		if !stopped {
