@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -273,13 +274,43 @@ func removeCgroup(root string) error {
 	return last
 }
 
+// saveSysctls writes the sysctls' values into the host lock file, which
+// teardown empties once it wrote them back.
+func (s HostState) saveSysctls(lock *os.File) error {
+	var b strings.Builder
+	for _, k := range nodeSysctls {
+		fmt.Fprintf(&b, "%s=%s\n", k, s.Sysctls[k])
+	}
+	if err := lock.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := lock.WriteAt([]byte(b.String()), 0); err != nil {
+		return err
+	}
+	return lock.Sync()
+}
+
 // cleanStale ends what a node whose test binary died left running: the
 // processes of its binaries and of its cgroups, its mounts under
 // /run/containerd and /run/netns, its network namespace, /run/containerd
-// and its cgroups. It does nothing when no such process and no such
-// namespace exists. The sysctls the kubelet changed cannot be known and
-// stay as they are.
-func cleanStale(nodeBin string) error {
+// and its cgroups, when such a process or that namespace exists. The
+// sysctls the dead node's kubelet changed get back the values the lock file
+// kept (saveSysctls) whenever it holds any.
+func cleanStale(nodeBin string, lock *os.File) error {
+	if saved, _ := io.ReadAll(io.NewSectionReader(lock, 0, 1<<16)); len(saved) > 0 {
+		fmt.Fprintln(os.Stderr, "k8stest: writing back the sysctls a real node whose test binary died left changed")
+		for _, line := range strings.Split(strings.TrimSpace(string(saved)), "\n") {
+			k, v, ok := strings.Cut(line, "=")
+			if ok && slices.Contains(nodeSysctls, k) && v != "" {
+				if err := os.WriteFile(filepath.Join("/proc/sys", k), []byte(v), 0o644); err != nil {
+					return fmt.Errorf("sysctl %s: %w", k, err)
+				}
+			}
+		}
+		if err := lock.Truncate(0); err != nil {
+			return err
+		}
+	}
 	_, nsErr := os.Lstat(filepath.Join("/run/netns", NodeNetNS))
 	empty := HostState{}
 	if len(nodePIDs(nodeBin)) == 0 && len(empty.cgroupPIDs()) == 0 && nsErr != nil {

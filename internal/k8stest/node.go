@@ -274,12 +274,19 @@ func startNode() (_ *Node, err error) {
 	// Holding the lock, any process of the node's binaries, or the node's
 	// network namespace, is what a test binary killed before its teardown
 	// left: end it before taking the snapshot.
-	if err := cleanStale(nodeBin); err != nil {
+	if err := cleanStale(nodeBin, lock); err != nil {
 		_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 		lock.Close()
 		return nil, fmt.Errorf("cleaning a node a dead test left: %w", err)
 	}
 	n := &Node{NodeBin: nodeBin, lock: lock, before: SnapshotHost(nodeBin)}
+	// The lock file keeps the sysctls' values until teardown wrote them
+	// back, so that the next node can restore them if this test dies.
+	if err := n.before.saveSysctls(lock); err != nil {
+		_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		lock.Close()
+		return nil, fmt.Errorf("host lock %s: %w", NodeLockPath, err)
+	}
 	defer func() {
 		if err != nil {
 			if serr := n.Stop(); serr != nil {
@@ -716,6 +723,7 @@ func (n *Node) Stop() error {
 		errs = append(errs, fmt.Errorf("the host differs after teardown: %s", diff))
 	}
 	if n.lock != nil {
+		_ = n.lock.Truncate(0)
 		_ = syscall.Flock(int(n.lock.Fd()), syscall.LOCK_UN)
 		n.lock.Close()
 	}
