@@ -37,9 +37,9 @@ var nodePaths = []string{
 
 // HostState is what a real node may change on the host: the values of the
 // sysctls the kubelet sets, which of the fixed paths exist, the mounts
-// under them or under a node's work folder, the kubelet's cgroups, the
-// host network namespace's interfaces, and the processes running the
-// node's binaries.
+// under them or under a node's work folder (other programs' network
+// namespaces aside), the kubelet's cgroups, the node's interfaces in the
+// host network namespace, and the processes running the node's binaries.
 type HostState struct {
 	Sysctls map[string]string
 	Paths   []string
@@ -62,7 +62,7 @@ func SnapshotHost(nodeBin string) HostState {
 			s.Paths = append(s.Paths, p)
 		}
 	}
-	s.Mounts = nodeMounts("")
+	s.Mounts = slices.DeleteFunc(nodeMounts(""), foreignNetNS)
 	s.Cgroups = kubeCgroups()
 	s.Links = hostLinks()
 	s.Procs = nodePIDs(nodeBin)
@@ -245,13 +245,19 @@ func (s HostState) cgroupPIDs() []int {
 	return out
 }
 
-// hostLinks lists the network interfaces of the host's (this process's)
-// network namespace.
+// linkPrefix starts the name of every interface the node creates (its
+// bridge, the Pods' veth peers); all live in NodeNetNS.
+const linkPrefix = "k8n"
+
+// hostLinks lists the node's interfaces found in the host's (this
+// process's) network namespace: there must be none.
 func hostLinks() []string {
 	ents, _ := os.ReadDir("/sys/class/net")
 	var out []string
 	for _, e := range ents {
-		out = append(out, e.Name())
+		if strings.HasPrefix(e.Name(), linkPrefix) {
+			out = append(out, e.Name())
+		}
 	}
 	return out
 }

@@ -340,9 +340,9 @@ func (n *Node) setupNetwork() error {
 	}
 	for _, args := range [][]string{
 		{"link", "set", "lo", "up"},
-		{"link", "add", "sbwbr0", "type", "bridge"},
-		{"addr", "add", BridgeIP + "/24", "dev", "sbwbr0"},
-		{"link", "set", "sbwbr0", "up"},
+		{"link", "add", "k8nbr0", "type", "bridge"},
+		{"addr", "add", BridgeIP + "/24", "dev", "k8nbr0"},
+		{"link", "set", "k8nbr0", "up"},
 	} {
 		if err := in(args...); err != nil {
 			return err
@@ -374,7 +374,7 @@ const bridgePlugin = `#!/bin/sh
 set -u
 conf=$(cat)
 fail() { printf '{"cniVersion":"1.0.0","code":11,"msg":"sbwbridge: %s"}\n' "$1"; exit 1; }
-peer=sbw$(printf %s "$CNI_CONTAINERID" | cut -c1-10)
+peer=k8n$(printf %s "$CNI_CONTAINERID" | cut -c1-10)
 case "$CNI_COMMAND" in
 ADD)
 	n=$(flock @STATE@/ip.lock sh -c 'n=$(cat @STATE@/ip.next 2>/dev/null || echo 2); m=$((n + 1)); [ $m -gt 254 ] && m=2; echo $m >@STATE@/ip.next; echo $n')
@@ -385,7 +385,7 @@ ADD)
 		ip addr add $ip/24 dev $CNI_IFNAME
 		ip link set lo up
 		ip link set $CNI_IFNAME up" >&2 || fail "pod side setup failed"
-	ip -n @NETNS@ link set $peer master sbwbr0 up >&2 || fail "bridge side setup failed"
+	ip -n @NETNS@ link set $peer master k8nbr0 up >&2 || fail "bridge side setup failed"
 	mac=$(nsenter --net="$CNI_NETNS" cat /sys/class/net/$CNI_IFNAME/address)
 	printf '{"cniVersion":"1.0.0","interfaces":[{"name":"%s","mac":"%s","sandbox":"%s"}],"ips":[{"address":"%s/24","interface":0}]}\n' "$CNI_IFNAME" "$mac" "$CNI_NETNS" "$ip"
 	;;
