@@ -336,7 +336,16 @@ func cleanStale(nodeBin string, lock *os.File) error {
 	// Every mount of the node goes; of the paths only /run/containerd
 	// (shim sockets, runsc state), which the next node needs empty.
 	keep := HostState{Paths: slices.DeleteFunc(slices.Clone(nodePaths), func(p string) bool { return p == "/run/containerd" })}
-	return keep.restore("")
+	err := keep.restore("")
+	// The dead node's work folders (no live node has one: we hold the
+	// lock).
+	works, _ := filepath.Glob(filepath.Join(os.TempDir(), "k8stest-node-*"))
+	for _, w := range works {
+		if len(nodeMounts(w)) == 0 {
+			_ = os.RemoveAll(w)
+		}
+	}
+	return err
 }
 
 // nodePIDs lists the processes whose executable is under nodeBin.
