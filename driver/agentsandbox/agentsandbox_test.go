@@ -27,7 +27,8 @@ type harness struct {
 }
 
 // withoutExec hides the provider's Exec from the suite: kwok runs no
-// containers, so pods/exec has no kubelet behind it here.
+// containers, so pods/exec has no kubelet behind it here. The whole
+// suite, exec included, runs on a real node in realnode_test.go.
 type withoutExec struct {
 	driver.Provider
 	driver.Lister

@@ -59,18 +59,33 @@ type fakeAgentSandbox struct {
 	ns  string
 	dyn dynamic.Interface
 
+	// real is set on the real node (startRealController): the Pods run
+	// this image with this command, and stop within a second.
+	real *realPods
+
 	mu sync.Mutex
 	f  faults
+}
+
+// realPods is what a Pod on the real node needs beyond kwok's.
+type realPods struct {
+	image   string
+	command []string
 }
 
 // startController runs a fakeAgentSandbox until the test ends.
 func startController(t *testing.T, env *k8stest.Env, ns string, f faults) *fakeAgentSandbox {
 	t.Helper()
-	dyn, err := dynamic.NewForConfig(env.Config)
+	return runController(t, &fakeAgentSandbox{env: env, ns: ns, f: f})
+}
+
+func runController(t *testing.T, c *fakeAgentSandbox) *fakeAgentSandbox {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(c.env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &fakeAgentSandbox{env: env, ns: ns, dyn: dyn, f: f}
+	c.dyn = dyn
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -216,6 +231,13 @@ func (c *fakeAgentSandbox) pod(name string, sbox, claim *unstructured.Unstructur
 		ownerUID = types.UID(uuid.NewString())
 	}
 	no := false
+	container := corev1.Container{Name: "cell", Image: testImage}
+	var grace *int64
+	if c.real != nil {
+		one := int64(1)
+		container = corev1.Container{Name: "cell", Image: c.real.image, Command: c.real.command, ImagePullPolicy: corev1.PullNever}
+		grace = &one
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            name,
@@ -227,7 +249,10 @@ func (c *fakeAgentSandbox) pod(name string, sbox, claim *unstructured.Unstructur
 			NodeName:                     c.env.NodeName,
 			AutomountServiceAccountToken: &no,
 			RestartPolicy:                corev1.RestartPolicyNever,
-			Containers:                   []corev1.Container{{Name: "cell", Image: testImage}},
+			Containers:                   []corev1.Container{container},
+			// PID 1 ignores SIGTERM: on the real node the kubelet waits
+			// this long before it kills the container.
+			TerminationGracePeriodSeconds: grace,
 		},
 	}
 }

@@ -20,7 +20,8 @@ type harness struct {
 // withoutExec hides the provider's Exec from the suite: kwok runs no
 // containers, so pods/exec has no kubelet behind it here. Exec is tested
 // in exec_test.go against a server speaking the kubelet's streaming
-// protocol (see the package documentation).
+// protocol (see the package documentation), and the whole suite, exec
+// included, runs on a real node in realnode_test.go.
 type withoutExec struct {
 	driver.Provider
 	driver.Lister

@@ -21,6 +21,13 @@
 //
 // A test that disturbs the control plane (RestartAPIServer) starts its own
 // with Start.
+//
+// A real node (SharedNode, StartNode; see node.go) adds containerd 2.x and
+// a kubelet to a control plane of its own: Pods run as real containers
+// under the RuntimeClasses gvisor (runsc) and runc, from images imported
+// into containerd or pulled from a loopback Registry. One real node runs
+// per host at a time (a host-wide lock), and its teardown puts the host
+// back as it found it.
 package k8stest
 
 import (
@@ -75,6 +82,9 @@ type Options struct {
 	// NoKwok starts no kwok: Pods stay Pending, and a Pod with a nodeName
 	// stays Terminating after deletion until something finalizes it.
 	NoKwok bool
+
+	// realNode configures the API server for a real kubelet (StartNode).
+	realNode bool
 }
 
 // Env is a running control plane.
@@ -168,6 +178,14 @@ func Shared(tb testing.TB) *Env {
 // started. Use it from TestMain.
 func Main(m *testing.M) int {
 	code := m.Run()
+	if sharedNode.node != nil {
+		if err := sharedNode.node.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "k8stest: stopping the shared real node:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
 	if shared.env != nil {
 		if err := shared.env.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "k8stest: stopping the shared control plane:", err)
@@ -213,6 +231,11 @@ func start(binDir string, opt Options) (_ *Env, err error) {
 	// On SIGTERM, end watches (kwok holds some) within a second instead of
 	// waiting up to a minute for them: StopAPIServer stays quick.
 	args.Set("shutdown-watch-termination-grace-period", "1s")
+	if opt.realNode {
+		// pods/exec dials the node's Hostname address, RealNodeName
+		// (127.0.0.1): the kubelet refuses a loopback InternalIP.
+		args.Set("kubelet-preferred-address-types", "Hostname")
+	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory:    binDir,
 		ControlPlaneStartTimeout: 3 * time.Minute,
