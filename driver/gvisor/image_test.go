@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -795,5 +797,97 @@ func TestImageSizeCap(t *testing.T) {
 
 	if _, err := newImageStore(ref, t.TempDir(), "", -1, "inst", "p", slog.New(slog.DiscardHandler)); err == nil {
 		t.Error("a negative image_max_bytes was accepted")
+	}
+}
+
+// hostPythonLayer is a layer of the host's python3: the interpreter, the
+// shared libraries ldd names for it (at their paths) and its standard
+// library without tests, caches and installed packages. It fails the
+// test under CI=true when the host has no python3 at /usr/bin.
+func hostPythonLayer(t *testing.T) v1.Layer {
+	t.Helper()
+	bin, err := filepath.EvalSymlinks("/usr/bin/python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("/usr/bin/python3 is required under CI=true: %v", err)
+		}
+		t.Skipf("no /usr/bin/python3: %v", err)
+	}
+	out, err := exec.Command("ldd", bin).Output()
+	if err != nil {
+		t.Fatalf("ldd %s: %v", bin, err)
+	}
+	files := []string{bin}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+			files = append(files, f[2])
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			files = append(files, f[0]) // the dynamic loader
+		}
+	}
+	stdlib := filepath.Join("/usr/lib", filepath.Base(bin))
+	skip := map[string]bool{"test": true, "__pycache__": true, "site-packages": true, "dist-packages": true, "idlelib": true,
+		"tkinter": true, "ensurepip": true, "lib2to3": true, "pydoc_data": true}
+	err = filepath.WalkDir(stdlib, func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && skip[d.Name()]:
+			return filepath.SkipDir
+		case d.Type().IsRegular():
+			files = append(files, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries []tarEntry
+	dirs := map[string]bool{}
+	for _, f := range files {
+		real, err := filepath.EvalSymlinks(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(real)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel := strings.TrimPrefix(f, "/")
+		for d := filepath.Dir(rel); d != "." && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+		}
+		entries = append(entries, tarEntry{name: rel, body: string(b), mode: 0o755})
+	}
+	var dirEntries []tarEntry
+	for d := range dirs {
+		dirEntries = append(dirEntries, tarEntry{name: d + "/", typ: tar.TypeDir})
+	}
+	slices.SortFunc(dirEntries, func(a, b tarEntry) int { return strings.Compare(a.name, b.name) })
+	entries = append(dirEntries, append(entries, tarEntry{name: "usr/bin/python3", typ: tar.TypeSymlink, link: filepath.Base(bin)})...)
+	return layerOf(t, entries...)
+}
+
+// TestImagePython runs a cell of an image of two layers, busybox-static
+// and the host's python3 with its C library and standard library: a
+// dynamically linked interpreter works in an image cell, under the agent.
+func TestImagePython(t *testing.T) {
+	requireRunsc(t)
+	busybox := requireBusybox(t)
+	t.Parallel()
+	reg := newTestRegistry(t)
+	cfg := testConfig(t)
+	cfg.Image = reg.push(t, "python", imageOf(t, busyboxLayer(t, busybox), hostPythonLayer(t)))
+	cfg.ImageCacheDir = filepath.Join(filepath.Dir(cfg.StateDir), "images")
+	p := newProvider(t, cfg)
+	if err := p.PullImage(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c := activate(t, p, provision(t, p))
+	res := c.run(t, "python3", "-c", "import json, sys; print(json.dumps({'major': sys.version_info[0], 'prefix': sys.prefix}))")
+	if res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout)) != `{"major": 3, "prefix": "/usr"}` {
+		t.Errorf("python3 in the image's cell: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }
