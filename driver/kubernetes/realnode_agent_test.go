@@ -415,7 +415,8 @@ func onlyServerFiles(names []string) bool {
 // path), the two taking turns. Both are timed to the command's completion
 // (for echo, its output arrives with its exit). It reports
 // agent_first_output_ratio, the median of the per-turn ratios (target
-// ≤ 0.2), and both medians in ms.
+// ≤ 0.2), both medians in ms, and the median of an agent status round
+// trip (the channel without a process) in ms.
 //
 //	go test -run '^$' -bench RealNodeAgentFirstOutput -benchtime 1x ./driver/kubernetes/
 func BenchmarkRealNodeAgentFirstOutput(b *testing.B) {
@@ -460,6 +461,15 @@ func BenchmarkRealNodeAgentFirstOutput(b *testing.B) {
 	}
 	viaAgent() // activates the agent
 	viaPodsExec()
+	// The channel alone: a status round trip, no process.
+	var statuses []float64
+	for range turns {
+		start := time.Now()
+		if _, err := conn.Status(ctx); err != nil {
+			b.Fatal(err)
+		}
+		statuses = append(statuses, float64(time.Since(start).Microseconds())/1000)
+	}
 	var ratios, agents, execs []float64
 	for b.Loop() {
 		for i := range turns {
@@ -474,9 +484,11 @@ func BenchmarkRealNodeAgentFirstOutput(b *testing.B) {
 			execs = append(execs, float64(e.Microseconds())/1000)
 		}
 	}
+	b.Logf("per turn: agent ms %.0f; pods/exec ms %.0f; agent status ms %.1f", agents, execs, statuses)
 	b.Logf("echo: agent median %.2f ms, pods/exec median %.2f ms, ratio %.3f over %d turns",
 		median(agents), median(execs), median(ratios), len(ratios))
 	b.ReportMetric(median(ratios), "agent_first_output_ratio")
 	b.ReportMetric(median(agents), "agent_ms")
 	b.ReportMetric(median(execs), "podsexec_ms")
+	b.ReportMetric(median(statuses), "agent_status_ms")
 }
