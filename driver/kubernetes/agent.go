@@ -147,18 +147,26 @@ func (a *AgentProvider) Agent(ctx context.Context, obj driver.Object) (agent.Con
 	if err != nil {
 		return fail(err)
 	}
-	e := &agentEntry{uid: string(pod.UID), addr: addr, client: agent.NewClient(dialTLS(addr, cfg))}
+	e := &agentEntry{uid: string(pod.UID), addr: addr, client: agent.NewClient(dialTLS(p.cfg.DialContext, addr, cfg))}
 	if old, loaded := p.agents.Swap(obj.CellID, e); loaded {
 		old.(*agentEntry).client.CloseIdleConnections()
 	}
 	return e.client, nil
 }
 
-// dialTLS dials addr and completes the TLS handshake with cfg.
-func dialTLS(addr string, cfg *tls.Config) func(context.Context) (net.Conn, error) {
+// dialTLS dials addr with dial and completes the TLS handshake with cfg.
+func dialTLS(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, cfg *tls.Config) func(context.Context) (net.Conn, error) {
 	return func(ctx context.Context) (net.Conn, error) {
-		d := tls.Dialer{Config: cfg}
-		return d.DialContext(ctx, "tcp", addr)
+		raw, err := dial(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		conn := tls.Client(raw, cfg)
+		if err := conn.HandshakeContext(ctx); err != nil {
+			_ = raw.Close()
+			return nil, err
+		}
+		return conn, nil
 	}
 }
 

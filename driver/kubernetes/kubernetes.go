@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -143,6 +144,11 @@ type Config struct {
 	// CertValidity is how long a cell's certificates are valid (default
 	// DefaultCertValidity).
 	CertValidity time.Duration
+	// DialContext dials the agents' Pod addresses (network "tcp", addr
+	// "<pod IP>:<agent port>"); TLS runs over the connection it returns.
+	// Set it when Pod IPs are reachable only through a proxy, a tunnel or
+	// another network namespace. Nil means a net.Dialer.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Provider runs each cell as one Pod. It implements driver.Provider,
@@ -261,6 +267,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.DialContext == nil {
+		cfg.DialContext = (&net.Dialer{}).DialContext
 	}
 	if cfg.Client == nil {
 		if cfg.Client, err = k8s.NewForConfig(cfg.RESTConfig); err != nil {
