@@ -24,7 +24,9 @@ import (
 // two cores the server's claims run on.
 type FanoutReport struct {
 	Subscribers int `json:"subscribers"`
-	Claims      int `json:"claims"`
+	// Decoding is how many of them decode every event (one in ten).
+	Decoding int `json:"decoding_subscribers"`
+	Claims   int `json:"claims"`
 	// Without and With are the claims without and with the subscribers:
 	// Without before the subscribers connect, After once they left.
 	Without Stats `json:"claims_without"`
@@ -79,6 +81,7 @@ func benchFanout(ctx context.Context, dir string, subs, claims int) (*FanoutRepo
 	var following atomic.Int32
 	var missed atomic.Int64 // cell.leased frames the raw streams did not get
 	decoders := (subs + 9) / 10
+	rep.Decoding = decoders
 	var done sync.WaitGroup
 	for i := range subs {
 		done.Add(1)
