@@ -86,7 +86,9 @@ func benchCycle(ctx context.Context, dir string, quick bool) (*CycleReport, erro
 		if err == nil && out.ExitCode != 0 {
 			err = fmt.Errorf("true exited %d", out.ExitCode)
 		}
-		if _, rerr := plane.Release(ctx, benchTenant, res.Lease.ID, proof, lease.Destroyed); err == nil {
+		// Released even when the window closed meanwhile, so no lease
+		// outlives the run.
+		if _, rerr := plane.Release(context.WithoutCancel(ctx), benchTenant, res.Lease.ID, proof, lease.Destroyed); err == nil {
 			err = rerr
 		}
 		if err != nil {
@@ -104,10 +106,13 @@ func benchCycle(ctx context.Context, dir string, quick bool) (*CycleReport, erro
 		if err == nil {
 			err = b.runsc(ctx, "exec", id, "true")
 		}
-		if kerr := b.runsc(ctx, "kill", id, "KILL"); err == nil {
+		// Killed and deleted even when the window closed meanwhile, so no
+		// container outlives the run.
+		cleanup := context.WithoutCancel(ctx)
+		if kerr := b.runsc(cleanup, "kill", id, "KILL"); err == nil && ctx.Err() == nil {
 			err = kerr
 		}
-		if derr := b.runsc(ctx, "delete", "--force", id); err == nil {
+		if derr := b.runsc(cleanup, "delete", "--force", id); err == nil {
 			err = derr
 		}
 		return err
