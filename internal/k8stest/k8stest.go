@@ -343,16 +343,7 @@ func (e *Env) startKwok(ctx context.Context) error {
 			return false, errors.New("kwok exited")
 		default:
 		}
-		n, err := e.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
+		return nodeReady(ctx, e.Client, NodeName), nil
 	})
 	if err != nil {
 		return fmt.Errorf("kwok node not ready: %w; kwok log:\n%s", err, e.KwokLog())
@@ -485,4 +476,19 @@ func (e *Env) WaitPodGone(ctx context.Context, namespace, name string, uid strin
 		}
 		return err == nil && string(p.UID) != uid, nil
 	})
+}
+
+// nodeReady reports whether the node named name has condition Ready; an
+// error reading it (the API server starting) counts as not ready yet.
+func nodeReady(ctx context.Context, c kubernetes.Interface, name string) bool {
+	n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }

@@ -656,16 +656,7 @@ func (n *Node) startKubelet() error {
 		if p.exited() {
 			return false, errors.New("kubelet exited")
 		}
-		node, err := n.Client.CoreV1().Nodes().Get(ctx, RealNodeName, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
+		return nodeReady(ctx, n.Client, RealNodeName), nil
 	})
 	if err != nil {
 		return fmt.Errorf("node not ready: %w; kubelet log:\n%s\ncontainerd log:\n%s", err, p.tail(), n.Log("containerd"))
