@@ -55,6 +55,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 )
 
 // Versions of the binaries scripts/k8s-binaries.sh builds; keep in step
@@ -147,12 +149,7 @@ func BinDir() (string, error) {
 func binDirOrSkip(tb testing.TB) string {
 	tb.Helper()
 	d, err := BinDir()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("%v: under CI=true the Kubernetes tests must run", err)
-		}
-		tb.Skipf("skipping: %v", err)
-	}
+	testenv.Need(tb, "Kubernetes test binaries", err)
 	return d
 }
 

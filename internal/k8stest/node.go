@@ -24,6 +24,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 )
 
 // A real node: etcd and kube-apiserver (as for Shared), plus containerd
@@ -136,12 +138,7 @@ func nodeNeeds() error {
 // cannot run a real node.
 func needNode(tb testing.TB) {
 	tb.Helper()
-	if err := nodeNeeds(); err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("%v: under CI=true the real-node tests must run", err)
-		}
-		tb.Skipf("skipping: %v", err)
-	}
+	testenv.Need(tb, "real-node host", nodeNeeds())
 }
 
 var sharedNode struct {
