@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/inflight"
 	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -132,7 +133,8 @@ type Provider struct {
 	claimGVR schema.GroupVersionResource // zero until resolved
 	sboxGVR  schema.GroupVersionResource
 
-	exec *podexec.Runner
+	exec    *podexec.Runner
+	creates inflight.Set // the claim creates of cells, for Destroy to wait out
 }
 
 var _ interface {
@@ -334,7 +336,11 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 		return fail(err)
 	}
 	log := p.log.With("cell_id", req.CellID, "claim", name)
-	claim, err := p.claims(claimGVR).Create(ctx, p.claimObject(claimGVR, req.CellID, req.RuntimeClass), metav1.CreateOptions{})
+	var claim *unstructured.Unstructured
+	err = p.creates.Do(ctx, req.CellID, func(ctx context.Context) (err error) {
+		claim, err = p.claims(claimGVR).Create(ctx, p.claimObject(claimGVR, req.CellID, req.RuntimeClass), metav1.CreateOptions{})
+		return err
+	})
 	switch {
 	case err == nil:
 		log.Info("claim created", "uid", claim.GetUID(), "warm_pool", p.cfg.WarmPool)
@@ -435,6 +441,9 @@ func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 	}
 	claimGVR, sboxGVR, err := p.versions()
 	if err != nil {
+		return uncertain("%v", err)
+	}
+	if err := p.creates.Wait(ctx, obj.CellID); err != nil {
 		return uncertain("%v", err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.cfg.DeleteTimeout)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/inflight"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -89,6 +90,8 @@ type Provider struct {
 
 	mu      sync.Mutex
 	clients map[string]*agent.Client // by identity
+
+	creates inflight.Set // the cell creates, for Destroy to wait out
 }
 
 var (
@@ -202,7 +205,10 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	}
 	id := req.CellID.String()
 	var st cellStatus
-	if err := p.b.call(ctx, http.MethodPost, "/v1/cells", nil, map[string]string{"cell_id": id, "pool": p.pool}, &st); err != nil {
+	err := p.creates.Do(ctx, req.CellID, func(ctx context.Context) error {
+		return p.b.call(ctx, http.MethodPost, "/v1/cells", nil, map[string]string{"cell_id": id, "pool": p.pool}, &st)
+	})
+	if err != nil {
 		return driver.Object{}, fmt.Errorf("cloudflare: provision %s: %w", id, err)
 	}
 	obj := driver.Object{CellID: req.CellID, Identity: st.Identity}
@@ -310,6 +316,9 @@ func (p *Provider) admit(ctx context.Context, st *cellStatus) string {
 // driver.ErrUncertain.
 func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 	id := obj.CellID.String()
+	if err := p.creates.Wait(ctx, obj.CellID); err != nil {
+		return fmt.Errorf("cloudflare: destroy %s: %w: %v", id, driver.ErrUncertain, err)
+	}
 	hdr := http.Header{}
 	if obj.Identity != "" {
 		hdr.Set(identityHeader, obj.Identity)

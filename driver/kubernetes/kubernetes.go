@@ -25,6 +25,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/internal/inflight"
 	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -167,7 +168,8 @@ type Provider struct {
 
 	exec *podexec.Runner
 
-	agents sync.Map // cell ID → *agentEntry
+	agents  sync.Map     // cell ID → *agentEntry
+	creates inflight.Set // the Pod and Secret creates of cells, for Destroy to wait out
 }
 
 var _ interface {
@@ -323,7 +325,11 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 		}
 	}
 
-	created, err := p.pods().Create(ctx, p.podSpec(req.CellID, req.RuntimeClass, rcName), metav1.CreateOptions{})
+	var created *corev1.Pod
+	err := p.creates.Do(ctx, req.CellID, func(ctx context.Context) (err error) {
+		created, err = p.pods().Create(ctx, p.podSpec(req.CellID, req.RuntimeClass, rcName), metav1.CreateOptions{})
+		return err
+	})
 	switch {
 	case err == nil:
 		log.Info("pod created", "uid", created.UID, "runtime_class_name", rcName)
@@ -549,6 +555,9 @@ func (p *Provider) weakened(pod *corev1.Pod) []string {
 // present is driver.ErrUncertain too. They are left while another Pod
 // holds the cell's name (they are its Secrets then).
 func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
+	if err := p.creates.Wait(ctx, obj.CellID); err != nil {
+		return fmt.Errorf("kubernetes: destroy %s: %w: %v", PodName(obj.CellID), driver.ErrUncertain, err)
+	}
 	if err := p.destroyPod(ctx, obj); err != nil || p.cfg.AgentImage == "" {
 		return err
 	}

@@ -75,9 +75,9 @@ func (p *Provider) ensureSecrets(ctx context.Context, cellID uuid.UUID, class le
 		return err
 	}
 	ctlName, agName := ControlSecretName(cellID), AgentSecretName(cellID)
-	_, err = p.secrets().Create(ctx, p.secret(ctlName, cellID, class, map[string][]byte{
+	err = p.createSecret(ctx, cellID, p.secret(ctlName, cellID, class, map[string][]byte{
 		SecretCACert: pki.CACert, SecretCAKey: pki.CAKey, SecretTLSCert: pki.ClientCert, SecretTLSKey: pki.ClientKey,
-	}), metav1.CreateOptions{})
+	}))
 	adopted := false
 	switch {
 	case err == nil:
@@ -99,9 +99,9 @@ func (p *Provider) ensureSecrets(ctx context.Context, cellID uuid.UUID, class le
 	default:
 		return fmt.Errorf("secret %s: create: %w", ctlName, err)
 	}
-	_, err = p.secrets().Create(ctx, p.secret(agName, cellID, class, map[string][]byte{
+	err = p.createSecret(ctx, cellID, p.secret(agName, cellID, class, map[string][]byte{
 		SecretCACert: pki.CACert, SecretTLSCert: pki.ServerCert, SecretTLSKey: pki.ServerKey,
-	}), metav1.CreateOptions{})
+	}))
 	switch {
 	case err == nil:
 	case apierrors.IsAlreadyExists(err):
@@ -117,6 +117,15 @@ func (p *Provider) ensureSecrets(ctx context.Context, cellID uuid.UUID, class le
 	}
 	p.log.Info("cell secrets in place", "cell_id", cellID, "adopted", adopted)
 	return nil
+}
+
+// createSecret creates one of cell's Secrets, never abandoning the request
+// mid-flight (see package inflight).
+func (p *Provider) createSecret(ctx context.Context, cellID uuid.UUID, s *corev1.Secret) error {
+	return p.creates.Do(ctx, cellID, func(ctx context.Context) error {
+		_, err := p.secrets().Create(ctx, s, metav1.CreateOptions{})
+		return err
+	})
 }
 
 // ownedSecret reads a cell's Secret and requires this pool's ownership
