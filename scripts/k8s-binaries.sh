@@ -3,7 +3,8 @@
 # from Go modules only, and caches them by version: the control plane (etcd,
 # kube-apiserver, kwok) and, in its node/ subfolder, a real node for
 # internal/k8stest.StartNode (kubelet, containerd + ctr +
-# containerd-shim-runc-v2, runc, the gVisor containerd shim + runsc, and the
+# containerd-shim-runc-v2, runc, the gVisor containerd shim + runsc (that of
+# scripts/install-runsc.sh), and the
 # Pods' pause binary). Prints the folder holding the control plane on its
 # last line, so a caller can do:
 #
@@ -254,8 +255,11 @@ if [ ! -x "$nodebin/runc" ] && [ ! -f /usr/include/seccomp.h ]; then
 fi
 NODE_TAGS=seccomp nodebuild runc "$(moddir "github.com/opencontainers/runc@$RUNC_VERSION")" 1 "" .
 
-# The gVisor shim and runsc, from one copy of the gVisor module. The copy
-# gets one change before it is built: the shim's `start` lowers its daemon's
+# The gVisor shim and runsc from one gVisor module version. runsc is
+# scripts/install-runsc.sh's (the gVisor driver's own, cached by that
+# version), copied: building it again here would cost minutes for the same
+# binary. The shim is built from a copy of the module that gets one change
+# first: the shim's `start` lowers its daemon's
 # oom_score_adj to -999, which needs CAP_SYS_RESOURCE; where root lacks it
 # (this project's CI machines: CapBnd has bit 24 cleared) the kernel answers
 # EACCES and the shim fails every Pod with "failed to set OOM Score on shim".
@@ -285,13 +289,13 @@ if s.count(old) != 1:
     sys.exit("k8s-binaries: the gVisor shim's SetOOMScore call moved; update the tolerance")
 open(p, "w").write(s.replace(old, new))
 PY
-	log "gvisor shim + runsc: building from gvisor.dev/gvisor@$GVISOR_VERSION (OOM-score tolerance applied)"
-	(cd "$work/gvisor" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$work/runsc" ./runsc &&
-		CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$work/containerd-shim-runsc-v1" ./shim)
+	log "gvisor shim: building from gvisor.dev/gvisor@$GVISOR_VERSION (OOM-score tolerance applied)"
+	(cd "$work/gvisor" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$work/containerd-shim-runsc-v1" ./shim)
+	cp "$(bash "$here/install-runsc.sh" | tail -n 1)" "$work/runsc"
 	mv "$work/runsc" "$work/containerd-shim-runsc-v1" "$nodebin/"
 	rm -rf "$work"
 	trap - EXIT
-	log "gvisor shim + runsc: built in $((SECONDS - start)) s"
+	log "gvisor shim built, runsc copied, in $((SECONDS - start)) s"
 fi
 
 # The Pods' sandbox ("pause") container: a static binary, packed into an

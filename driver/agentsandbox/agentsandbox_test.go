@@ -317,3 +317,29 @@ func TestDestroyWithoutIdentity(t *testing.T) {
 		t.Errorf("claim after Destroy: %v", err)
 	}
 }
+
+// TestAbandonedCreateIsWaitedOut: Provision gives up while its claim create
+// is in flight; Destroy must not prove the cell absent before that create
+// has landed, or the claim it makes outlives the proof.
+func TestAbandonedCreateIsWaitedOut(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	startController(t, env, ns, faults{})
+	rc, late := k8stest.LateCreates(env.Config, "sandboxclaims", 500*time.Millisecond)
+	p := newProvider(t, env, ns, "late", func(c *agentsandbox.Config) { c.RESTConfig = rc })
+	if _, err := p.List(ctxT(t, time.Minute)); err != nil { // resolves the API versions first
+		t.Fatal(err)
+	}
+	req := provisionReq(lease.GVisorLowerRisk)
+	if _, err := p.Provision(ctxT(t, 50*time.Millisecond), req); err == nil {
+		t.Fatal("Provision within 50 ms succeeded through a create held for 500 ms")
+	}
+	if n := late.Creates(); n != 1 {
+		t.Fatalf("Provision sent %d claim creates, want 1", n)
+	}
+	if err := p.Destroy(ctxT(t, time.Minute), driver.Object{CellID: req.CellID}); err != nil {
+		t.Fatalf("Destroy after the abandoned Provision: %v", err)
+	}
+	late.Wait() // every create sent after Provision gave up has landed
+	requireEmpty(t, env, ns)
+}

@@ -1,18 +1,13 @@
 package kubernetes_test
 
 import (
-	"context"
 	"errors"
-	"net/http"
 	"slices"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
@@ -396,35 +391,6 @@ func TestExistingPodNotOurs(t *testing.T) {
 	}
 }
 
-// lateCreates holds every Pod create for hold; a create whose caller gives
-// up first still reaches the API server, hold later, the way a request the
-// server took lands after the client hung up.
-type lateCreates struct {
-	rt    http.RoundTripper
-	hold  time.Duration
-	count *atomic.Int32
-}
-
-func (l lateCreates) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/pods") {
-		return l.rt.RoundTrip(r)
-	}
-	l.count.Add(1)
-	select {
-	case <-time.After(l.hold):
-		return l.rt.RoundTrip(r)
-	case <-r.Context().Done():
-		late := r.Clone(context.WithoutCancel(r.Context()))
-		go func() {
-			time.Sleep(l.hold)
-			if res, err := l.rt.RoundTrip(late); err == nil {
-				res.Body.Close()
-			}
-		}()
-		return nil, r.Context().Err()
-	}
-}
-
 // TestAbandonedCreateIsWaitedOut: Provision gives up while its Pod create
 // is in flight; Destroy must not prove the cell absent before that create
 // has landed, or the Pod it makes outlives the proof.
@@ -432,11 +398,8 @@ func TestAbandonedCreateIsWaitedOut(t *testing.T) {
 	t.Parallel()
 	env := k8stest.Shared(t)
 	ns := env.Namespace(t)
-	const hold = 500 * time.Millisecond
-	var creates atomic.Int32
+	rc, late := k8stest.LateCreates(env.Config, "pods", 500*time.Millisecond)
 	p := newProvider(t, env, ns, "late", func(c *kubernetes.Config) {
-		rc := rest.CopyConfig(c.RESTConfig)
-		rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return lateCreates{rt, hold, &creates} }
 		c.RESTConfig = rc
 		c.NetworkPolicy = ptr(false)
 	})
@@ -444,12 +407,12 @@ func TestAbandonedCreateIsWaitedOut(t *testing.T) {
 	if _, err := p.Provision(ctxT(t, 50*time.Millisecond), req); err == nil {
 		t.Fatal("Provision within 50 ms succeeded through a create held for 500 ms")
 	}
-	if creates.Load() != 1 {
-		t.Fatalf("Provision sent %d Pod creates, want 1", creates.Load())
+	if n := late.Creates(); n != 1 {
+		t.Fatalf("Provision sent %d Pod creates, want 1", n)
 	}
 	if err := p.Destroy(ctxT(t, time.Minute), driver.Object{CellID: req.CellID}); err != nil {
 		t.Fatalf("Destroy after the abandoned Provision: %v", err)
 	}
-	time.Sleep(2 * hold) // past any late landing
+	late.Wait() // every create sent after Provision gave up has landed
 	requireNoPods(t, env, ns)
 }
