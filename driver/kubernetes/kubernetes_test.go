@@ -403,16 +403,6 @@ func TestAbandonedCreateIsWaitedOut(t *testing.T) {
 		c.RESTConfig = rc
 		c.NetworkPolicy = ptr(false)
 	})
-	req := provisionReq(lease.GVisorLowerRisk)
-	if _, err := p.Provision(ctxT(t, 50*time.Millisecond), req); err == nil {
-		t.Fatal("Provision within 50 ms succeeded through a create held for 500 ms")
-	}
-	if n := late.Creates(); n != 1 {
-		t.Fatalf("Provision sent %d Pod creates, want 1", n)
-	}
-	if err := p.Destroy(ctxT(t, time.Minute), driver.Object{CellID: req.CellID}); err != nil {
-		t.Fatalf("Destroy after the abandoned Provision: %v", err)
-	}
-	late.Wait() // every create sent after Provision gave up has landed
+	late.Abandon(t, p, provisionReq(lease.GVisorLowerRisk))
 	requireNoPods(t, env, ns)
 }
