@@ -111,8 +111,11 @@ harness crash-two-gvisor 12m "${bin[@]}" "${mode[@]}"
 # next to the server's, where the gVisor driver looks first).
 harness agent-fence 8m "${bin[@]}" "${mode[@]}"
 
-# 3. Soak: 60 s quick, 10 minutes full.
+# 3. Soak: 60 s quick, 10 minutes full; and the server's memory with
+#    100,000 terminal rows and 1,000 live leases, soaked beside them for
+#    30 s quick, 10 minutes full.
 harness soak 15m "${bin[@]}" "${mode[@]}"
+harness rss 15m "${bin[@]}" "${mode[@]}"
 
 # 4. The database goes away under load and comes back: a private
 #    PostgreSQL cluster restarted under two replicas, SQLite's disk

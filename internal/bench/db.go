@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/internal/seed"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/store/postgres"
@@ -191,56 +192,15 @@ func (b *backend) claim(ctx context.Context, _ int) error {
 	return err
 }
 
-// seed inserts ready cells (and as many terminal ones when terminal) in the
-// shape Prepare writes, in one transaction: a fixture, far faster than
-// preparing 100,000 cells one by one.
+// seed inserts ready cells (and as many terminal ones when terminal) in
+// the shape Prepare writes, in one transaction (package seed).
 func (b *backend) seed(ctx context.Context, ready, terminal int) error {
-	tx, err := b.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	now := time.Now().UTC()
-	const batch = 400 // 14 parameters a row, under SQLite's limit
-	add := func(n int, state string) error {
-		for done := 0; done < n; done += batch {
-			k := min(batch, n-done)
-			var sb strings.Builder
-			sb.WriteString(`INSERT INTO cells (id, tenant_id, worker_id, provider_cell_id, state, generation, release_set_id,
-				runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us, retired_us) VALUES `)
-			args := make([]any, 0, k*14)
-			for i := range k {
-				if i > 0 {
-					sb.WriteString(", ")
-				}
-				sb.WriteString("(?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)")
-				id := uuid.Must(uuid.NewV7()).String()
-				created := now.Add(time.Duration(done+i) * time.Microsecond).UnixMicro()
-				var retired any // NULL while live
-				if state != string(lease.Ready) {
-					retired = created
-				}
-				args = append(args, id, benchTenant, "bench-worker", "p-"+id, state, b.rel.ReleaseSetID,
-					string(b.rel.RuntimeClass), b.rel.PolicyDigest, b.rel.Signature, now.Add(time.Hour).UnixMicro(), created, created,
-					retired)
-			}
-			if _, err := tx.ExecContext(ctx, sqlx.Rebind(b.bind, sb.String()), args...); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := add(terminal, string(lease.Quarantined)); err != nil {
-		return err
-	}
-	if err := add(ready, string(lease.Ready)); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
+	if err := seed.Write(ctx, b.db, b.bind, seed.Cells{TenantID: benchTenant, WorkerID: "bench-worker", Release: b.rel,
+		Ready: ready, Terminal: terminal, Now: time.Now()}); err != nil {
 		return err
 	}
 	// Fresh planner statistics, as a long-running database would have.
-	_, err = b.db.ExecContext(ctx, `ANALYZE`)
+	_, err := b.db.ExecContext(ctx, `ANALYZE`)
 	return err
 }
 

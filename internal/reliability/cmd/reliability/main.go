@@ -15,6 +15,7 @@
 //	crash-gvisor       SIGKILL loop, SQLite, a pool of real runsc (gVisor) cells
 //	crash-two-gvisor   two crash-gvisor loops of two installations sharing one runsc state root
 //	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
+//	rss                the server's RSS with 100,000 terminal rows and 1,000 live leases, then a soak beside them
 //	pg-restart         PostgreSQL stopped, started and restarted (fast and immediate) under two replicas' load
 //	disk-full          SQLite's disk fills up during commits, then space returns
 //	partition          two replicas in network namespaces; one's link to PostgreSQL is cut and healed
@@ -128,6 +129,8 @@ func dispatch(ctx context.Context, env *reliability.Env, check string, o options
 		return crashTwo(ctx, env, o)
 	case "soak":
 		return soak(ctx, env, o)
+	case "rss":
+		return rss(ctx, env, o)
 	case "pg-restart", "disk-full", "partition":
 		return outage(ctx, env, check, o)
 	case "clock-skew":
@@ -250,6 +253,19 @@ func soak(ctx context.Context, env *reliability.Env, o options) (bool, string) {
 		return false, "the server died during the soak: " + rep.String()
 	}
 	return rep.Passed(), fmt.Sprintf("%d clients for %s: %s", o.clients, d, rep)
+}
+
+func rss(ctx context.Context, env *reliability.Env, o options) (bool, string) {
+	if o.bin == "" {
+		return false, "-bin is required"
+	}
+	d := o.dur(30*time.Second, 10*time.Minute)
+	rep, err := reliability.RunRSS(ctx, env, reliability.RSSConfig{Bin: o.bin, Leases: 1000, Terminal: 100000,
+		Soak: reliability.SoakConfig{Clients: 16, Duration: d, Sample: max(d/60, time.Second), Seed: o.seed}})
+	if err != nil {
+		return false, err.Error()
+	}
+	return rep.Passed(), fmt.Sprintf("16 clients for %s: %s", d, rep)
 }
 
 func outage(ctx context.Context, env *reliability.Env, check string, o options) (bool, string) {
