@@ -43,6 +43,7 @@ func dev(ctx context.Context, e env, args []string) error {
 	provider := flags.String("provider", "gvisor", "pool provider: gvisor, or dry-run (SIMULATED cells, no isolation)")
 	target := flags.Int("target", 2, "number of warm cells")
 	stateDir := flags.String("state-dir", "", "runsc's state root for the gVisor pool (default <dir>/runsc-state)")
+	image := flags.String("image", "", "the gVisor pool's image, an OCI reference pinned by digest, pulled into <dir>/images (default: no image, the host's /usr)")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -89,6 +90,9 @@ func dev(ctx context.Context, e env, args []string) error {
 			settings["state_dir"] = *stateDir
 		}
 		settings["bundle_dir"] = filepath.Join(abs, "runsc-bundles")
+		if *image != "" {
+			settings["image_cache_dir"] = filepath.Join(abs, "images")
+		}
 	}
 	c := &config{
 		Listen:         *listen,
@@ -109,7 +113,8 @@ func dev(ctx context.Context, e env, args []string) error {
 		ExecMaxOutputBytes: sandboxwich.MaxExecOutput,
 		EventRetention:     sandboxwich.DefaultEventRetention,
 		MaxPrepareAhead:    sandboxwich.DefaultMaxPrepareAhead,
-		Pools:              []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target, Settings: settings}},
+		Pools: []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target,
+			Image: *image, Settings: settings}},
 	}
 	log, err := newLogger(e.stderr, c.LogLevel, c.LogFormat)
 	if err != nil {

@@ -2,21 +2,17 @@ package gvisor
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,11 +26,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/internal/testimage"
 	"github.com/sandboxwich/sandboxwich/driver/drivertest"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
@@ -95,77 +91,31 @@ func (reg *testRegistry) push(t *testing.T, repo string, img v1.Image) string {
 }
 
 // tarEntry is one entry of a layer a test builds.
-type tarEntry struct {
-	name, body, link string
-	typ              byte
-	mode             int64
-}
+type tarEntry = testimage.Entry
 
 // layerOf builds a gzip layer of the entries.
 func layerOf(t *testing.T, entries ...tarEntry) v1.Layer {
 	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, Size: int64(len(e.body))}
-		if h.Typeflag == 0 {
-			h.Typeflag = tar.TypeReg
-		}
-		if h.Mode == 0 {
-			h.Mode = 0o644
-			if h.Typeflag == tar.TypeDir {
-				h.Mode = 0o755
-			}
-		}
-		if h.Typeflag != tar.TypeReg {
-			h.Size = 0
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := io.WriteString(tw, e.body); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	l, err := testimage.Layer(entries...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return l
 }
 
-// busyboxLayer is a layer of a static busybox alone (no C library):
-// /bin/busybox, a symlink per applet, and /etc/passwd.
+// busyboxLayer is a layer of a static busybox alone (testimage.Busybox).
 func busyboxLayer(t *testing.T, busybox string) v1.Layer {
 	t.Helper()
-	bin, err := os.ReadFile(busybox)
+	l, err := testimage.Busybox(busybox)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(busybox, "--list").Output()
-	if err != nil {
-		t.Fatalf("busybox --list: %v", err)
-	}
-	entries := []tarEntry{{name: "bin/", typ: tar.TypeDir}, {name: "bin/busybox", body: string(bin), mode: 0o755},
-		{name: "etc/", typ: tar.TypeDir}, {name: "etc/passwd", body: "root:x:0:0:root:/root:/bin/sh\ncell:x:1000:1000:cell:/home/cell:/bin/sh\n"},
-		{name: "etc/image-release", body: "busybox test image\n"}}
-	for _, applet := range strings.Fields(string(out)) {
-		if applet != "busybox" {
-			entries = append(entries, tarEntry{name: "bin/" + applet, typ: tar.TypeSymlink, link: "busybox"})
-		}
-	}
-	return layerOf(t, entries...)
+	return l
 }
 
 func imageOf(t *testing.T, layers ...v1.Layer) v1.Image {
 	t.Helper()
-	img, err := mutate.AppendLayers(empty.Image, layers...)
+	img, err := testimage.Image(layers...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +180,7 @@ func inode(t *testing.T, path string) uint64 {
 func TestImagePullUnpacksOnceAndVerifies(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
-	img := imageOf(t, layerOf(t, tarEntry{name: "etc/", typ: tar.TypeDir}, tarEntry{name: "etc/hello", body: "hi\n"}))
+	img := imageOf(t, layerOf(t, tarEntry{Name: "etc/", Type: tar.TypeDir}, tarEntry{Name: "etc/hello", Body: "hi\n"}))
 	ref := reg.push(t, "cell", img)
 	cache := t.TempDir()
 	ctx := context.Background()
@@ -269,7 +219,7 @@ func TestImagePullUnpacksOnceAndVerifies(t *testing.T) {
 func TestImageWrongBlobIsRefused(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
-	l := layerOf(t, tarEntry{name: "file", body: "the real content\n"})
+	l := layerOf(t, tarEntry{Name: "file", Body: "the real content\n"})
 	ref := reg.push(t, "cell", imageOf(t, l))
 	ld, _ := l.Digest()
 	rc, _ := l.Compressed()
@@ -320,7 +270,7 @@ func assertNothingCached(t *testing.T, cache string) {
 func TestImageMissingDigest(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
-	reg.push(t, "cell", imageOf(t, layerOf(t, tarEntry{name: "file", body: "x"})))
+	reg.push(t, "cell", imageOf(t, layerOf(t, tarEntry{Name: "file", Body: "x"})))
 	ref := reg.host + "/cell@sha256:" + strings.Repeat("ab", 32)
 	cache := t.TempDir()
 	s := testStore(t, ref, cache, "inst", "p")
@@ -338,8 +288,8 @@ func TestImagePullResumesAfterRestart(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
 	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
-	l1 := layerOf(t, tarEntry{name: "one", body: "first layer\n"})
-	l2 := layerOf(t, tarEntry{name: "two", body: big})
+	l1 := layerOf(t, tarEntry{Name: "one", Body: "first layer\n"})
+	l2 := layerOf(t, tarEntry{Name: "two", Body: big})
 	ref := reg.push(t, "cell", imageOf(t, l1, l2))
 	d1, _ := l1.Digest()
 	d2, _ := l2.Digest()
@@ -396,9 +346,9 @@ func TestImagePullResumesAfterRestart(t *testing.T) {
 func TestImageCollect(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
-	ref1 := reg.push(t, "one", imageOf(t, layerOf(t, tarEntry{name: "v", body: "1"})))
-	ref2 := reg.push(t, "two", imageOf(t, layerOf(t, tarEntry{name: "v", body: "2"})))
-	ref3 := reg.push(t, "three", imageOf(t, layerOf(t, tarEntry{name: "v", body: "3"})))
+	ref1 := reg.push(t, "one", imageOf(t, layerOf(t, tarEntry{Name: "v", Body: "1"})))
+	ref2 := reg.push(t, "two", imageOf(t, layerOf(t, tarEntry{Name: "v", Body: "2"})))
+	ref3 := reg.push(t, "three", imageOf(t, layerOf(t, tarEntry{Name: "v", Body: "3"})))
 	cache := t.TempDir()
 	ctx := context.Background()
 	old := testStore(t, ref1, cache, "inst", "p")
@@ -454,15 +404,15 @@ func TestApplyLayerWhiteoutsAndEscapes(t *testing.T) {
 		return applyLayer(func() (io.ReadCloser, error) { return l.Uncompressed() }, root, &budget{left: DefaultImageMaxBytes, max: DefaultImageMaxBytes})
 	}
 	if err := apply(layerOf(t,
-		tarEntry{name: "a/", typ: tar.TypeDir}, tarEntry{name: "a/keep", body: "k"}, tarEntry{name: "a/gone", body: "g"},
-		tarEntry{name: "o/", typ: tar.TypeDir}, tarEntry{name: "o/lower", body: "l"},
-		tarEntry{name: "link", typ: tar.TypeSymlink, link: "/etc"},
-		tarEntry{name: "hard", typ: tar.TypeLink, link: "a/keep"})); err != nil {
+		tarEntry{Name: "a/", Type: tar.TypeDir}, tarEntry{Name: "a/keep", Body: "k"}, tarEntry{Name: "a/gone", Body: "g"},
+		tarEntry{Name: "o/", Type: tar.TypeDir}, tarEntry{Name: "o/lower", Body: "l"},
+		tarEntry{Name: "link", Type: tar.TypeSymlink, Link: "/etc"},
+		tarEntry{Name: "hard", Type: tar.TypeLink, Link: "a/keep"})); err != nil {
 		t.Fatalf("lower layer: %v", err)
 	}
 	if err := apply(layerOf(t,
-		tarEntry{name: "a/.wh.gone"},
-		tarEntry{name: "o/new", body: "n"}, tarEntry{name: "o/.wh..wh..opq"})); err != nil {
+		tarEntry{Name: "a/.wh.gone"},
+		tarEntry{Name: "o/new", Body: "n"}, tarEntry{Name: "o/.wh..wh..opq"})); err != nil {
 		t.Fatalf("upper layer: %v", err)
 	}
 	for path, want := range map[string]bool{"a/keep": true, "a/gone": false, "o/lower": false, "o/new": true, "o/.wh..wh..opq": false, "hard": true} {
@@ -472,11 +422,11 @@ func TestApplyLayerWhiteoutsAndEscapes(t *testing.T) {
 	}
 	outside := t.TempDir()
 	for name, l := range map[string]v1.Layer{
-		"dot-dot":          layerOf(t, tarEntry{name: "../escape", body: "x"}),
-		"deep dot-dot":     layerOf(t, tarEntry{name: "a/../../escape", body: "x"}),
-		"through symlink":  layerOf(t, tarEntry{name: "link/passwd", body: "x"}),
-		"hard link out":    layerOf(t, tarEntry{name: "h", typ: tar.TypeLink, link: "../../etc/passwd"}),
-		"symlink to outer": layerOf(t, tarEntry{name: "out", typ: tar.TypeSymlink, link: outside}, tarEntry{name: "out/f", body: "x"}),
+		"dot-dot":          layerOf(t, tarEntry{Name: "../escape", Body: "x"}),
+		"deep dot-dot":     layerOf(t, tarEntry{Name: "a/../../escape", Body: "x"}),
+		"through symlink":  layerOf(t, tarEntry{Name: "link/passwd", Body: "x"}),
+		"hard link out":    layerOf(t, tarEntry{Name: "h", Type: tar.TypeLink, Link: "../../etc/passwd"}),
+		"symlink to outer": layerOf(t, tarEntry{Name: "out", Type: tar.TypeSymlink, Link: outside}, tarEntry{Name: "out/f", Body: "x"}),
 	} {
 		if err := apply(l); err == nil {
 			t.Errorf("%s: applied", name)
@@ -665,8 +615,8 @@ func TestRootImage(t *testing.T) {
 func TestImageIndexAndCrashedUnpack(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
-	img := imageOf(t, layerOf(t, tarEntry{name: "arch", body: runtime.GOARCH}))
-	other := imageOf(t, layerOf(t, tarEntry{name: "arch", body: "other"}))
+	img := imageOf(t, layerOf(t, tarEntry{Name: "arch", Body: runtime.GOARCH}))
+	other := imageOf(t, layerOf(t, tarEntry{Name: "arch", Body: "other"}))
 	idx := mutate.AppendManifests(empty.Index,
 		mutate.IndexAddendum{Add: other, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "riscv64"}}},
 		mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}}})
@@ -721,7 +671,7 @@ func TestImageIndexAndCrashedUnpack(t *testing.T) {
 func TestImageSizeCap(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
-	bomb := layerOf(t, tarEntry{name: "zeros", body: strings.Repeat("\x00", 4<<20)})
+	bomb := layerOf(t, tarEntry{Name: "zeros", Body: strings.Repeat("\x00", 4<<20)})
 	bombRef := reg.push(t, "bomb", imageOf(t, bomb))
 	compressed, _ := bomb.Size()
 	if compressed > 64<<10 {
@@ -771,7 +721,7 @@ func TestImageSizeCap(t *testing.T) {
 	// A registry sending more than the manifest's size for a blob: only
 	// the manifest's size is read (go-containerregistry stops there and
 	// verifies the digest), so it cannot outgrow the budget.
-	l := layerOf(t, tarEntry{name: "file", body: "content\n"})
+	l := layerOf(t, tarEntry{Name: "file", Body: "content\n"})
 	ref := reg.push(t, "long", imageOf(t, l))
 	d, _ := l.Digest()
 	rc, _ := l.Compressed()
@@ -800,74 +750,18 @@ func TestImageSizeCap(t *testing.T) {
 	}
 }
 
-// hostPythonLayer is a layer of the host's python3: the interpreter, the
-// shared libraries ldd names for it (at their paths) and its standard
-// library without tests, caches and installed packages. It fails the
-// test under CI=true when the host has no python3 at /usr/bin.
+// hostPythonLayer is testimage.HostPython's layer. It fails the test
+// under CI=true when the host has no python3 at /usr/bin.
 func hostPythonLayer(t *testing.T) v1.Layer {
 	t.Helper()
-	bin, err := filepath.EvalSymlinks("/usr/bin/python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("/usr/bin/python3 is required under CI=true: %v", err)
-		}
-		t.Skipf("no /usr/bin/python3: %v", err)
-	}
-	out, err := exec.Command("ldd", bin).Output()
-	if err != nil {
-		t.Fatalf("ldd %s: %v", bin, err)
-	}
-	files := []string{bin}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		switch {
-		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
-			files = append(files, f[2])
-		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
-			files = append(files, f[0]) // the dynamic loader
-		}
-	}
-	stdlib := filepath.Join("/usr/lib", filepath.Base(bin))
-	skip := map[string]bool{"test": true, "__pycache__": true, "site-packages": true, "dist-packages": true, "idlelib": true,
-		"tkinter": true, "ensurepip": true, "lib2to3": true, "pydoc_data": true}
-	err = filepath.WalkDir(stdlib, func(path string, d fs.DirEntry, err error) error {
-		switch {
-		case err != nil:
-			return err
-		case d.IsDir() && skip[d.Name()]:
-			return filepath.SkipDir
-		case d.Type().IsRegular():
-			files = append(files, path)
-		}
-		return nil
-	})
-	if err != nil {
+	l, err := testimage.HostPython()
+	switch {
+	case errors.Is(err, testimage.ErrNoPython) && os.Getenv("CI") != "true":
+		t.Skip(err)
+	case err != nil:
 		t.Fatal(err)
 	}
-	var entries []tarEntry
-	dirs := map[string]bool{}
-	for _, f := range files {
-		real, err := filepath.EvalSymlinks(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(real)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rel := strings.TrimPrefix(f, "/")
-		for d := filepath.Dir(rel); d != "." && !dirs[d]; d = filepath.Dir(d) {
-			dirs[d] = true
-		}
-		entries = append(entries, tarEntry{name: rel, body: string(b), mode: 0o755})
-	}
-	var dirEntries []tarEntry
-	for d := range dirs {
-		dirEntries = append(dirEntries, tarEntry{name: d + "/", typ: tar.TypeDir})
-	}
-	slices.SortFunc(dirEntries, func(a, b tarEntry) int { return strings.Compare(a.name, b.name) })
-	entries = append(dirEntries, append(entries, tarEntry{name: "usr/bin/python3", typ: tar.TypeSymlink, link: filepath.Base(bin)})...)
-	return layerOf(t, entries...)
+	return l
 }
 
 // TestImagePython runs a cell of an image of two layers, busybox-static

@@ -75,14 +75,13 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def _dev(binary: Path, d: Path, *args: str) -> Iterator[Server]:
+    """Run ``sandboxwich dev`` in d with args until the generator closes."""
     _need("runsc", shutil.which("runsc") is not None or Path("/usr/local/bin/runsc").exists())
-    d = tmp_path_factory.mktemp("dev")
     log = d / "server.log"
     logf = open(log, "wb")
     proc = subprocess.Popen(
-        [str(binary), "dev", "--dir", str(d / "state"), "--listen", "127.0.0.1:0", "--target", "2"],
+        [str(binary), "dev", "--dir", str(d / "state"), "--listen", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE,
         stderr=logf,
         cwd=d,
@@ -136,6 +135,40 @@ def server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         logf.close()
+
+
+@pytest.fixture(scope="session")
+def server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _dev(binary, tmp_path_factory.mktemp("dev"), "--target", "2")
+
+
+@pytest.fixture(scope="session")
+def python_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An image of a static busybox and the host's python3, pushed to a
+    registry on loopback (internal/testimage/cmd/pyregistry): its reference,
+    pinned by digest. The registry serves until the session ends."""
+    _need("go", shutil.which("go") is not None)
+    _need("a static busybox at /bin/busybox (scripts/install-busybox.sh)", Path("/bin/busybox").exists())
+    _need("/usr/bin/python3", Path("/usr/bin/python3").exists())
+    out = tmp_path_factory.mktemp("bin") / "pyregistry"
+    subprocess.run(
+        ["go", "build", "-o", str(out), "./internal/testimage/cmd/pyregistry"], cwd=REPO, check=True, env=os.environ | {"GOFLAGS": "-buildvcs=false"}
+    )
+    proc = subprocess.Popen([str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    ref = proc.stdout.readline().decode().strip()
+    try:
+        assert re.fullmatch(r"127\.0\.0\.1:\d+/python@sha256:[0-9a-f]{64}", ref), f"pyregistry printed {ref!r}"
+        yield ref
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def image_server(binary: Path, python_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``sandboxwich dev`` whose one-cell pool runs python_image."""
+    yield from _dev(binary, tmp_path_factory.mktemp("dev-image"), "--target", "1", "--image", python_image)
 
 
 def wait_ready(c: Client, n: int, timeout: float = 120) -> None:

@@ -316,3 +316,20 @@ def test_no_attestation_in_logs_at_debug(server: Server, caplog: pytest.LogCaptu
         assert cl.attestation is not None
         raw = cl.attestation.reveal()
     assert caplog.records and raw not in caplog.text
+
+
+def test_cell_of_a_python_image(image_server: Server, python_image: str) -> None:
+    """A pool of an image pinned by digest — a static busybox and the host's
+    python3, pulled from a registry on loopback — runs that image: the cell
+    has the image's python3 and none of the host's /usr, and the evidence
+    names the digest the runtime mounted."""
+    with image_server.client() as c:
+        cl = claim(c, image_server, "s-image")
+        p = cl.proof()
+        ev = c.evidence(p.lease_id)
+        assert ev.image_digest == python_image.split("@", 1)[1]
+        res = c.exec(p, ["python3", "-c", "import json, sys; print(json.dumps([sys.version_info[0], sys.prefix]))"])
+        assert (res.exit_code, json.loads(res.stdout)) == (0, [3, "/usr"]), res.stderr
+        assert c.exec(p, ["cat", "/etc/image-release"]).stdout == b"busybox test image\n"
+        assert c.exec(p, ["sh", "-c", "test -e /usr/bin/apt; echo $?"]).stdout == b"1\n"  # not the host's /usr
+        release_and_wait(c, cl)
