@@ -98,7 +98,11 @@ type Config struct {
 	// image must also hold sh, env, cat, kill and sleep for Exec.
 	Command []string
 	// CPU and Memory are the container's requests and limits (defaults
-	// DefaultCPU, DefaultMemory). TmpSize bounds the writable emptyDir
+	// DefaultCPU, DefaultMemory). The CPU limit is a CFS quota per 100 ms
+	// period over the whole sandbox (gVisor's sentry and gofer as well as
+	// the workload): a small one, such as 50m, makes every command that
+	// bursts past it wait for the next period, so commands take multiples
+	// of 100 ms (docs/performance.md). TmpSize bounds the writable emptyDir
 	// mounted at /tmp (default DefaultTmpSize); the root file system is
 	// read-only.
 	CPU, Memory, TmpSize string
