@@ -30,8 +30,8 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
-	"github.com/sandboxwich/sandboxwich/internal/testimage"
 	"github.com/sandboxwich/sandboxwich/driver/drivertest"
+	"github.com/sandboxwich/sandboxwich/internal/testimage"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
