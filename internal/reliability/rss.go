@@ -64,7 +64,7 @@ func RunRSS(ctx context.Context, env *Env, cfg RSSConfig) (RSSReport, error) {
 	secs := uint64((cfg.Soak.Duration + 10*time.Minute).Seconds()) // the leases outlive the soak
 	srv, err := env.Start(ctx, ServerSpec{Bin: cfg.Bin, Args: []string{"serve"}, DatabaseURL: "sqlite://" + path,
 		LogFile: filepath.Join(env.Dir, "rss-server.log"), Extra: []string{fmt.Sprintf("SANDBOXWICH_MAX_LEASE_SECONDS=%d", secs)},
-		Pool:    PoolSpec{Provider: "dry-run", Target: cfg.Leases, MaxProvisioning: 64}}, "")
+		Pool: PoolSpec{Provider: "dry-run", Target: cfg.Leases, MaxProvisioning: 64}}, "")
 	if err != nil {
 		return rep, err
 	}
