@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -29,17 +30,93 @@ import (
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
-// gvisorTestServer is the real server over SQLite with a pool of real
-// gVisor cells whose agents record every message they receive.
-type gvisorTestServer struct {
+// superviseServer is the real server over SQLite with a pool of real
+// cells whose agents record every message they receive.
+type superviseServer struct {
 	url    string
 	plane  *sandboxwich.Plane
-	prov   *gvisor.Provider
 	rel    wire.Release
 	offset atomic.Int64 // added to the plane's clock
+	// cells lists the pool's objects; record reads what an object's agent
+	// received.
+	cells  driver.Lister
+	record func(ctx context.Context, obj driver.Object) ([]byte, error)
+	// held is the pool's provider, whose destroys the test may hold.
+	held *heldProvider
+	// scanUser is the user the attestation scan of a cell runs as; more
+	// is what else of a cell the provider holds (a Pod's spec, its
+	// Secrets), by name.
+	scanUser agent.User
+	more     func(t *testing.T, cell uuid.UUID) map[string][]byte
 }
 
-func startGVisorTestServer(t *testing.T, cells int) *gvisorTestServer {
+// agentProvider is a provider of cells with the agent.
+type agentProvider interface {
+	driver.Provider
+	driver.Lister
+	driver.AgentHost
+}
+
+// heldProvider is a pool's provider whose Destroy waits while it is held:
+// a test reads a stopped cell's agent record before the cell is gone (a
+// Pod's record goes with the Pod).
+type heldProvider struct {
+	agentProvider
+	held atomic.Bool
+}
+
+func (h *heldProvider) Destroy(ctx context.Context, obj driver.Object) error {
+	for h.held.Load() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return h.agentProvider.Destroy(ctx, obj)
+}
+
+// startSuperviseServer serves a plane whose pool of cells lives on prov;
+// stop ends what the provider leaves after the pool's drain.
+func startSuperviseServer(t *testing.T, prov agentProvider, cells int, s *superviseServer, stop func()) {
+	t.Helper()
+	s.held = &heldProvider{agentProvider: prov}
+	quiet := slog.New(slog.DiscardHandler)
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	s.rel = testenv.Release(keys, lease.GVisorLowerRisk)
+	now := func() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }
+	var err error
+	if s.plane, err = sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithClock(now),
+		sandboxwich.WithPools(pool.Config{Name: cliTestPool, TenantID: "acme", Release: s.rel, Target: cells, Provider: s.held}),
+		sandboxwich.WithPoolOptions(pool.WithInterval(50*time.Millisecond))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.plane.Run(ctx) }()
+	t.Cleanup(func() {
+		s.held.held.Store(false)
+		_ = s.plane.Pools().SetTarget(cliTestPool, 0)
+		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer dcancel()
+		if err := s.plane.Pools().Drain(dctx); err != nil {
+			t.Errorf("draining the pool: %v", err)
+		}
+		cancel()
+		<-done
+		stop()
+	})
+	h, err := httpapi.New(httpapi.Config{Plane: s.plane, Logger: quiet, Auth: httpapi.Auth{TenantTokens: map[string]string{cliTestTenantToken: "acme"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+}
+
+// startGVisorTestServer: the pool's cells are real gVisor sandboxes.
+func startGVisorTestServer(t *testing.T, cells int) *superviseServer {
 	t.Helper()
 	if gvisor.FindRunsc() == "" || os.Geteuid() != 0 {
 		testenv.Need(t, "runsc and root (scripts/install-runsc.sh)", os.ErrNotExist)
@@ -51,48 +128,25 @@ func startGVisorTestServer(t *testing.T, cells int) *gvisorTestServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet := slog.New(slog.DiscardHandler)
 	state := filepath.Join(dir, "state")
-	s := &gvisorTestServer{}
-	if s.prov, err = gvisor.New(gvisor.Config{StateDir: state, BundleDir: filepath.Join(dir, "bundles"), Pool: cliTestPool,
-		Installation: driver.InstallationTag(dir), RecordAgentMessages: true, Logger: quiet}); err != nil {
-		t.Fatal(err)
-	}
-	st, keys := testenv.SQLite(t), testenv.Keyring(t)
-	s.rel = testenv.Release(keys, lease.GVisorLowerRisk)
-	now := func() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }
-	if s.plane, err = sandboxwich.New(st, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithClock(now),
-		sandboxwich.WithPools(pool.Config{Name: cliTestPool, TenantID: "acme", Release: s.rel, Target: cells, Provider: s.prov}),
-		sandboxwich.WithPoolOptions(pool.WithInterval(50*time.Millisecond))); err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.plane.Run(ctx) }()
-	t.Cleanup(func() {
-		_ = s.plane.Pools().SetTarget(cliTestPool, 0)
-		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = s.plane.Pools().Drain(dctx)
-		stop()
-		<-done
-		_ = gvisor.RemoveStateDir(state)
-		_ = os.RemoveAll(dir)
-	})
-	h, err := httpapi.New(httpapi.Config{Plane: s.plane, Logger: quiet, Auth: httpapi.Auth{TenantTokens: map[string]string{cliTestTenantToken: "acme"}}})
+	prov, err := gvisor.New(gvisor.Config{StateDir: state, BundleDir: filepath.Join(dir, "bundles"), Pool: cliTestPool,
+		Installation: driver.InstallationTag(dir), RecordAgentMessages: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	s.url = srv.URL
+	s := &superviseServer{cells: prov, scanUser: agent.UserRoot,
+		record: func(_ context.Context, o driver.Object) ([]byte, error) { return prov.AgentMessages(o) }}
+	startSuperviseServer(t, prov, cells, s, func() {
+		_ = gvisor.RemoveStateDir(state)
+		_ = os.RemoveAll(dir)
+	})
 	return s
 }
 
 // lease claims a ready cell, waiting for one.
-func (s *gvisorTestServer) lease(t *testing.T) sandboxwich.ClaimResult {
+func (s *superviseServer) lease(t *testing.T) sandboxwich.ClaimResult {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		res, err := s.plane.Claim(context.Background(), "acme", sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: s.rel,
 			Binding: lease.Binding{OrganizationID: "org-1", WorkspaceID: "workspace-1", ThreadID: "thread-1", RunnerSessionID: "session-1"}})
 		if err != nil {
@@ -107,15 +161,17 @@ func (s *gvisorTestServer) lease(t *testing.T) sandboxwich.ClaimResult {
 }
 
 // messages is everything the agent of a cell was sent.
-func (s *gvisorTestServer) messages(t *testing.T, cell uuid.UUID) []byte {
+func (s *superviseServer) messages(t *testing.T, cell uuid.UUID) []byte {
 	t.Helper()
-	objs, err := s.prov.List(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	objs, err := s.cells.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range objs {
 		if o.CellID == cell {
-			b, err := s.prov.AgentMessages(o)
+			b, err := s.record(ctx, o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,8 +206,9 @@ func writeFile(t *testing.T, name, content string, mode os.FileMode) string {
 // supervisor's output; a loose attestation file, a second supervisor with
 // another lease's attestation and a lease revoked or expired between the
 // supervisor's validation and its launch start nothing.
-func TestSupervise(t *testing.T) {
-	s := startGVisorTestServer(t, 3)
+func TestSupervise(t *testing.T) { testSupervise(t, startGVisorTestServer(t, 3)) }
+
+func testSupervise(t *testing.T, s *superviseServer) {
 	token := writeFile(t, "token", cliTestTenantToken+"\n", 0o600)
 	te := newCLITestEnv(s.url)
 	delete(te.vars, "SANDBOXWICH_TOKEN") // the token comes from its file
@@ -230,7 +287,7 @@ func TestSupervise(t *testing.T) {
 	// The attestation is nowhere in the cell.
 	pr := res.Proof()
 	ctx := context.Background()
-	seen, err := s.plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{User: agent.UserRoot, Timeout: time.Minute, Argv: []string{"sh", "-c",
+	seen, err := s.plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{User: s.scanUser, Timeout: time.Minute, Argv: []string{"sh", "-c",
 		`for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do cat "$f" 2>/dev/null; echo; done; ` +
 			`find /tmp /home /root /run /dev/shm /etc -type f 2>/dev/null | while read -r f; do cat "$f" 2>/dev/null; done`}})
 	if err != nil || !bytes.Contains(seen.Stdout, []byte("resident")) {
@@ -240,7 +297,11 @@ func TestSupervise(t *testing.T) {
 	if !bytes.Contains(msgs, []byte("/v1/launch")) {
 		t.Fatalf("the agent's record lacks the launch: %.300q", msgs)
 	}
-	for what, in := range map[string][]byte{"the agent's messages": msgs, "the cell": seen.Stdout} {
+	places := map[string][]byte{"the agent's messages": msgs, "the cell": seen.Stdout}
+	if s.more != nil {
+		maps.Copy(places, s.more(t, res.Lease.CellID))
+	}
+	for what, in := range places {
 		for _, needle := range []string{att, strings.TrimPrefix(att, "swla1_"), attest.Digest(att)} {
 			if bytes.Contains(in, []byte(needle)) {
 				t.Errorf("%s holds the attestation (or its digest)", what)
@@ -248,7 +309,10 @@ func TestSupervise(t *testing.T) {
 		}
 	}
 
-	// Revoked between the validation and the launch: nothing starts.
+	// Revoked between the validation and the launch: nothing starts. The
+	// cells these cases stop are destroyed only after their agents' records
+	// are read.
+	s.held.held.Store(true)
 	otherID := other.Lease.ID
 	superviseValidated = func() {
 		if _, err := s.plane.Revoke(ctx, "acme", otherID, ""); err != nil {
@@ -261,10 +325,12 @@ func TestSupervise(t *testing.T) {
 	}
 	t.Logf("revoked after validation:\n%s", te.stderr)
 	noLaunch("revoked after validation", other.Lease.CellID)
+	s.held.held.Store(false)
 
 	// Expired between the validation and the launch: nothing starts.
-	third := s.lease(t)
+	third := s.lease(t) // the revoked cell's replacement
 	thirdFile := writeFile(t, "third.att", third.Attestation(), 0o600)
+	s.held.held.Store(true)
 	superviseValidated = func() { s.offset.Store(int64(time.Until(third.Lease.ExpiresAt) + time.Second)) }
 	code = te.run(superviseArgs(third.Lease.ID, thirdFile, token, "--", "true")...)
 	if code != 125 || !strings.Contains(te.stderr.String(), "launching") {
@@ -273,6 +339,7 @@ func TestSupervise(t *testing.T) {
 	t.Logf("expired after validation:\n%s", te.stderr)
 	noLaunch("expired after validation", third.Lease.CellID)
 	s.offset.Store(0)
+	s.held.held.Store(false)
 }
 
 // cutFirstLaunchAnswer is a proxy to url that forwards every request but

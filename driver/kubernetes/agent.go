@@ -197,7 +197,11 @@ func admittedAgent(pod *corev1.Pod) string {
 // mounted, and the digest is public.
 func (p *Provider) agentArgs(cellID uuid.UUID) []string {
 	digest, _ := driver.PinnedDigest(p.cfg.AgentImage)
-	return []string{agentBinary,
+	var record []string
+	if p.cfg.RecordAgentMessages {
+		record = []string{"-record", agentRecord}
+	}
+	return append([]string{agentBinary,
 		"-listen", "tcp:0.0.0.0:" + strconv.Itoa(p.cfg.AgentPort),
 		"-cell-id", cellID.String(),
 		"-home", agent.DefaultHome,
@@ -205,5 +209,25 @@ func (p *Provider) agentArgs(cellID uuid.UUID) []string {
 		"-tls-key", agentTLSDir + "/" + SecretTLSKey,
 		"-tls-client-ca", agentTLSDir + "/" + SecretCACert,
 		"-digest", digest,
+	}, record...)
+}
+
+// agentRecord is the file of Config.RecordAgentMessages.
+const agentRecord = "/tmp/.sandboxwich-agent-record"
+
+// AgentMessages returns, with Config.RecordAgentMessages (for tests
+// only), every request the cell's agent received, as the agent writes
+// them, read through pods/exec: it works until the Pod is gone.
+func (a *AgentProvider) AgentMessages(ctx context.Context, obj driver.Object) ([]byte, error) {
+	if !a.cfg.RecordAgentMessages {
+		return nil, errors.New("kubernetes: agent messages are recorded only with Config.RecordAgentMessages")
 	}
+	res, err := a.Provider.Exec(ctx, obj, driver.ExecRequest{Argv: []string{"cat", agentRecord}, MaxOutput: 64 << 20})
+	if err != nil {
+		return nil, err
+	}
+	if res.ExitCode != 0 {
+		return nil, fmt.Errorf("kubernetes: agent messages of %s: cat exited %d: %s", PodName(obj.CellID), res.ExitCode, res.Stderr)
+	}
+	return res.Stdout, nil
 }

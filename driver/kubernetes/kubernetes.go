@@ -154,6 +154,11 @@ type Config struct {
 	// Set it when Pod IPs are reachable only through a proxy, a tunnel or
 	// another network namespace. Nil means a net.Dialer.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// RecordAgentMessages, for tests only, has the agent append every
+	// request it receives to a file in the cell's /tmp, which
+	// AgentProvider.AgentMessages reads back through pods/exec. The cell's
+	// workload can read and change that file: never set it for tenants.
+	RecordAgentMessages bool
 }
 
 // Provider runs each cell as one Pod. It implements driver.Provider,
