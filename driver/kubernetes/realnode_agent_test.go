@@ -311,7 +311,7 @@ func onlyServerFiles(names []string) bool {
 //
 //	go test -run '^$' -bench RealNodeAgentFirstOutput -benchtime 1x ./driver/kubernetes/
 func BenchmarkRealNodeAgentFirstOutput(b *testing.B) {
-	const turns = 15
+	const turns = 41
 	node := k8stest.SharedNode(b)
 	ns := node.Namespace(b)
 	edit, _ := withRealAgent(b, node)
