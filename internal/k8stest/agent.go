@@ -1,10 +1,7 @@
 package k8stest
 
 import (
-	"archive/tar"
-	"bytes"
 	"debug/elf"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,10 +11,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 	"github.com/sandboxwich/sandboxwich/internal/testenv"
@@ -92,38 +86,24 @@ func agentImage(t testing.TB, bin string) v1.Image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	name := strings.TrimPrefix(kubernetes.AgentImageBinary, "/")
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(body)), Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
-		t.Fatal(err)
+	img, err := layerImage([]tarFile{{name: strings.TrimPrefix(kubernetes.AgentImageBinary, "/"), mode: 0o755, body: body}},
+		[]string{kubernetes.AgentImageBinary})
+	if err == nil {
+		img, err = withUser(img, "1000:1000")
 	}
-	if _, err := tw.Write(body); err != nil {
-		t.Fatal(err)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b := buf.Bytes()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
-		tarball.WithMediaType(types.OCILayer))
 	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(mutate.MediaType(mutate.ConfigMediaType(empty.Image, types.OCIConfigJSON), types.OCIManifestSchema1), layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS = runtime.GOARCH, "linux"
-	cf.Config.Entrypoint = []string{kubernetes.AgentImageBinary}
-	cf.Config.User = "1000:1000"
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		t.Fatal(err)
 	}
 	return img
+}
+
+// withUser sets the user an image's entrypoint runs as.
+func withUser(img v1.Image, user string) (v1.Image, error) {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.Config.User = user
+	return mutate.ConfigFile(img, cf)
 }
