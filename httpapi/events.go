@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -215,7 +216,7 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 		wake := h.hub.changed(cursor)
 		// The hub's copy of the log's tail serves a stream that is not
 		// behind it; one behind it reads the store.
-		hevs, next, fromHub := h.hub.since(cursor, eq.q)
+		frames, next, fromHub := h.hub.since(cursor, eq.q)
 		var evs []store.Event
 		var err error
 		if !fromHub {
@@ -242,13 +243,13 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 			}
 		}
 		for _, e := range evs {
-			data, err := json.Marshal(webhook.WireEvent(e))
+			f, err := frameOf(e)
 			if err != nil {
 				return
 			}
-			hevs = append(hevs, hubEvent{id: e.ID, typ: e.Type, data: data})
+			frames = append(frames, f)
 		}
-		if err := s.sendRaw(hevs); err != nil {
+		if err := s.sendFrames(frames); err != nil {
 			return
 		}
 		cursor = next
@@ -292,13 +293,22 @@ type eventSource interface {
 	LastEventID(ctx context.Context) (uint64, error)
 }
 
-// hubEvent is an event of the hub's copy: its wire JSON, and what streams
-// filter it by.
+// hubEvent is an event of the hub's copy: what streams filter it by, and
+// its frame.
 type hubEvent struct {
-	id   uint64
-	typ  string
-	e    store.Event
-	data []byte
+	e     store.Event
+	frame []byte
+}
+
+// frameOf renders an event as the frame a stream sends: its id, type and
+// wire JSON (one line: JSON has no raw newline). The hub renders each
+// event once, however many streams send it.
+func frameOf(e store.Event) ([]byte, error) {
+	data, err := json.Marshal(webhook.WireEvent(e))
+	if err != nil {
+		return nil, err
+	}
+	return fmt.Appendf(make([]byte, 0, len(data)+64), "id: %d\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data), nil
 }
 
 // hubTail bounds the hub's copy.
@@ -338,22 +348,25 @@ func (hb *eventHub) changed(after uint64) <-chan struct{} {
 	return hb.grown
 }
 
-// since returns the events of the copy after cursor that q selects, and
-// end, where the stream's next read starts; false when the copy does not
-// reach back to cursor.
-func (hb *eventHub) since(cursor uint64, q store.EventQuery) ([]hubEvent, uint64, bool) {
+// since returns the frames of the copy's events after cursor that q
+// selects, and end, where the stream's next read starts; false when the
+// copy does not reach back to cursor.
+func (hb *eventHub) since(cursor uint64, q store.EventQuery) ([][]byte, uint64, bool) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	if !hb.init || cursor < hb.start {
 		return nil, 0, false
 	}
-	var out []hubEvent
-	for i := len(hb.tail) - 1; i >= 0 && hb.tail[i].id > cursor; i-- {
-		if matches(q, hb.tail[i].e) {
-			out = append(out, hb.tail[i])
+	i, _ := slices.BinarySearchFunc(hb.tail, cursor+1, func(e hubEvent, id uint64) int { return cmp.Compare(e.e.ID, id) })
+	var out [][]byte
+	for _, e := range hb.tail[i:] {
+		if matches(q, e.e) {
+			if out == nil {
+				out = make([][]byte, 0, len(hb.tail)-i)
+			}
+			out = append(out, e.frame)
 		}
 	}
-	slices.Reverse(out)
 	return out, max(hb.end, cursor), true
 }
 
@@ -420,17 +433,17 @@ func (hb *eventHub) read(ctx context.Context) {
 		}
 		add := make([]hubEvent, 0, len(evs))
 		for _, e := range evs {
-			data, err := json.Marshal(webhook.WireEvent(e))
+			f, err := frameOf(e)
 			if err != nil {
 				return
 			}
-			add = append(add, hubEvent{id: e.ID, typ: e.Type, e: e, data: data})
+			add = append(add, hubEvent{e: e, frame: f})
 		}
 		end = evs[len(evs)-1].ID
 		hb.mu.Lock()
 		hb.tail = append(hb.tail, add...)
 		if drop := len(hb.tail) - hubTail; drop > 0 {
-			hb.start = hb.tail[drop-1].id
+			hb.start = hb.tail[drop-1].e.ID
 			hb.tail = slices.Clone(hb.tail[drop:])
 		}
 		hb.end = end
@@ -443,18 +456,14 @@ func (hb *eventHub) read(ctx context.Context) {
 	}
 }
 
-// sendRaw writes events whose data is already JSON, with one flush.
-func (s *eventStream) sendRaw(evs []hubEvent) error {
-	if len(evs) == 0 {
+// sendFrames writes rendered frames (frameOf), with one flush.
+func (s *eventStream) sendFrames(frames [][]byte) error {
+	if len(frames) == 0 {
 		return nil
-	}
-	var b []byte
-	for _, e := range evs {
-		b = fmt.Appendf(b, "id: %d\nevent: %s\ndata: %s\n\n", e.id, e.typ, e.data)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.write(b)
+	return s.write(frames...)
 }
 
 // writeLines commits the stream and, if send, writes the raw lines.

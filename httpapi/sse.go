@@ -84,12 +84,12 @@ func (s *eventStream) sendWith(head, event string, v any) error {
 func (s *eventStream) commit() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.write(nil)
+	return s.write()
 }
 
-// write commits the response if needed, writes b and flushes. s.mu is
-// held.
-func (s *eventStream) write(b []byte) error {
+// write commits the response if needed, writes bs in order and flushes.
+// s.mu is held.
+func (s *eventStream) write(bs ...[]byte) error {
 	if s.err != nil {
 		return s.err
 	}
@@ -101,7 +101,7 @@ func (s *eventStream) write(b []byte) error {
 		hd.Set("X-Accel-Buffering", "no") // ask proxies not to buffer
 		s.w.WriteHeader(http.StatusOK)
 	}
-	if len(b) > 0 {
+	for _, b := range bs {
 		if _, err := s.w.Write(b); err != nil {
 			s.err = err
 			return err
