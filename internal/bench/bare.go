@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/google/uuid"
 )
 
 // bare runs runsc itself, with no plane, driver or agent: the baselines
@@ -43,7 +45,7 @@ func newBare(stateDir, cellBundle, overlay, bundles string, argv []string) (*bar
 	}
 	spec["mounts"] = mounts
 	b := &bare{flags: []string{"--root=" + stateDir, "--network=none", "--host-uds=create"},
-		bundle: filepath.Join(bundles, "bare-"+filepath.Base(cellBundle))}
+		bundle: filepath.Join(bundles, "bare-"+uuid.NewString()[:8])} // not the cell's ID: its processes are found by it
 	if overlay != "" {
 		b.flags = append(b.flags, "--overlay2="+overlay)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
@@ -26,9 +27,9 @@ import (
 // same image adds. Memory is PSS (proportional set size, from
 // /proc/<pid>/smaps_rollup) summed over every host process of a container
 // — runsc's sandbox (the sentry, which holds the agent and the workload),
-// its gofer and the platform's stub processes — so pages two processes or
-// two cells share are counted once, split between them. RSS alone would
-// count runsc's own text once per process.
+// its gofer and the platform's stub processes, each address space once —
+// so pages two processes or two cells share are counted once, split
+// between them. RSS alone would count runsc's own text once per process.
 type MemoryReport struct {
 	// CellKiB is one warm cell (created, started, its agent answering and
 	// waiting), median over the cells measured; BareKiB is a bare runsc
@@ -40,6 +41,11 @@ type MemoryReport struct {
 	CellRSSKiB int64 `json:"cell_rss_kib"`
 	// Ratio is CellKiB ÷ BareKiB (target ≤ 1.15).
 	Ratio float64 `json:"ratio"`
+	// PoolCellKiB is what a cell costs in a warm pool: the PSS of PoolCells
+	// cells running at once, divided by PoolCells. Their agent binary and
+	// runsc's text are the same files, whose pages the cells share.
+	PoolCellKiB int64 `json:"pool_cell_pss_kib"`
+	PoolCells   int   `json:"pool_cells"`
 	// ImageFirstKiB is the PSS of the cells of one image when one runs;
 	// ImageAddedKiB is what the total grows by when a second cell of the
 	// same image starts (its lower layer is shared on disk and in the
@@ -71,11 +77,9 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 		if err != nil {
 			return nil, err
 		}
-		m, err := settledMemory(ctx, id)
+		cell, bare, err := besideBare(ctx, id, stateDir, filepath.Join(base.BundleDir, id), filepath.Join(dir, "bare"))
 		if err == nil {
-			cells, rss = append(cells, m.pss), append(rss, m.rss)
-			m, err = bareMemory(ctx, stateDir, filepath.Join(base.BundleDir, id), "", filepath.Join(dir, "bare"))
-			bares = append(bares, m.pss)
+			cells, rss, bares = append(cells, cell.pss), append(rss, cell.rss), append(bares, bare.pss)
 		}
 		if derr := prov.Destroy(ctx, obj); err == nil {
 			err = derr
@@ -86,6 +90,10 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 	}
 	rep.CellKiB, rep.BareKiB, rep.CellRSSKiB = median(cells), median(bares), median(rss)
 	rep.Ratio = ratio(float64(rep.CellKiB), float64(rep.BareKiB))
+	if rep.PoolCellKiB, err = poolMemory(ctx, prov, n); err != nil {
+		return nil, err
+	}
+	rep.PoolCells = n
 
 	if _, err := os.Stat(busybox); err != nil {
 		return rep, nil
@@ -136,6 +144,34 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 	return rep, nil
 }
 
+// poolMemory provisions n cells, measures them while all run, destroys
+// them, and returns their PSS per cell.
+func poolMemory(ctx context.Context, p *gvisor.Provider, n int) (int64, error) {
+	var objs []driver.Object
+	defer func() {
+		for _, obj := range objs {
+			_ = p.Destroy(context.WithoutCancel(ctx), obj)
+		}
+	}()
+	var ids []string
+	for range n {
+		obj, id, err := provisionFor(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		objs, ids = append(objs, obj), append(ids, id)
+	}
+	var total int64
+	for _, id := range ids {
+		m, err := settledMemory(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		total += m.pss
+	}
+	return total / int64(n), nil
+}
+
 // provisionFor provisions one cell and returns it with its container ID.
 func provisionFor(ctx context.Context, p *gvisor.Provider) (driver.Object, string, error) {
 	obj, err := p.Provision(ctx, driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
@@ -146,20 +182,28 @@ func provisionFor(ctx context.Context, p *gvisor.Provider) (driver.Object, strin
 	return obj, id, nil
 }
 
-// bareMemory starts a bare runsc container of the cell bundle's spec
-// running sleep, measures it, and deletes it.
-func bareMemory(ctx context.Context, stateDir, cellBundle, overlay, bundles string) (mem, error) {
-	b, err := newBare(stateDir, cellBundle, overlay, bundles, []string{"sleep", "100000"})
+// besideBare starts a bare runsc container of the cell bundle's spec
+// running sleep, measures the cell id and then the bare container while
+// both run, and deletes the bare one. Both are measured with the same
+// processes alive, so that the pages they share (runsc's own text) are
+// split the same way in both readings: a cell measured alone and a bare
+// container measured beside it would charge the cell for them.
+func besideBare(ctx context.Context, id, stateDir, cellBundle, bundles string) (cell, bare mem, err error) {
+	b, err := newBare(stateDir, cellBundle, "", bundles, []string{"sleep", "100000"})
 	if err != nil {
-		return mem{}, err
+		return mem{}, mem{}, err
 	}
 	defer b.close()
-	id := "bare-" + uuid.NewString()[:8]
-	defer func() { _ = b.runsc(context.WithoutCancel(ctx), "delete", "--force", id) }()
-	if err := b.start(ctx, id); err != nil {
-		return mem{}, err
+	bareID := "bare-" + uuid.NewString()[:8]
+	defer func() { _ = b.runsc(context.WithoutCancel(ctx), "delete", "--force", bareID) }()
+	if err := b.start(ctx, bareID); err != nil {
+		return mem{}, mem{}, err
 	}
-	return settledMemory(ctx, id)
+	if cell, err = settledMemory(ctx, id); err != nil {
+		return mem{}, mem{}, err
+	}
+	bare, err = settledMemory(ctx, bareID)
+	return cell, bare, err
 }
 
 // mem is a container's memory in KiB.
@@ -232,8 +276,9 @@ func containerMemory(id string) (mem, error) {
 		return false
 	}
 	var m mem
+	var counted []int // one process of each address space summed
 	for pid := range parent {
-		if !in(pid) {
+		if !in(pid) || slices.ContainsFunc(counted, func(q int) bool { return sameMemory(pid, q) }) {
 			continue
 		}
 		pss, rss, err := rollup(pid)
@@ -245,8 +290,21 @@ func containerMemory(id string) (mem, error) {
 		}
 		m.pss += pss
 		m.rss += rss
+		counted = append(counted, pid)
 	}
 	return m, nil
+}
+
+// sameMemory reports whether processes a and b share one address space
+// (kcmp KCMP_VM). gVisor's systrap platform runs several stub processes
+// in one address space of the sandboxed program (clone with CLONE_VM and
+// without CLONE_THREAD), and each of them reports that address space's
+// whole PSS: summed per process, a program that made three syscalls at
+// once would count three times.
+func sameMemory(a, b int) bool {
+	const kcmpVM = 1 // <linux/kcmp.h>
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(a), uintptr(b), kcmpVM, 0, 0, 0)
+	return errno == 0 && r == 0
 }
 
 // rollup reads a process's Pss and Rss in KiB from smaps_rollup.
