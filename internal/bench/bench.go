@@ -123,11 +123,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep.Ratios["refill_overhead"] = rep.Refill.Overhead
 	o.Logger.Info("bench: event stream fan-out")
-	fanClaims := 1000
+	fanClaims := 3000
 	if o.Quick {
-		fanClaims = 300
+		fanClaims = 1000
 	}
-	if rep.Fanout, err = benchFanout(ctx, dir, 100, fanClaims); err != nil {
+	if rep.Fanout, err = benchFanout(ctx, dir, 100, fanClaims, 3); err != nil {
 		return nil, fmt.Errorf("event fan-out: %w", err)
 	}
 	rep.Ratios["sse_fanout_throughput_ratio"] = rep.Fanout.Ratio
@@ -310,8 +310,14 @@ func (rep *Report) WriteTable(w io.Writer) {
 			f.Cells, f.MaxProvisioning, f.Latency, f.Took, f.Ideal, f.Overhead)
 	}
 	if f := rep.Fanout; f != nil {
-		fmt.Fprintf(w, "events: %d subscribers during %d claims at concurrency 8: delivery p50 %.1f ms p99 %.1f ms (%d missed), claims/s %.0f with, %.0f without (×%.3f)\n",
-			f.Subscribers, f.Claims, f.Latency.P50MS, f.Latency.P99MS, f.Latency.Errors, f.With.Throughput, f.Without.Throughput, f.Ratio)
+		tput := func(ss []Stats) (out []float64) {
+			for _, s := range ss {
+				out = append(out, math.Round(s.Throughput))
+			}
+			return out
+		}
+		fmt.Fprintf(w, "events: %d subscribers during series of %d claims at concurrency 8: delivery p50 %.1f ms p99 %.1f ms (%d missed), claims/s %v with, %v without, in turns (rounds ×%.3f, median ×%.3f)\n",
+			f.Subscribers, f.Claims, f.Latency.P50MS, f.Latency.P99MS, f.Latency.Errors, tput(f.With), tput(f.Without), f.RoundRatios, f.Ratio)
 	}
 	if g := rep.GVisor; g != nil {
 		fmt.Fprintf(w, "gvisor: warm claim→first output through the agent p50 %.1f ms, bare runsc exec p50 %.1f ms, cold create+start+exec p50 %.1f ms (R7 ×%.3f)\n",

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -335,9 +336,11 @@ func rollup(pid int) (pss, rss int64, err error) {
 	return pss, rss, s.Err()
 }
 
-func median(v []int64) int64 {
+// median is the middle of v (the upper one of an even count), 0 for none.
+func median[T cmp.Ordered](v []T) T {
 	if len(v) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	s := slices.Clone(v)
 	slices.Sort(s)
