@@ -4,7 +4,9 @@
 // Discipline: the store holds one connection and runs every write on it,
 // one at a time, each transaction begun with BEGIN IMMEDIATE, so writers
 // queue in Go rather than spinning on SQLITE_BUSY, and a claim's
-// read-decide-write happens under SQLite's write lock. Reads that need no transaction use a separate read-only pool, which
+// read-decide-write happens under SQLite's write lock. Transactions that
+// queue while one commits are committed next as a group, each in a
+// savepoint, with one fsync; none is answered before its commit. Reads that need no transaction use a separate read-only pool, which
 // WAL mode lets run beside the writer. synchronous=FULL makes a committed
 // claim survive power loss, so a lease handed out is never forgotten.
 //

@@ -1,10 +1,14 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -23,6 +27,11 @@ import (
 // about 15 µs of a 270 µs claim (docs/performance.md). What may wait on
 // another connection's write lock — BEGIN and an autocommitted write —
 // still runs under the caller's context.
+//
+// Transactions run through run are committed in groups: whoever takes the
+// turn runs every transaction that queued meanwhile (up to maxGroup), each
+// in a savepoint of one transaction, and commits them with one COMMIT — one
+// fsync for the group — before any of them is answered. See run.
 type heldConn struct {
 	db      *sqlx.DB
 	begin   string
@@ -34,16 +43,27 @@ type heldConn struct {
 	// Taken with the turn:
 	conn  *sqlx.Conn // nil until first use, and after a failure left it in doubt
 	stmts stmtSet    // prepared on conn
+
+	mu    sync.Mutex
+	queue []*member // transactions waiting for a group, oldest first
 }
 
-// The statements that end a held transaction.
+// The statements that end a held transaction, and those of a group's
+// members.
 const (
-	commitSQL   = "COMMIT"
-	rollbackSQL = "ROLLBACK"
+	commitSQL     = "COMMIT"
+	rollbackSQL   = "ROLLBACK"
+	savepointSQL  = "SAVEPOINT member"
+	releaseSQL    = "RELEASE member"
+	rollbackToSQL = "ROLLBACK TO member"
 )
 
+// maxGroup bounds the transactions one commit carries.
+const maxGroup = 64
+
 func newHeldConn(db *sqlx.DB, begin string, queries []string) *heldConn {
-	return &heldConn{db: db, begin: begin, queries: append(queries, begin, commitSQL, rollbackSQL), turn: make(chan struct{}, 1)}
+	return &heldConn{db: db, begin: begin, turn: make(chan struct{}, 1),
+		queries: append(queries, begin, commitSQL, rollbackSQL, savepointSQL, releaseSQL, rollbackToSQL)}
 }
 
 // take waits for the turn and makes sure the connection is open, with
@@ -115,10 +135,16 @@ func (h *heldConn) beginTx(ctx context.Context) (txn, error) {
 // whose context ended while it ran as failed, whether or not it took
 // effect.
 func (h *heldConn) settle() {
+	h.abort()
+	h.release()
+}
+
+// abort rolls back a transaction that may be open, or drops the
+// connection if even that fails; the caller holds the turn.
+func (h *heldConn) abort() {
 	if _, err := h.stmts[rollbackSQL].ExecContext(context.Background()); err != nil {
 		h.drop()
 	}
-	h.release()
 }
 
 // exec implements writer: an autocommitted write, under ctx.
@@ -222,3 +248,237 @@ func (t heldTx) commit(ctx context.Context) error {
 }
 
 func (t heldTx) rollback() { t.h.settle() }
+
+// member is a transaction queued for a group commit, and where its
+// outcome goes.
+type member struct {
+	ctx  context.Context
+	fn   func(txn) error
+	done chan outcome // buffered: the leader never waits on it
+}
+
+// outcome is a member's result: fn's error (a commitThen's after the
+// commit), the commit's, or the value fn panicked with.
+type outcome struct {
+	err      error
+	panicked bool
+	value    any
+}
+
+// run runs fn in a write transaction and commits it, returning fn's error
+// (or, for a commitThen, its err after the commit) — what once does with
+// beginTx and commit, but committed with the other callers' transactions
+// that queue while one is committing (group commit).
+//
+// A caller queues its transaction, then either takes the turn and leads —
+// runs up to maxGroup queued transactions, its own among them unless an
+// earlier leader took it — or receives the outcome from the leader that
+// ran it. A caller whose context ends while its transaction is still
+// queued withdraws it (nothing written) and returns the context's error;
+// once a leader has taken it, it waits for the outcome.
+//
+// Within the group each transaction runs in a savepoint, in queue order:
+// one that fails, panics or whose context ended is rolled back to its
+// savepoint alone and changes nothing; the others commit together, so
+// each sees the writes of those before it, as if they had committed one
+// by one in that order. None is answered before the COMMIT returns: a
+// lease is never handed out before its commit is durable. If the COMMIT,
+// or a savepoint statement, fails, the whole group is rolled back and
+// every member that would have committed gets that error. A group of one
+// is a plain transaction, without a savepoint.
+func (h *heldConn) run(ctx context.Context, fn func(txn) error) error {
+	m := &member{ctx: ctx, fn: fn, done: make(chan outcome, 1)}
+	h.mu.Lock()
+	h.queue = append(h.queue, m)
+	h.mu.Unlock()
+	for {
+		select {
+		case o := <-m.done:
+			return o.result()
+		case h.turn <- struct{}{}:
+			h.lead()
+		case <-ctx.Done():
+			if h.withdraw(m) {
+				return ctx.Err()
+			}
+			return (<-m.done).result()
+		}
+	}
+}
+
+// result returns the outcome's error, or panics again with fn's value in
+// the caller's goroutine.
+func (o outcome) result() error {
+	if o.panicked {
+		panic(o.value)
+	}
+	return o.err
+}
+
+// withdraw removes m from the queue, reporting whether it was still there.
+func (h *heldConn) withdraw(m *member) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, q := range h.queue {
+		if q == m {
+			h.queue = append(h.queue[:i], h.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// lead runs one group from the head of the queue, answers its members and
+// releases the turn, which its caller took.
+func (h *heldConn) lead() {
+	defer h.release()
+	h.mu.Lock()
+	n := min(len(h.queue), maxGroup)
+	group := append([]*member(nil), h.queue[:n]...)
+	h.queue = append(h.queue[:0], h.queue[n:]...)
+	h.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	for i, o := range h.commitGroup(group) {
+		group[i].done <- o
+	}
+}
+
+// commitGroup runs the group's transactions in one transaction and commits
+// it (see run); the caller holds the turn.
+func (h *heldConn) commitGroup(group []*member) []outcome {
+	out := make([]outcome, len(group))
+	// BEGIN may wait for another connection's write lock: it does so while
+	// any member still waits for it. A member whose context ended meanwhile
+	// gets its context's error.
+	ctx, cancel := anyLive(group)
+	defer cancel()
+	none := func(err error) []outcome {
+		for i, m := range group {
+			out[i] = outcome{err: cmp.Or(m.ctx.Err(), err)}
+		}
+		return out
+	}
+	if h.conn == nil {
+		if err := h.open(ctx); err != nil {
+			return none(err)
+		}
+	}
+	if _, err := h.stmts[h.begin].ExecContext(ctx); err != nil {
+		h.abort()
+		return none(err)
+	}
+	if len(group) == 1 { // a plain transaction
+		if out[0] = h.runMember(group[0]); !out[0].keeps(group[0]) {
+			h.abort()
+			return out
+		}
+		return h.commit(group, out, []bool{true})
+	}
+	kept := make([]bool, len(group))
+	// lost ends the group with err: every member it would have committed
+	// gets err, and those it had not run yet are retried (errRetry: they
+	// wrote nothing).
+	lost := func(from int, err error) []outcome {
+		h.abort()
+		for i := range out {
+			switch {
+			case kept[i] || i == from:
+				out[i] = outcome{err: err}
+			case i > from:
+				out[i] = outcome{err: errRetry}
+			}
+		}
+		return out
+	}
+	for i, m := range group {
+		if err := m.ctx.Err(); err != nil {
+			out[i] = outcome{err: err}
+			continue
+		}
+		if _, err := h.stmts[savepointSQL].ExecContext(context.Background()); err != nil {
+			return lost(i, err)
+		}
+		out[i] = h.runMember(m)
+		if kept[i] = out[i].keeps(m); !kept[i] {
+			if _, err := h.stmts[rollbackToSQL].ExecContext(context.Background()); err != nil {
+				return lost(i, fmt.Errorf("sqlstore: a failed transaction of a group could not be rolled back alone: %w", err))
+			}
+		}
+		if _, err := h.stmts[releaseSQL].ExecContext(context.Background()); err != nil {
+			return lost(i, err)
+		}
+	}
+	return h.commit(group, out, kept)
+}
+
+// keeps reports whether a member's transaction stays in the group: fn
+// returned nil or a commitThen, and its caller is still there. A caller
+// that has gone gets its context's error instead, and its transaction
+// changes nothing, as a lone transaction's would.
+func (o *outcome) keeps(m *member) bool {
+	if o.panicked || (o.err != nil && !isCommitThen(o.err)) {
+		return false
+	}
+	if err := m.ctx.Err(); err != nil {
+		*o = outcome{err: err}
+		return false
+	}
+	return true
+}
+
+// commit commits the group's transaction: the kept members get their
+// outcome (a commitThen's err), or the COMMIT's error.
+func (h *heldConn) commit(group []*member, out []outcome, kept []bool) []outcome {
+	_, err := h.stmts[commitSQL].ExecContext(context.Background())
+	if err != nil {
+		h.abort()
+	}
+	for i := range group {
+		switch ct, isCT := out[i].err.(commitThen); {
+		case !kept[i]:
+		case err != nil:
+			out[i] = outcome{err: err}
+		case isCT:
+			out[i].err = ct.err
+		}
+	}
+	return out
+}
+
+// runMember runs a member's fn on the held transaction, catching a panic.
+func (h *heldConn) runMember(m *member) (o outcome) {
+	defer func() {
+		if p := recover(); p != nil {
+			o = outcome{panicked: true, value: p}
+		}
+	}()
+	return outcome{err: m.fn(txn{heldTx{h}})}
+}
+
+func isCommitThen(err error) bool {
+	_, ok := err.(commitThen)
+	return ok
+}
+
+// anyLive returns a context that ends once every member's context has.
+func anyLive(group []*member) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	left := atomic.Int32{}
+	left.Store(int32(len(group)))
+	stops := make([]func() bool, 0, len(group))
+	for _, m := range group {
+		stops = append(stops, context.AfterFunc(m.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}

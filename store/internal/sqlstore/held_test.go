@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,5 +151,160 @@ func TestHeldDrop(t *testing.T) {
 	}
 	if _, err := h.exec(soon(t), heldInsert, 3); err == nil {
 		t.Error("exec after close succeeded")
+	}
+}
+
+// TestHeldGroup: transactions that queue while the turn is taken commit as
+// one group, each in its own savepoint. In queue order each sees the
+// writes of those before it; the one that fails, the one that panics and
+// the one whose caller left change nothing, and only they; a commitThen
+// commits and still reports its error; nothing is visible to another
+// connection before the group's one COMMIT.
+func TestHeldGroup(t *testing.T) {
+	h, count := newHeld(t)
+	if err := h.take(soon(t)); err != nil { // hold the turn while the group queues
+		t.Fatal(err)
+	}
+	errFailed := errors.New("failed")
+	errReported := errors.New("reported after the commit")
+	gone, leave := context.WithCancel(t.Context())
+	committed := -1 // rows another connection sees while the last transaction runs
+	type call struct {
+		ctx  context.Context
+		n    int
+		then func() error // after the insert: fn's result, or a panic
+	}
+	calls := []call{
+		{soon(t), 1, func() error { return nil }},
+		{soon(t), 2, func() error { return errFailed }},
+		{soon(t), 3, func() error { panic("boom") }},
+		{soon(t), 4, func() error { return commitThen{errReported} }},
+		{gone, 5, func() error { leave(); return nil }}, // its caller leaves while it runs
+		{soon(t), 6, func() error { committed = count(); return nil }},
+	}
+	type result struct {
+		err      error
+		panicked any
+		before   int // rows this transaction saw before its insert
+	}
+	results := make([]result, len(calls))
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		// Queue them one by one, in order.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { results[i].panicked = recover() }()
+			results[i].err = h.run(c.ctx, func(tx txn) error {
+				if err := tx.query(c.ctx, heldCount).Scan(&results[i].before); err != nil {
+					return err
+				}
+				if _, err := tx.exec(c.ctx, heldInsert, c.n); err != nil {
+					return err
+				}
+				return c.then()
+			})
+		}()
+		waitQueued(t, h, i+1)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d rows before the group ran", n)
+	}
+	h.release()
+	wg.Wait()
+	want := []result{{nil, nil, 0}, {errFailed, nil, 1}, {nil, "boom", 1}, {errReported, nil, 1}, {context.Canceled, nil, 2}, {nil, nil, 2}}
+	for i, w := range want {
+		r := results[i]
+		if !errors.Is(r.err, w.err) || (w.err == nil && r.err != nil) || r.panicked != w.panicked || r.before != w.before {
+			t.Errorf("transaction %d: err %v, panic %v, saw %d rows; want %v, %v, %d", i+1, r.err, r.panicked, r.before, w.err, w.panicked, w.before)
+		}
+	}
+	if committed != 0 {
+		t.Errorf("another connection saw %d rows while the group ran, want 0: one COMMIT for the group", committed)
+	}
+	var ns []int
+	if err := h.db.Select(&ns, `SELECT n FROM t ORDER BY id`); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ns, []int{1, 4, 6}) {
+		t.Errorf("rows %v, want [1 4 6]", ns)
+	}
+}
+
+// TestHeldGroupWithdraw: a caller whose context ends while its transaction
+// is queued withdraws it: it returns the context's error and nothing runs.
+func TestHeldGroupWithdraw(t *testing.T) {
+	h, count := newHeld(t)
+	if err := h.take(soon(t)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	ran := false
+	err := h.run(ctx, func(tx txn) error { ran = true; return nil })
+	if !errors.Is(err, context.DeadlineExceeded) || ran {
+		t.Errorf("run while the turn is held: %v (ran %v), want context.DeadlineExceeded, not run", err, ran)
+	}
+	h.release()
+	if len(h.queue) != 0 {
+		t.Errorf("%d transactions left queued", len(h.queue))
+	}
+	if err := h.run(soon(t), func(tx txn) error { _, err := tx.exec(soon(t), heldInsert, 1); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+// TestHeldGroupLost: a member that ends the group's transaction (here by
+// rolling it back itself) loses the group: those before it get the error,
+// those after it errRetry (they wrote nothing), and no row is written.
+func TestHeldGroupLost(t *testing.T) {
+	h, count := newHeld(t)
+	if err := h.take(soon(t)); err != nil {
+		t.Fatal(err)
+	}
+	fns := []func(tx txn) error{
+		func(tx txn) error { _, err := tx.exec(soon(t), heldInsert, 1); return err },
+		func(tx txn) error {
+			_ = tx.query(soon(t), "ROLLBACK").Scan()
+			return errors.New("ended the transaction")
+		},
+		func(tx txn) error { _, err := tx.exec(soon(t), heldInsert, 3); return err },
+	}
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = h.run(soon(t), fn) }()
+		waitQueued(t, h, i+1)
+	}
+	h.release()
+	wg.Wait()
+	if errs[0] == nil || errs[1] == nil || !errors.Is(errs[2], errRetry) {
+		t.Errorf("errors %v; want two errors, then errRetry", errs)
+	}
+	if n := count(); n != 0 {
+		t.Errorf("%d rows after a lost group, want 0", n)
+	}
+	if err := h.run(soon(t), fns[2]); err != nil {
+		t.Errorf("a transaction after a lost group: %v", err)
+	}
+}
+
+// waitQueued waits until n transactions are queued.
+func waitQueued(t *testing.T, h *heldConn, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		h.mu.Lock()
+		q := len(h.queue)
+		h.mu.Unlock()
+		if q >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d transactions queued, want %d", q, n)
+		}
 	}
 }

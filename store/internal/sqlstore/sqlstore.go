@@ -232,6 +232,9 @@ func (s *Store) lock(ctx context.Context, tx txn, key string) error {
 }
 
 func (s *Store) once(ctx context.Context, fn func(tx txn) error) error {
+	if h, ok := s.w.(*heldConn); ok {
+		return h.run(ctx, fn) // committed in groups
+	}
 	tx, err := s.w.beginTx(ctx)
 	if err != nil {
 		return err
