@@ -17,7 +17,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 	quick := fs.Bool("quick", false, "fewer samples: under two minutes")
 	pg := fs.String("postgres-url", e.getenv("SANDBOXWICH_TEST_POSTGRES_URL"), "PostgreSQL server to measure (env SANDBOXWICH_TEST_POSTGRES_URL); empty skips it")
 	gv := fs.Bool("gvisor", true, "measure gVisor figures when runsc is installed")
-	failFactor := fs.Float64("fail-factor", 0, "exit non-zero when a ratio is worse than this multiple of its target (0: never)")
+	failFactor := fs.Float64("fail-factor", 0, "exit non-zero when a ratio is worse than this multiple of its target, or than its gate (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -34,7 +34,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 	fmt.Fprintln(e.stdout, rep.SummaryLine())
 	if *failFactor > 0 {
 		if bad := rep.Regressions(*failFactor); len(bad) > 0 {
-			return fmt.Errorf("gross regression (worse than ×%g the target): %s", *failFactor, strings.Join(bad, ", "))
+			return fmt.Errorf("gross regression (worse than ×%g the target, or the gate): %s", *failFactor, strings.Join(bad, ", "))
 		}
 	}
 	return nil
