@@ -285,7 +285,8 @@ type outcome struct {
 // lease is never handed out before its commit is durable. If the COMMIT,
 // or a savepoint statement, fails, the whole group is rolled back and
 // every member that would have committed gets that error. A group of one
-// is a plain transaction, without a savepoint.
+// is a plain transaction, without a savepoint. fn may run on another
+// caller's goroutine (the leader's): it must not end it (runtime.Goexit).
 func (h *heldConn) run(ctx context.Context, fn func(txn) error) error {
 	m := &member{ctx: ctx, fn: fn, done: make(chan outcome, 1)}
 	h.mu.Lock()
