@@ -109,8 +109,6 @@ type followers struct {
 	mu       sync.Mutex
 	lat      []time.Duration
 	missed   atomic.Int64 // cell.leased frames the streams did not get
-	decoders int
-	claims   int
 }
 
 // follow connects subs subscribers to GET /v1/events?type=cell. and
@@ -119,7 +117,7 @@ type followers struct {
 // cell.leased events.
 func follow(ctx context.Context, b *backend, c *client.Client, hc *http.Client, base, token string, subs, claims int) (*followers, error) {
 	sctx, cancel := context.WithCancel(ctx)
-	f := &followers{cancel: cancel, finished: make(chan struct{}), claims: claims}
+	f := &followers{cancel: cancel, finished: make(chan struct{})}
 	var following atomic.Int32
 	var done sync.WaitGroup
 	for i := range subs {
@@ -134,7 +132,6 @@ func follow(ctx context.Context, b *backend, c *client.Client, hc *http.Client, 
 			}()
 			continue
 		}
-		f.decoders++
 		go func() {
 			defer done.Done()
 			started := false
