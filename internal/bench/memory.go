@@ -91,10 +91,11 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 	}
 	rep.CellKiB, rep.BareKiB, rep.CellRSSKiB = median(cells), median(bares), median(rss)
 	rep.Ratio = ratio(float64(rep.CellKiB), float64(rep.BareKiB))
-	if rep.PoolCellKiB, err = poolMemory(ctx, prov, n); err != nil {
+	pool, err := warmTotals(ctx, prov, n)
+	if err != nil {
 		return nil, err
 	}
-	rep.PoolCells = n
+	rep.PoolCellKiB, rep.PoolCells = pool[n-1]/int64(n), n
 
 	if _, err := os.Stat(busybox); err != nil {
 		return rep, nil
@@ -118,20 +119,33 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 	if err := ip.PullImage(ctx); err != nil {
 		return nil, err
 	}
-	var ids []string
+	totals, err := warmTotals(ctx, ip, 2)
+	if err != nil {
+		return nil, err
+	}
+	rep.ImageFirstKiB, rep.ImageAddedKiB = totals[0], totals[1]-totals[0]
+	return rep, nil
+}
+
+// warmTotals provisions n cells one after the other and returns, after
+// each, the PSS of all it has provisioned so far, measured while they all
+// run; it destroys them before it returns.
+func warmTotals(ctx context.Context, p *gvisor.Provider, n int) ([]int64, error) {
+	var objs []driver.Object
 	defer func() {
-		for _, id := range ids {
-			_ = ip.Destroy(context.WithoutCancel(ctx), driver.Object{CellID: uuid.MustParse(strings.TrimPrefix(id, "sbw-"+icfg.Installation+"-"))})
+		for _, obj := range objs {
+			_ = p.Destroy(context.WithoutCancel(ctx), obj)
 		}
 	}()
+	var ids []string
 	var totals []int64
-	for range 2 {
-		_, id, err := provisionFor(ctx, ip)
+	for range n {
+		obj, id, err := provisionFor(ctx, p)
 		if err != nil {
 			return nil, err
 		}
-		ids = append(ids, id)
-		total := int64(0)
+		objs, ids = append(objs, obj), append(ids, id)
+		var total int64
 		for _, id := range ids {
 			m, err := settledMemory(ctx, id)
 			if err != nil {
@@ -141,36 +155,7 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 		}
 		totals = append(totals, total)
 	}
-	rep.ImageFirstKiB, rep.ImageAddedKiB = totals[0], totals[1]-totals[0]
-	return rep, nil
-}
-
-// poolMemory provisions n cells, measures them while all run, destroys
-// them, and returns their PSS per cell.
-func poolMemory(ctx context.Context, p *gvisor.Provider, n int) (int64, error) {
-	var objs []driver.Object
-	defer func() {
-		for _, obj := range objs {
-			_ = p.Destroy(context.WithoutCancel(ctx), obj)
-		}
-	}()
-	var ids []string
-	for range n {
-		obj, id, err := provisionFor(ctx, p)
-		if err != nil {
-			return 0, err
-		}
-		objs, ids = append(objs, obj), append(ids, id)
-	}
-	var total int64
-	for _, id := range ids {
-		m, err := settledMemory(ctx, id)
-		if err != nil {
-			return 0, err
-		}
-		total += m.pss
-	}
-	return total / int64(n), nil
+	return totals, nil
 }
 
 // provisionFor provisions one cell and returns it with its container ID.

@@ -201,19 +201,11 @@ func BenchmarkClaim(b *testing.B) {
 	storetest.BenchmarkClaim(b, s)
 }
 
-// BenchmarkClaimWithoutEvents is BenchmarkClaim on a schema whose cells
-// append no events (their triggers dropped): run beside it, what the event
-// log costs a claim (CONTRACT §16 writes it in the claim's transaction).
-// The benchmark's cells are unmanaged, so a claim appends one event.
+// BenchmarkClaimWithoutEvents: see storetest.BenchmarkClaimWithoutEvents.
 func BenchmarkClaimWithoutEvents(b *testing.B) {
 	s := newStore(b)
 	defer s.Close()
-	for _, q := range []string{"DROP TRIGGER cells_event_update ON cells", "DROP TRIGGER cells_event_insert ON cells"} {
-		if _, err := s.DB().Exec(q); err != nil {
-			b.Fatal(err)
-		}
-	}
-	storetest.BenchmarkClaim(b, s)
+	storetest.BenchmarkClaimWithoutEvents(b, s, s.DB(), "DROP TRIGGER cells_event_update ON cells", "DROP TRIGGER cells_event_insert ON cells")
 }
 
 func BenchmarkClaimParallel(b *testing.B) {

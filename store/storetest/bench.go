@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -116,6 +117,21 @@ func BenchmarkClaim(b *testing.B, s store.Store) {
 		}
 		left--
 	}
+}
+
+// BenchmarkClaimWithoutEvents is BenchmarkClaim on a schema whose cells
+// append no events: it first runs drop (the statements that drop the
+// cells' event triggers) on db, s's database. Run beside BenchmarkClaim, it
+// is what the event log costs a claim (CONTRACT §16 writes it in the
+// claim's transaction); the benchmark's cells are unmanaged, so a claim
+// appends one event.
+func BenchmarkClaimWithoutEvents(b *testing.B, s store.Store, db *sql.DB, drop ...string) {
+	for _, q := range drop {
+		if _, err := db.Exec(q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	BenchmarkClaim(b, s)
 }
 
 // BenchmarkClaimParallel measures fenced claims against s from
