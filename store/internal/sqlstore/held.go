@@ -26,7 +26,8 @@ import (
 // otherwise start a goroutine per statement to watch it. Together that is
 // about 15 µs of a 270 µs claim (docs/performance.md). What may wait on
 // another connection's write lock — BEGIN and an autocommitted write —
-// still runs under the caller's context.
+// still runs under the caller's context (a group's BEGIN, while any of its
+// callers waits).
 //
 // Transactions run through run are committed in groups: whoever takes the
 // turn runs every transaction that queued meanwhile (up to maxGroup), each
@@ -115,30 +116,6 @@ func (h *heldConn) drop() {
 	h.conn, h.stmts = nil, nil
 }
 
-// beginTx implements writer: BEGIN, under ctx, as it may wait for another
-// connection's write lock.
-func (h *heldConn) beginTx(ctx context.Context) (txn, error) {
-	if err := h.take(ctx); err != nil {
-		return txn{}, err
-	}
-	if _, err := h.stmts[h.begin].ExecContext(ctx); err != nil {
-		h.settle()
-		return txn{}, err
-	}
-	return txn{heldTx{h}}, nil
-}
-
-// settle ends a turn whose transaction may be open: it rolls back, and
-// if even that fails — no transaction was open after all, or the
-// connection is in doubt — drops the connection; then it releases the
-// turn. A BEGIN that failed may have begun: the driver reports a statement
-// whose context ended while it ran as failed, whether or not it took
-// effect.
-func (h *heldConn) settle() {
-	h.abort()
-	h.release()
-}
-
 // abort rolls back a transaction that may be open, or drops the
 // connection if even that fails; the caller holds the turn.
 func (h *heldConn) abort() {
@@ -199,8 +176,8 @@ func (h *heldConn) close() error {
 	return errors.Join(err, h.db.Close())
 }
 
-// heldTx is a transaction on the held connection, which holds the turn
-// until it commits or rolls back.
+// heldTx is where a group's transactions run their statements: the held
+// connection, whose turn the group's leader holds (run).
 type heldTx struct{ h *heldConn }
 
 // quiet checks ctx, then returns it without its cancellation: the
@@ -232,23 +209,6 @@ func (t heldTx) query(ctx context.Context, q string, args ...any) scanner {
 	return t.h.conn.QueryRowxContext(ctx, q, args...)
 }
 
-// commit commits unless ctx has ended, in which case it rolls back and
-// returns ctx's error: a transaction whose caller has gone changes nothing.
-func (t heldTx) commit(ctx context.Context) error {
-	ctx, err := quiet(ctx)
-	if err == nil {
-		_, err = t.h.stmts[commitSQL].ExecContext(ctx)
-	}
-	if err != nil {
-		t.h.settle()
-		return err
-	}
-	t.h.release()
-	return nil
-}
-
-func (t heldTx) rollback() { t.h.settle() }
-
 // member is a transaction queued for a group commit, and where its
 // outcome goes.
 type member struct {
@@ -265,10 +225,9 @@ type outcome struct {
 	value    any
 }
 
-// run runs fn in a write transaction and commits it, returning fn's error
-// (or, for a commitThen, its err after the commit) — what once does with
-// beginTx and commit, but committed with the other callers' transactions
-// that queue while one is committing (group commit).
+// run implements writer: fn in a write transaction, committed with the
+// other callers' transactions that queue while one is committing (group
+// commit).
 //
 // A caller queues its transaction, then either takes the turn and leads —
 // runs up to maxGroup queued transactions, its own among them unless an

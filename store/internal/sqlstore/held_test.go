@@ -63,19 +63,16 @@ func TestHeldTurn(t *testing.T) {
 	if err := h.row(soon(t), heldInsert, 1).Scan(&id); err != nil || id != 1 {
 		t.Fatalf("row: id %d, %v", id, err)
 	}
-	tx, err := h.beginTx(soon(t))
+	err := h.run(soon(t), func(tx txn) error {
+		waiting, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := h.exec(waiting, heldInsert, 2); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("exec while a transaction holds the turn: %v, want context.DeadlineExceeded", err)
+		}
+		_, err := tx.exec(soon(t), heldInsert, 3)
+		return err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	waiting, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := h.exec(waiting, heldInsert, 2); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("exec while a transaction holds the turn: %v, want context.DeadlineExceeded", err)
-	}
-	if _, err := tx.exec(soon(t), heldInsert, 3); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.commit(soon(t)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.exec(soon(t), heldInsert, 4); err != nil {
@@ -86,34 +83,36 @@ func TestHeldTurn(t *testing.T) {
 	}
 }
 
-// TestHeldEnds: a rollback, and a commit whose context has ended, change
-// nothing, and the connection goes on.
+// TestHeldEnds: a failed transaction, and one whose context ended before
+// its commit, change nothing, and the connection goes on.
 func TestHeldEnds(t *testing.T) {
 	h, count := newHeld(t)
-	tx, err := h.beginTx(soon(t))
-	if err != nil {
-		t.Fatal(err)
+	errFailed := errors.New("failed")
+	err := h.run(soon(t), func(tx txn) error {
+		if _, err := tx.exec(soon(t), heldInsert, 1); err != nil {
+			return err
+		}
+		return errFailed
+	})
+	if !errors.Is(err, errFailed) {
+		t.Errorf("failed transaction: %v, want its error", err)
 	}
-	if _, err := tx.exec(soon(t), heldInsert, 1); err != nil {
-		t.Fatal(err)
-	}
-	tx.rollback()
 	ctx, cancel := context.WithCancel(t.Context())
-	if tx, err = h.beginTx(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.exec(ctx, heldInsert, 2); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	if _, err := tx.exec(ctx, heldInsert, 3); !errors.Is(err, context.Canceled) {
-		t.Errorf("statement after the context ended: %v, want context.Canceled", err)
-	}
-	if err := tx.commit(ctx); !errors.Is(err, context.Canceled) {
+	err = h.run(ctx, func(tx txn) error {
+		if _, err := tx.exec(ctx, heldInsert, 2); err != nil {
+			return err
+		}
+		cancel()
+		if _, err := tx.exec(ctx, heldInsert, 3); !errors.Is(err, context.Canceled) {
+			t.Errorf("statement after the context ended: %v, want context.Canceled", err)
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
 		t.Errorf("commit after the context ended: %v, want context.Canceled", err)
 	}
 	if n := count(); n != 0 {
-		t.Errorf("%d rows after a rollback and a cancelled commit, want 0", n)
+		t.Errorf("%d rows after a failed and a cancelled transaction, want 0", n)
 	}
 	if _, err := h.exec(soon(t), heldInsert, 4); err != nil {
 		t.Fatalf("exec afterwards: %v", err)
@@ -131,9 +130,10 @@ func TestHeldDrop(t *testing.T) {
 	if err := h.take(soon(t)); err != nil {
 		t.Fatal(err)
 	}
-	h.settle() // ROLLBACK with no transaction open fails: dropped
+	h.abort() // ROLLBACK with no transaction open fails: dropped
+	h.release()
 	if h.conn != nil {
-		t.Fatal("settle kept a connection whose ROLLBACK failed")
+		t.Fatal("abort kept a connection whose ROLLBACK failed")
 	}
 	if _, err := h.exec(soon(t), heldInsert, 2); err != nil {
 		t.Fatalf("exec after a drop: %v", err)

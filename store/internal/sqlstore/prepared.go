@@ -91,17 +91,17 @@ func (p *connPool) close() error {
 	return errors.Join(p.stmts.close(), p.db.Close())
 }
 
-// beginTx implements writer: a database/sql transaction, which runs the
-// pool's prepared statements on its connection.
-func (p *connPool) beginTx(ctx context.Context) (txn, error) {
+// beginTx begins a database/sql transaction, which runs the pool's
+// prepared statements on its connection.
+func (p *connPool) beginTx(ctx context.Context) (poolTx, error) {
 	if err := p.prepare(ctx); err != nil {
-		return txn{}, err
+		return poolTx{}, err
 	}
 	tx, err := p.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return txn{}, err
+		return poolTx{}, err
 	}
-	return txn{poolTx{tx, p}}, nil
+	return poolTx{tx, p}, nil
 }
 
 // poolTx is a transaction of a connPool. Its pool was prepared before the

@@ -64,24 +64,23 @@ type Dialect struct {
 // writer is where a Store's writes run: a connPool, whose transactions
 // each take a connection, or a heldConn.
 type writer interface {
-	beginTx(ctx context.Context) (txn, error)
+	// run runs fn in a write transaction and commits it, returning fn's
+	// error (a commitThen's err after the commit) or the commit's.
+	run(ctx context.Context, fn func(tx txn) error) error
 	// exec and row run one autocommitted statement.
 	exec(ctx context.Context, q string, args ...any) (sql.Result, error)
 	row(ctx context.Context, q string, args ...any) scanner
 	close() error
 }
 
-// txConn is what a write transaction runs on: a pool's transaction
-// (poolTx) or the held connection (heldTx).
+// txConn is what a write transaction's statements run on: a pool's
+// transaction (poolTx) or the held connection (heldTx). Its writer ends it.
 type txConn interface {
 	// stmt returns q's prepared statement for the transaction, and the
 	// context to run it under.
 	stmt(ctx context.Context, q string) (*sqlx.Stmt, context.Context, error)
 	// query runs a query built at run time.
 	query(ctx context.Context, q string, args ...any) scanner
-	// commit commits; after a failure the transaction is rolled back.
-	commit(ctx context.Context) error
-	rollback()
 }
 
 // txn is a write transaction. Its exec, row and rows run one of the
@@ -231,23 +230,24 @@ func (s *Store) lock(ctx context.Context, tx txn, key string) error {
 	return err
 }
 
-func (s *Store) once(ctx context.Context, fn func(tx txn) error) error {
-	if h, ok := s.w.(*heldConn); ok {
-		return h.run(ctx, fn) // committed in groups
-	}
-	tx, err := s.w.beginTx(ctx)
+func (s *Store) once(ctx context.Context, fn func(tx txn) error) error { return s.w.run(ctx, fn) }
+
+// run implements writer for a pool: fn in a transaction of its own,
+// committed unless fn failed (a commitThen commits and still returns its
+// err).
+func (p *connPool) run(ctx context.Context, fn func(tx txn) error) error {
+	tx, err := p.beginTx(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		// A panic must not leave the transaction, and with it the held
-		// writer, open for the rest of the process.
+		// A panic must not leave the transaction open.
 		if p := recover(); p != nil {
 			tx.rollback()
 			panic(p)
 		}
 	}()
-	err = fn(tx)
+	err = fn(txn{tx})
 	if ct, ok := err.(commitThen); ok {
 		if cerr := tx.commit(ctx); cerr != nil {
 			return cerr
