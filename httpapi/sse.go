@@ -101,14 +101,35 @@ func (s *eventStream) write(bs ...[]byte) error {
 		hd.Set("X-Accel-Buffering", "no") // ask proxies not to buffer
 		s.w.WriteHeader(http.StatusOK)
 	}
-	for _, b := range bs {
-		if _, err := s.w.Write(b); err != nil {
-			s.err = err
-			return err
+	// Frames go out in writes of up to writeChunk: net/http passes a write
+	// that large to the connection whole, where one write per frame would
+	// cost a chunk and a system call each (a stream behind by a poll's
+	// worth of events sends hundreds at once).
+	if len(bs) > 1 {
+		bp := chunks.Get().(*[]byte)
+		defer chunks.Put(bp)
+		buf := (*bp)[:0]
+		for i, b := range bs {
+			buf = append(buf, b...)
+			if i == len(bs)-1 || len(buf)+len(bs[i+1]) > writeChunk {
+				if _, s.err = s.w.Write(buf); s.err != nil {
+					return s.err
+				}
+				buf = buf[:0]
+			}
+		}
+		*bp = buf
+	} else if len(bs) == 1 {
+		if _, s.err = s.w.Write(bs[0]); s.err != nil {
+			return s.err
 		}
 	}
-	if err := s.rc.Flush(); err != nil {
-		s.err = err
-	}
+	s.err = s.rc.Flush()
 	return s.err
 }
+
+// writeChunk bounds one write of a stream's frames.
+const writeChunk = 64 << 10
+
+// chunks holds the buffers streams join their frames in.
+var chunks = sync.Pool{New: func() any { b := make([]byte, 0, writeChunk); return &b }}
