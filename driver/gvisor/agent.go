@@ -114,15 +114,9 @@ func (p *Provider) Agent(ctx context.Context, obj driver.Object) (agent.Conn, er
 	if !ok {
 		return nil, fmt.Errorf("gvisor: agent: identity %q: %w", obj.Identity, driver.ErrNotFound)
 	}
-	// runsc's own state file answers in microseconds; `runsc state`, a
-	// process start costing tens of milliseconds, only when it is missing
-	// or names a sandbox process that is gone.
-	st := p.r.stateFile(id)
-	if st == nil || (st.Status == statusRunning && !p.isSandboxProcess(st.Pid, id)) {
-		var err error
-		if st, err = p.r.state(ctx, id); err != nil {
-			return nil, fmt.Errorf("gvisor: agent of %s: %w", id, err)
-		}
+	st, err := p.state(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: agent of %s: %w", id, err)
 	}
 	if st == nil || (obj.Identity != "" && identityOf(st) != obj.Identity) {
 		return nil, fmt.Errorf("gvisor: agent of %s: %w", id, driver.ErrNotFound)

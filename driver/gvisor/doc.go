@@ -315,7 +315,7 @@
 // of 64 characters would not fit anywhere.
 //
 // The identity is "<container-id>@<nonce>": a random nonce written into the
-// spec's annotations at each creation and read back through `runsc state`,
+// spec's annotations at each creation and read back from runsc's state,
 // so a container recreated under the same ID has another identity. Inspect,
 // Agent and Destroy take the container ID from the recorded identity, so a
 // cell provisioned before installation tags ("sbw-<pool>-<cell-uuid>") is
@@ -325,10 +325,21 @@
 // before the upgrade) is not removed by the reconciler; `runsc --root
 // <StateDir> list` shows it.
 //
+// runsc's state is read from runsc's own state file under the state root
+// (the file `runsc state` prints), which answers in microseconds where
+// `runsc state` is a process start of tens of milliseconds; `runsc state`
+// is asked when the file is missing or unreadable, or names a sandbox
+// process that is gone, and it alone proves absence. A cell's life starts
+// runsc six times: create, start, the exec of the check below, kill,
+// delete, and the state that proves the container gone.
+//
 // The cell's init is the agent, which reaps orphans. Provision writes the
-// bundle and mounts the host directory, runs `runsc create` and `runsc
-// start`, waits for state running and for the agent's answer. Inspect
-// reads `runsc state` and then checks from inside, with runsc exec, before
+// bundle and mounts the host directory (a container of the cell found
+// there, left by a crash, is returned if running and destroyed if not;
+// there is none when runsc has no state file of it), runs `runsc create`
+// and `runsc start`, checks state running and waits for the agent's
+// answer. Inspect reads the state and then checks from inside, with runsc
+// exec, before
 // any tenant runs anything there: the kernel release the cell sees (`uname
 // -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under Debian's) must
 // differ from the host's, and the container's PID must be a runsc-sandbox

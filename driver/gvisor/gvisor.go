@@ -498,7 +498,11 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 
 	var lastErr error
 	for attempt := 0; attempt < 2; attempt++ {
-		st, err := p.r.state(ctx, id)
+		var st *containerState
+		var err error
+		if !p.r.noStateFile(id) {
+			st, err = p.state(ctx, id)
+		}
 		if err != nil {
 			return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
 		}
@@ -567,7 +571,7 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 	if _, err := p.r.run(ctx, "start", id); err != nil {
 		return driver.Object{}, err
 	}
-	st, err := p.r.state(ctx, id)
+	st, err := p.state(ctx, id)
 	switch {
 	case err != nil:
 		return driver.Object{}, err
@@ -617,7 +621,7 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Obs
 					imageDetail(why)}, nil
 		}
 	}
-	st, err := p.r.state(ctx, id)
+	st, err := p.state(ctx, id)
 	if err != nil {
 		return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
 	}
@@ -693,6 +697,18 @@ func sandboxedKernel(host, guest string) (bool, string) {
 
 // isSandboxProcess reports whether host pid pid is runsc's sandbox of
 // container id under this provider's state root.
+// state returns the container's state from runsc's own state file, which
+// answers in microseconds, and asks `runsc state` (a process start of tens
+// of milliseconds) only when the file is missing or unreadable, or names a
+// sandbox process that is gone: runsc stays the authority on absence and
+// on a sandbox that died.
+func (p *Provider) state(ctx context.Context, id string) (*containerState, error) {
+	if st := p.r.stateFile(id); st != nil && (st.Status != statusRunning || p.isSandboxProcess(st.Pid, id)) {
+		return st, nil
+	}
+	return p.r.state(ctx, id)
+}
+
 func (p *Provider) isSandboxProcess(pid int, id string) bool {
 	if pid <= 0 {
 		return false
@@ -726,7 +742,7 @@ func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {
 		return fmt.Errorf("gvisor: destroy %s: %w: %w", id, driver.ErrUncertain, err)
 	}
 	defer unlock()
-	st, err := p.r.state(ctx, id)
+	st, err := p.state(ctx, id)
 	if err != nil {
 		return fmt.Errorf("gvisor: destroy %s: %w: %w", id, driver.ErrUncertain, err)
 	}

@@ -856,3 +856,55 @@ func TestInstallationsShareStateRoot(t *testing.T) {
 		t.Errorf("runsc state %s after Destroy = %+v, %v; want it gone", legacyID, st, err)
 	}
 }
+
+// TestCellRunscCalls: a cell's whole life — Provision, the admission's
+// Inspect (the kernel checked from inside), Destroy — starts runsc six
+// times: create, start, exec, kill, delete and the state that proves the
+// container gone. Every other look at the container reads runsc's own
+// state file (Provider.state), and `runsc state` answers absence.
+func TestCellRunscCalls(t *testing.T) {
+	requireRunsc(t)
+	t.Parallel()
+	dir := t.TempDir()
+	log, wrapper := filepath.Join(dir, "calls"), filepath.Join(dir, "runsc")
+	script := "#!/bin/sh\necho \"$*\" >> " + log + "\nexec " + FindRunsc() + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.RunscPath = wrapper
+	p := newProvider(t, cfg)
+	if err := os.Remove(log); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cell := uuid.Must(uuid.NewV7())
+	obj, err := p.Provision(ctx, driver.ProvisionRequest{CellID: cell, RuntimeClass: lease.GVisorLowerRisk})
+	if err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	o, err := p.Inspect(ctx, obj)
+	if err != nil || !o.Ready || o.RuntimeClass != lease.GVisorLowerRisk {
+		t.Fatalf("Inspect = %+v, %v", o, err)
+	}
+	if err := p.Destroy(ctx, obj); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	calls, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	verbs := map[string]bool{"create": true, "start": true, "state": true, "exec": true, "kill": true, "delete": true, "list": true, "ps": true}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(string(calls)), "\n") {
+		for _, f := range strings.Fields(line) {
+			if verbs[f] {
+				got = append(got, f)
+				break
+			}
+		}
+	}
+	if want := []string{"create", "start", "exec", "kill", "delete", "state"}; !slices.Equal(got, want) {
+		t.Errorf("runsc was started for %q, want %q", got, want)
+	}
+}

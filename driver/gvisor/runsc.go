@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,7 +223,7 @@ func (r *runsc) state(ctx context.Context, id string) (*containerState, error) {
 // unreadable; callers then ask `runsc state`, which stays the authority on
 // absence.
 func (r *runsc) stateFile(id string) *containerState {
-	b, err := os.ReadFile(filepath.Join(r.root, id+"_sandbox:"+id+".state"))
+	b, err := os.ReadFile(r.stateFilePath(id))
 	if err != nil {
 		return nil
 	}
@@ -240,6 +241,20 @@ func (r *runsc) stateFile(id string) *containerState {
 		return nil
 	}
 	return &containerState{ID: f.ID, Status: f.Status, Pid: f.Sandbox.Pid, Annotations: f.Spec.Annotations}
+}
+
+// noStateFile reports whether runsc has no state file of container id (the
+// file stateFile reads: a cell's container is alone in its sandbox, which
+// runsc names after it), so that `runsc state` would answer that it does
+// not exist. Any other error than the file's absence is false.
+func (r *runsc) noStateFile(id string) bool {
+	_, err := os.Lstat(r.stateFilePath(id))
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+// stateFilePath is where runsc keeps container id's state.
+func (r *runsc) stateFilePath(id string) string {
+	return filepath.Join(r.root, id+"_sandbox:"+id+".state")
 }
 
 // list returns every container under the private root.
