@@ -209,10 +209,12 @@ type Reconciler struct {
 	store   store.Store
 	opt     options
 	trigger chan struct{}
+	slots   chan struct{} // one per member action in flight (Parallelism)
 
 	mu    sync.Mutex
 	pools map[string]*poolState
 	order []string
+	busy  map[uuid.UUID]struct{} // members with a job in flight
 }
 
 type poolState struct {
@@ -223,6 +225,7 @@ type poolState struct {
 	prepareError  string
 	lastOrphans   time.Time
 	verified      map[uuid.UUID]time.Time
+	jobErrs       []error // of jobs ended since the last pass
 }
 
 // New returns a Reconciler for the pools. Pool names must be unique.
@@ -231,7 +234,9 @@ func New(st store.Store, pools []Config, opts ...Option) (*Reconciler, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r := &Reconciler{store: st, opt: o.withDefaults(), trigger: make(chan struct{}, 1), pools: map[string]*poolState{}}
+	r := &Reconciler{store: st, opt: o.withDefaults(), trigger: make(chan struct{}, 1), pools: map[string]*poolState{},
+		busy: map[uuid.UUID]struct{}{}}
+	r.slots = make(chan struct{}, r.opt.Parallelism)
 	for _, c := range pools {
 		c, err := c.withDefaults(r.opt.MaxLease)
 		if err != nil {
@@ -295,14 +300,22 @@ func (r *Reconciler) Trigger() {
 	}
 }
 
-// Run reconciles every Interval and on Trigger until ctx ends. A pass that
-// started provisions is followed at once by another, so a pool refills at
-// the pace of its provider.
+// Run reconciles every Interval and on Trigger until ctx ends. A pass
+// starts what members need (a stop, a destroy, a verification) and the
+// provisioning of new ones as jobs, and does not wait for them: a job that
+// ends asks for another pass, so a cell released while others provision is
+// destroyed at once, and its replacement provisioned as soon as its
+// deletion is proven. A member with a job in flight is left to it. A pass
+// that started provisions is followed at once by another, so a pool
+// refills at the pace of its provider. Run returns once ctx ended and its
+// jobs did.
 func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(r.opt.Interval)
 	defer t.Stop()
+	var jobs sync.WaitGroup
+	defer jobs.Wait()
 	for {
-		progressed := r.Pass(ctx)
+		progressed := r.pass(ctx, &jobs, false)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -318,17 +331,32 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// Pass runs one reconciliation of every pool and reports whether it
-// created members. Errors are recorded per pool (Status) and logged.
+// Pass runs one reconciliation of every pool, waiting for the jobs it
+// starts, and reports whether it created members. Errors are recorded per
+// pool (Status) and logged.
 func (r *Reconciler) Pass(ctx context.Context) (created bool) {
+	var jobs sync.WaitGroup
+	return r.pass(ctx, &jobs, true)
+}
+
+// pass reconciles every pool, adding the jobs it starts to jobs; with
+// wait, it waits for each pool's jobs before the next pool. A pool's
+// recorded error is the pass's and that of every job ended since the
+// last.
+func (r *Reconciler) pass(ctx context.Context, jobs *sync.WaitGroup, wait bool) (created bool) {
 	for _, name := range r.order {
 		r.mu.Lock()
 		ps := r.pools[name]
 		cfg := ps.cfg
 		r.mu.Unlock()
-		n, err := r.reconcile(ctx, ps, cfg)
+		n, err := r.reconcile(ctx, ps, cfg, jobs, wait)
+		if wait {
+			jobs.Wait()
+		}
 		created = created || n > 0
 		r.mu.Lock()
+		err = errors.Join(append([]error{err}, ps.jobErrs...)...)
+		ps.jobErrs = nil
 		ps.lastReconcile = r.opt.Now().UTC()
 		ps.lastError = ""
 		if err != nil && ctx.Err() == nil {
@@ -344,27 +372,40 @@ func (r *Reconciler) Pass(ctx context.Context) (created bool) {
 var liveStates = []lease.MemberState{lease.MemberProvisioning, lease.MemberReady, lease.MemberLeased,
 	lease.MemberStopping, lease.MemberCleanupPending}
 
-func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (int, error) {
+// reconcile starts, as jobs, what the pool's members need and the
+// provisioning of the members it creates, and returns how many it created.
+// With wait, the members' jobs end before it creates any, so a member
+// stopped in this pass is replaced in it.
+func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config, jobs *sync.WaitGroup, wait bool) (int, error) {
 	members, err := r.store.Members(ctx, cfg.Name, liveStates...)
 	if err != nil {
 		return 0, err
 	}
 	now := r.opt.Now()
 	var errs errList
-	g := new(errgroup.Group)
-	g.SetLimit(r.opt.Parallelism)
 	excess := len(members) - cfg.Target
 	for _, m := range members {
+		if r.isBusy(m.CellID) {
+			continue
+		}
 		act := r.decide(ps, cfg, m, now, &excess)
 		if act == nil {
 			continue
 		}
-		g.Go(func() error {
-			errs.add(r.locked(ctx, m.CellID, func() error { return act(ctx) }))
-			return nil
+		// At most Parallelism member actions at once.
+		select {
+		case r.slots <- struct{}{}:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		r.start(ps, m.CellID, jobs, func() error {
+			defer func() { <-r.slots }()
+			return r.locked(ctx, m.CellID, func() error { return act(ctx) })
 		})
 	}
-	_ = g.Wait()
+	if wait {
+		jobs.Wait()
+	}
 
 	prepared := true
 	if prep, ok := cfg.Provider.(driver.Preparer); ok && cfg.Target > 0 {
@@ -392,21 +433,47 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config) (
 			errs.add(err)
 		}
 	}
-	p := new(errgroup.Group)
 	for _, m := range created {
-		p.Go(func() error {
+		r.start(ps, m.CellID, jobs, func() error {
 			defer r.hold(ctx, m.CellID)()
-			errs.add(r.provision(ctx, cfg, m))
-			return nil
+			return r.provision(ctx, cfg, m)
 		})
 	}
-	_ = p.Wait()
 
 	if lister, ok := cfg.Provider.(driver.Lister); ok && now.Sub(ps.lastOrphans) >= r.opt.OrphanInterval {
 		ps.lastOrphans = now
 		errs.add(r.destroyOrphans(ctx, cfg, lister))
 	}
 	return len(created), errs.err()
+}
+
+// isBusy reports whether member id has a job in flight.
+func (r *Reconciler) isBusy(id uuid.UUID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.busy[id]
+	return ok
+}
+
+// start runs job for member id on a goroutine of its own, the member busy
+// until it ends; its error goes to the pool's next recorded error, and
+// its end asks for another pass.
+func (r *Reconciler) start(ps *poolState, id uuid.UUID, jobs *sync.WaitGroup, job func() error) {
+	r.mu.Lock()
+	r.busy[id] = struct{}{}
+	r.mu.Unlock()
+	jobs.Add(1)
+	go func() {
+		defer jobs.Done()
+		err := job()
+		r.mu.Lock()
+		delete(r.busy, id)
+		if err != nil {
+			ps.jobErrs = append(ps.jobErrs, err)
+		}
+		r.mu.Unlock()
+		r.Trigger()
+	}()
 }
 
 // decide returns what a member needs now, or nil.
@@ -418,9 +485,9 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 	}
 	switch m.State {
 	case lease.MemberProvisioning:
-		// Ours finish within the pass that created them, so one found here
-		// was left by a crash (its lock will have expired) or belongs to
-		// another replica (its lock holds, and locked skips it).
+		// Ours are busy until their job ends, so one found here was left
+		// by a crash (its lock will have expired) or belongs to another
+		// replica (its lock holds, and locked skips it).
 		return func(ctx context.Context) error { return r.provision(ctx, cfg, m) }
 	case lease.MemberReady:
 		c := m.Cell
@@ -594,8 +661,8 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		if ctx.Err() != nil {
 			return nil // shutting down: the member stays provisioning and is resumed
 		}
-		// The pass reports the provider's error (Status.LastError) even
-		// when the stop that follows succeeds.
+		// The pool's recorded error (Status.LastError) reports the
+		// provider's error even when the stop that follows succeeds.
 		r.opt.Logger.Warn("provision failed", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
 		return errors.Join(fmt.Errorf("cell %s: provision failed: %w", m.CellID, err),
 			r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error(),

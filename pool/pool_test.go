@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -341,4 +342,92 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func driverReq(id uuid.UUID) driver.ProvisionRequest {
 	return driver.ProvisionRequest{CellID: id, RuntimeClass: lease.GVisorLowerRisk}
+}
+
+// stalling is a fake provider whose Provision, once stall is set, waits
+// for gate.
+type stalling struct {
+	*fake.Provider
+	stall   atomic.Bool
+	stalled atomic.Int32 // Provision calls waiting for gate
+	gate    chan struct{}
+}
+
+func (s *stalling) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+	if s.stall.Load() {
+		s.stalled.Add(1)
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+			return driver.Object{}, ctx.Err()
+		}
+	}
+	return s.Provider.Provision(ctx, req)
+}
+
+// TestRunDestroysWhileProvisioning: Run does not hold a released cell's
+// destroy behind another member's provisioning. With the replacement of
+// one released cell stalled in Provision, a second released cell is
+// destroyed, its deletion proven, meanwhile.
+func TestRunDestroysWhileProvisioning(t *testing.T) {
+	prov := &stalling{Provider: fake.New(fake.Config{Mode: "apply", Kind: "fake"}), gate: make(chan struct{})}
+	f := newFixture(t, pool.Config{Target: 2, MaxProvisioning: 2, Provider: prov})
+	f.settle()
+	f.wantCounts(map[lease.MemberState]int{lease.MemberReady: 2})
+	prov.stall.Store(true)
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.pools.Run(ctx) }()
+	opened := false
+	defer func() {
+		if !opened {
+			close(prov.gate)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	release := func() uuid.UUID {
+		res := f.claim()
+		if res.Lease == nil {
+			t.Fatal("claim found no ready cell")
+		}
+		if _, err := f.plane.Release(f.ctx, "acme", res.Lease.ID, proof(res), lease.Destroyed); err != nil {
+			t.Fatal(err)
+		}
+		return res.Lease.ID
+	}
+	absent := func(id uuid.UUID) bool {
+		st, err := f.plane.LeaseStatus(f.ctx, "acme", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.ProviderAbsent
+	}
+	first := release()
+	deadline := time.Now().Add(10 * time.Second)
+	for !absent(first) || prov.stalled.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first released cell was not destroyed and replaced")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	second := release()
+	deadline = time.Now().Add(5 * time.Second)
+	for !absent(second) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second released cell's destroy waited for the first one's replacement to provision")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(prov.gate)
+	opened = true
+	deadline = time.Now().Add(10 * time.Second)
+	for f.counts()[lease.MemberReady] != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not refill: %v", f.counts())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
