@@ -695,8 +695,6 @@ func sandboxedKernel(host, guest string) (bool, string) {
 	return true, fmt.Sprintf("the cell sees kernel %q, the host runs %q", guest, host)
 }
 
-// isSandboxProcess reports whether host pid pid is runsc's sandbox of
-// container id under this provider's state root.
 // state returns the container's state from runsc's own state file, which
 // answers in microseconds, and asks `runsc state` (a process start of tens
 // of milliseconds) only when the file is missing or unreadable, or names a
@@ -709,6 +707,8 @@ func (p *Provider) state(ctx context.Context, id string) (*containerState, error
 	return p.r.state(ctx, id)
 }
 
+// isSandboxProcess reports whether host pid pid is runsc's sandbox of
+// container id under this provider's state root.
 func (p *Provider) isSandboxProcess(pid int, id string) bool {
 	if pid <= 0 {
 		return false
