@@ -316,7 +316,7 @@ func (rep *Report) WriteTable(w io.Writer) {
 			}
 			return out
 		}
-		fmt.Fprintf(w, "events: %d subscribers during series of %d claims at concurrency 8: delivery p50 %.1f ms p99 %.1f ms (%d missed), claims/s %v with, %v without, in turns (rounds ×%.3f, median ×%.3f)\n",
+		fmt.Fprintf(w, "events: %d subscribers during series of %d claims over HTTP at concurrency 8: delivery p50 %.1f ms p99 %.1f ms (%d missed), claims/s %v with, %v without, in turns (rounds ×%.3f, median ×%.3f)\n",
 			f.Subscribers, f.Claims, f.Latency.P50MS, f.Latency.P99MS, f.Latency.Errors, tput(f.With), tput(f.Without), f.RoundRatios, f.Ratio)
 	}
 	if g := rep.GVisor; g != nil {
@@ -375,7 +375,7 @@ var Targets = map[string]struct {
 	"agent_first_output_ratio": {0.25, true},
 	"file_write_ratio":         {0.5, false},
 	"image_provision_ratio":    {1.2, true},
-	// sse_fanout_throughput_ratio: claims at concurrency 8 with 100 event
+	// sse_fanout_throughput_ratio: claims over HTTP at concurrency 8 with 100 event
 	// stream subscribers over without (issue 21).
 	"sse_fanout_throughput_ratio": {0.9, false},
 	// cell_memory_ratio: one warm gVisor cell's PSS over a bare runsc
