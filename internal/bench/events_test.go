@@ -1,6 +1,11 @@
 package bench
 
 import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 )
 
@@ -21,5 +26,41 @@ func TestFanoutRuns(t *testing.T) {
 		if s.Errors != 0 || s.N != 20 {
 			t.Fatalf("a series of 20 claims: %+v", s)
 		}
+	}
+}
+
+// TestRawStreamCounts: the raw subscriber counts exactly the cell.leased
+// frames after its first cell.ready frame, however the reads cut the
+// lines.
+func TestRawStreamCounts(t *testing.T) {
+	var body bytes.Buffer
+	frame := func(id int, typ string) {
+		fmt.Fprintf(&body, "id: %d\nevent: %s\ndata: {\"id\":\"%d\",\"type\":\"%s\"}\n\n", id, typ, id, typ)
+	}
+	frame(1, "cell.leased") // before the marker: not counted
+	frame(2, "cell.ready")
+	for i := 3; i < 503; i++ {
+		frame(i, []string{"cell.leased", "cell.ready", "cell.destroyed"}[i%3])
+	}
+	want := 0
+	for i := 3; i < 503; i++ {
+		if i%3 == 0 {
+			want++
+		}
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		b := body.Bytes()
+		for i := 0; i < len(b); {
+			n := min(1+i%13, len(b)-i) // pieces of 1 to 13 bytes
+			w.Write(b[i : i+n])
+			w.(http.Flusher).Flush()
+			i += n
+		}
+	}))
+	defer srv.Close()
+	var following atomic.Int32
+	if got := rawStream(t.Context(), srv.Client(), srv.URL, "t", 1<<20, &following); got != want || following.Load() != 1 {
+		t.Fatalf("counted %d cell.leased frames (following %d), want %d (1)", got, following.Load(), want)
 	}
 }
