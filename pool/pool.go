@@ -340,7 +340,7 @@ func (r *Reconciler) Pass(ctx context.Context) (created bool) {
 }
 
 // pass reconciles every pool, adding the jobs it starts to jobs; with
-// wait, it waits for each pool's jobs before the next pool. A pool's
+// wait, each pool's jobs end before the next pool (reconcile). A pool's
 // recorded error is the pass's and that of every job ended since the
 // last.
 func (r *Reconciler) pass(ctx context.Context, jobs *sync.WaitGroup, wait bool) (created bool) {
@@ -350,9 +350,6 @@ func (r *Reconciler) pass(ctx context.Context, jobs *sync.WaitGroup, wait bool) 
 		cfg := ps.cfg
 		r.mu.Unlock()
 		n, err := r.reconcile(ctx, ps, cfg, jobs, wait)
-		if wait {
-			jobs.Wait()
-		}
 		created = created || n > 0
 		r.mu.Lock()
 		err = errors.Join(append([]error{err}, ps.jobErrs...)...)
@@ -374,8 +371,9 @@ var liveStates = []lease.MemberState{lease.MemberProvisioning, lease.MemberReady
 
 // reconcile starts, as jobs, what the pool's members need and the
 // provisioning of the members it creates, and returns how many it created.
-// With wait, the members' jobs end before it creates any, so a member
-// stopped in this pass is replaced in it.
+// With wait, it returns once its jobs ended, and the members' jobs end
+// before it creates any, so a member stopped in this pass is replaced in
+// it.
 func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config, jobs *sync.WaitGroup, wait bool) (int, error) {
 	members, err := r.store.Members(ctx, cfg.Name, liveStates...)
 	if err != nil {
@@ -438,6 +436,9 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config, j
 			defer r.hold(ctx, m.CellID)()
 			return r.provision(ctx, cfg, m)
 		})
+	}
+	if wait {
+		jobs.Wait()
 	}
 
 	if lister, ok := cfg.Provider.(driver.Lister); ok && now.Sub(ps.lastOrphans) >= r.opt.OrphanInterval {
