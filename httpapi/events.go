@@ -268,8 +268,9 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 
 // eventHub keeps, for the streams of one handler, a copy of the log's
 // tail: while any stream is open, one goroutine reads the events after the
-// last it holds every interval — one query however many streams — encodes
-// each once, and wakes the streams, which filter the copy for themselves.
+// last it holds every interval — one query however many streams — and wakes
+// the streams, which filter the copy for themselves (the first to send an
+// event renders its frame for all).
 // Its copy holds every event in (start, end]: the store hands out events in
 // commit order (store.Store.Events), so a read after end misses none. A
 // stream whose cursor is below start reads the store instead.
@@ -294,7 +295,7 @@ type eventSource interface {
 }
 
 // hubEvent is an event of the hub's copy: what streams filter it by, and
-// its frame.
+// its frame once a stream has sent it.
 type hubEvent struct {
 	e     store.Event
 	frame []byte
@@ -311,7 +312,8 @@ func frameOf(e store.Event) ([]byte, error) {
 	return fmt.Appendf(make([]byte, 0, len(data)+64), "id: %d\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data), nil
 }
 
-// hubTail bounds the hub's copy.
+// hubTail is the least the hub's copy holds once it is full; it holds
+// at most twice that.
 const hubTail = 8192
 
 func newEventHub(src eventSource, interval time.Duration) *eventHub {
@@ -350,7 +352,9 @@ func (hb *eventHub) changed(after uint64) <-chan struct{} {
 
 // since returns the frames of the copy's events after cursor that q
 // selects, and end, where the stream's next read starts; false when the
-// copy does not reach back to cursor.
+// copy does not reach back to cursor. An event's frame is rendered once,
+// by the first stream that sends it: a stream of cell events does not pay
+// for the member events it skips.
 func (hb *eventHub) since(cursor uint64, q store.EventQuery) ([][]byte, uint64, bool) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
@@ -359,13 +363,22 @@ func (hb *eventHub) since(cursor uint64, q store.EventQuery) ([][]byte, uint64, 
 	}
 	i, _ := slices.BinarySearchFunc(hb.tail, cursor+1, func(e hubEvent, id uint64) int { return cmp.Compare(e.e.ID, id) })
 	var out [][]byte
-	for _, e := range hb.tail[i:] {
-		if matches(q, e.e) {
-			if out == nil {
-				out = make([][]byte, 0, len(hb.tail)-i)
-			}
-			out = append(out, e.frame)
+	for j := range hb.tail[i:] {
+		e := &hb.tail[i+j]
+		if !matches(q, e.e) {
+			continue
 		}
+		if e.frame == nil { // the first stream to send it renders it
+			f, err := frameOf(e.e)
+			if err != nil {
+				return nil, 0, false // the stream's own read meets the error
+			}
+			e.frame = f
+		}
+		if out == nil {
+			out = make([][]byte, 0, len(hb.tail)-i-j)
+		}
+		out = append(out, e.frame)
 	}
 	return out, max(hb.end, cursor), true
 }
@@ -431,18 +444,15 @@ func (hb *eventHub) read(ctx context.Context) {
 		if len(evs) == 0 {
 			return
 		}
-		add := make([]hubEvent, 0, len(evs))
-		for _, e := range evs {
-			f, err := frameOf(e)
-			if err != nil {
-				return
-			}
-			add = append(add, hubEvent{e: e, frame: f})
-		}
 		end = evs[len(evs)-1].ID
 		hb.mu.Lock()
-		hb.tail = append(hb.tail, add...)
-		if drop := len(hb.tail) - hubTail; drop > 0 {
+		for _, e := range evs {
+			hb.tail = append(hb.tail, hubEvent{e: e})
+		}
+		// The copy keeps hubTail to 2×hubTail events: trimming at twice
+		// the bound copies each event once, where trimming to it at every
+		// read copied the whole copy.
+		if drop := len(hb.tail) - hubTail; len(hb.tail) > 2*hubTail {
 			hb.start = hb.tail[drop-1].e.ID
 			hb.tail = slices.Clone(hb.tail[drop:])
 		}

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -449,5 +450,85 @@ func TestEventsTwoPlanesOnePostgres(t *testing.T) {
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("the stream read\n%v\nthe log holds\n%v", got, want)
+	}
+}
+
+// logSource is an event log in memory for the hub to read.
+type logSource struct{ evs []store.Event }
+
+func (l *logSource) Events(_ context.Context, q store.EventQuery) ([]store.Event, error) {
+	var out []store.Event
+	for _, e := range l.evs {
+		if e.ID > q.After && len(out) < q.Limit {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+func (l *logSource) LastEventID(context.Context) (uint64, error) {
+	if len(l.evs) == 0 {
+		return 0, nil
+	}
+	return l.evs[len(l.evs)-1].ID, nil
+}
+
+// TestHubCopy: the hub's copy holds every event in (start, end] and at
+// most twice hubTail of them; a stream behind start is sent to the store;
+// a stream's frames are the events it selects, in order, rendered once,
+// and an event no stream selected is not rendered.
+func TestHubCopy(t *testing.T) {
+	src := &logSource{}
+	hb := newEventHub(src, time.Hour)
+	ctx := context.Background()
+	hb.read(ctx) // starts at the log's end
+	for i := range 5 * hubTail {
+		typ := "cell.leased"
+		if i%2 == 1 {
+			typ = "member.leased"
+		}
+		src.evs = append(src.evs, store.Event{ID: uint64(i + 1), Type: typ, TenantID: "acme", At: time.Unix(int64(i), 0).UTC()})
+		if i%700 == 0 {
+			hb.read(ctx)
+		}
+	}
+	hb.read(ctx)
+	if n := len(hb.tail); n < hubTail || n > 2*hubTail || hb.end != uint64(5*hubTail) || hb.start != hb.tail[0].e.ID-1 {
+		t.Fatalf("the copy holds %d events, (%d, %d]", n, hb.start, hb.end)
+	}
+	if _, _, ok := hb.since(hb.start-1, store.EventQuery{}); ok {
+		t.Fatal("a stream behind the copy's start was served from it")
+	}
+	cursor := hb.start + 100
+	frames, next, ok := hb.since(cursor, store.EventQuery{TypePrefix: "cell."})
+	if !ok || next != hb.end {
+		t.Fatalf("since: ok %v next %d, want %d", ok, next, hb.end)
+	}
+	var want [][]byte
+	for _, e := range src.evs {
+		if e.ID > cursor && e.Type == "cell.leased" {
+			f, err := frameOf(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, f)
+		}
+	}
+	if len(frames) != len(want) {
+		t.Fatalf("%d frames, want %d", len(frames), len(want))
+	}
+	for i := range want {
+		if !bytes.Equal(frames[i], want[i]) {
+			t.Fatalf("frame %d: %q, want %q", i, frames[i], want[i])
+		}
+	}
+	again, _, _ := hb.since(cursor, store.EventQuery{TypePrefix: "cell."})
+	for _, e := range hb.tail {
+		if rendered := e.frame != nil; rendered != (e.e.ID > cursor && e.e.Type == "cell.leased") {
+			t.Fatalf("event %d (%s) rendered: %v", e.e.ID, e.e.Type, rendered)
+		}
+	}
+	if &again[0][0] != &frames[0][0] {
+		t.Fatal("a second stream's frame was rendered again")
 	}
 }
