@@ -27,19 +27,25 @@ func (w *countingWriter) Write(b []byte) (int, error) {
 	return w.body.Write(b)
 }
 
+// testFrames returns n frames of about 250 bytes and their bytes in order.
+func testFrames(n int) ([][]byte, *bytes.Buffer) {
+	var frames [][]byte
+	var all bytes.Buffer
+	for i := range n {
+		f := fmt.Appendf(nil, "id: %d\nevent: cell.leased\ndata: {\"id\":\"%d\",\"pad\":\"%0200d\"}\n\n", i, i, i)
+		frames = append(frames, f)
+		all.Write(f)
+	}
+	return frames, &all
+}
+
 // TestStreamJoinsFrames: a batch of frames reaches the response in order
 // and whole, in writes of about writeChunk — not one write per frame,
 // which is a chunk and a system call each.
 func TestStreamJoinsFrames(t *testing.T) {
 	w := &countingWriter{hd: http.Header{}}
 	s := newEventStream(w, time.Hour)
-	var frames [][]byte
-	var want bytes.Buffer
-	for i := range 3000 {
-		f := fmt.Appendf(nil, "id: %d\nevent: cell.leased\ndata: {\"id\":\"%d\",\"pad\":\"%0200d\"}\n\n", i, i, i)
-		frames = append(frames, f)
-		want.Write(f)
-	}
+	frames, want := testFrames(3000)
 	if err := s.sendFrames(frames); err != nil {
 		t.Fatal(err)
 	}
@@ -78,25 +84,19 @@ func (c countingConn) Write(b []byte) (int, error) {
 // up to the connection's close — not chunked, where each write was a
 // first 4 KiB, the rest and a CRLF: three system calls.
 func TestStreamWritesOncePerChunk(t *testing.T) {
-	var frames [][]byte
-	var want bytes.Buffer
-	for i := range 1000 {
-		f := fmt.Appendf(nil, "id: %d\nevent: cell.leased\ndata: {\"id\":\"%d\",\"pad\":\"%0200d\"}\n\n", i, i, i)
-		frames = append(frames, f)
-		want.Write(f)
-	}
+	frames, want := testFrames(1000)
 	var writes atomic.Int64
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var before int64
+	var before atomic.Int64
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		s := newEventStream(w, time.Hour)
 		if err := s.commit(); err != nil {
 			t.Error(err)
 		}
-		before = writes.Load() // the status line and headers
+		before.Store(writes.Load()) // the status line and headers
 		if err := s.sendFrames(frames); err != nil {
 			t.Error(err)
 		}
@@ -118,7 +118,7 @@ func TestStreamWritesOncePerChunk(t *testing.T) {
 			len(body), resp.TransferEncoding, want.Len())
 	}
 	chunks := int64(want.Len()/writeChunk + 1)
-	if got := writes.Load() - before; got > chunks {
+	if got := writes.Load() - before.Load(); got > chunks {
 		t.Fatalf("%d bytes of frames took %d writes to the connection, want at most %d", want.Len(), got, chunks)
 	}
 }
