@@ -766,8 +766,12 @@ func (r *Reconciler) destroyOrphans(ctx context.Context, cfg Config, l driver.Li
 		switch {
 		case errors.Is(err, errcode.ErrNotFound), err == nil && m.State.Terminal():
 			dctx, cancel := context.WithTimeout(ctx, r.opt.DestroyTimeout)
-			errs.add(cfg.Provider.Destroy(dctx, obj))
+			err := cfg.Provider.Destroy(dctx, obj)
 			cancel()
+			if err != nil {
+				errs.add(fmt.Errorf("orphan %s: %w", obj.CellID, err))
+				continue
+			}
 			r.opt.Logger.Warn("orphan destroyed", "pool", cfg.Name, "cell_id", obj.CellID)
 		case err != nil:
 			errs.add(err)

@@ -128,7 +128,8 @@ type Store interface {
 	// every replica), it counts the live and provisioning members and
 	// inserts min(Target − live, MaxProvisioning − provisioning) new ones
 	// (never negative), each locked for Owner until LockUntil. It returns
-	// the members created.
+	// the members created, and none with an error: a member returned is
+	// committed, and only a committed member may be provisioned.
 	Replenish(ctx context.Context, p ReplenishParams) ([]Member, error)
 
 	// AdmitMember, in one transaction, inserts the ready cell of a verified

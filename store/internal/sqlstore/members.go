@@ -56,7 +56,12 @@ func (s *Store) Replenish(ctx context.Context, p store.ReplenishParams) ([]store
 		}
 		return nil
 	})
-	return out, s.fail(ctx, "replenish", err)
+	if err != nil {
+		// Members of a transaction that did not commit do not exist:
+		// returning them would have the caller provision cells for them.
+		return nil, s.fail(ctx, "replenish", err)
+	}
+	return out, nil
 }
 
 // AdmitMember implements store.Store.
