@@ -135,7 +135,7 @@ func run() error {
 		}
 		ln = tls.NewListener(ln, cfg)
 	}
-	h := agent.NewHandler(a)
+	h := whenIdle(agent.NewHandler(a), idleRelease, releaseFilePages)
 	if *record != "" {
 		f, err := os.OpenFile(*record, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 		if err != nil {

@@ -10,11 +10,13 @@ import (
 	"encoding/hex"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -444,4 +446,94 @@ func TestInstall(t *testing.T) {
 	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o555 {
 		t.Fatalf("mode %v", fi.Mode())
 	}
+}
+
+// TestReleasesIdlePages: an agent without a request in flight for
+// idleRelease gives back the resident pages of its executable's read-only
+// mappings, and serves the next request as before.
+func TestReleasesIdlePages(t *testing.T) {
+	bin := build(t)
+	cmd := exec.Command(bin, "-listen", filepath.Join(t.TempDir(), "agent.sock"), "-cell-id", "cell-idle", "-home", t.TempDir())
+	sock := cmd.Args[2]
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	status := func() {
+		t.Helper()
+		if st, err := c.Status(ctx); err != nil || st.CellID != "cell-idle" {
+			t.Fatalf("status %+v, %v", st, err)
+		}
+	}
+	eventually(t, "the agent answers", func() bool { _, err := c.Status(ctx); return err == nil })
+	status()
+	busy := exeResidentKiB(t, cmd.Process.Pid, bin)
+	if busy < 2048 {
+		t.Fatalf("%d KiB of the executable resident after a request: the measurement is wrong", busy)
+	}
+	var idle int
+	eventually(t, "the idle agent releases its executable's pages", func() bool {
+		idle = exeResidentKiB(t, cmd.Process.Pid, bin)
+		return idle*2 < busy
+	})
+	t.Logf("executable resident: %d KiB after a request, %d KiB idle", busy, idle)
+	status()
+}
+
+// exeResidentKiB sums the Rss of pid's mappings of the file bin.
+func exeResidentKiB(t *testing.T, pid int, bin string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, ofBin := 0, false
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":"):
+			ofBin = len(f) == 6 && f[5] == bin
+		case ofBin && len(f) == 3 && f[0] == "Rss:":
+			n, _ := strconv.Atoi(f[1])
+			total += n
+		}
+	}
+	return total
+}
+
+// TestWhenIdle: release runs once the handler has had no request in
+// flight for the quiet time, never while one is in flight, and again after
+// the next.
+func TestWhenIdle(t *testing.T) {
+	const quiet = 20 * time.Millisecond
+	var mu sync.Mutex
+	released := 0
+	count := func() int { mu.Lock(); defer mu.Unlock(); return released }
+	hold := make(chan struct{})
+	h := whenIdle(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-hold }), quiet,
+		func() { mu.Lock(); released++; mu.Unlock() })
+	eventually(t, "released at start", func() bool { return count() == 1 })
+
+	done := make(chan struct{}, 2)
+	for range 2 {
+		go func() { h.ServeHTTP(nil, nil); done <- struct{}{} }()
+	}
+	time.Sleep(10 * quiet)
+	if n := count(); n != 1 {
+		t.Fatalf("released %d times with requests in flight", n)
+	}
+	hold <- struct{}{}
+	<-done
+	time.Sleep(10 * quiet)
+	if n := count(); n != 1 {
+		t.Fatalf("released %d times with a request still in flight", n)
+	}
+	close(hold)
+	eventually(t, "released after the requests", func() bool { return count() == 2 })
 }

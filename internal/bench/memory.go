@@ -158,13 +158,26 @@ func warmTotals(ctx context.Context, p *gvisor.Provider, n int) ([]int64, error)
 	return totals, nil
 }
 
-// provisionFor provisions one cell and returns it with its container ID.
+// warmIdle is how long a cell waits after Provision before it is
+// measured: a cell of a pool waits for its claim with its agent idle, and
+// an agent idle for a second (cmd/sandboxwich-agent's idleRelease) has
+// given back its executable's pages.
+const warmIdle = 2 * time.Second
+
+// provisionFor provisions one cell and returns it with its container ID,
+// warm: idle for warmIdle since Provision returned.
 func provisionFor(ctx context.Context, p *gvisor.Provider) (driver.Object, string, error) {
 	obj, err := p.Provision(ctx, driver.ProvisionRequest{CellID: uuid.Must(uuid.NewV7()), RuntimeClass: lease.GVisorLowerRisk})
 	if err != nil {
 		return obj, "", fmt.Errorf("provision: %w", err)
 	}
 	id, _, _ := strings.Cut(obj.Identity, "@")
+	select {
+	case <-ctx.Done():
+		_ = p.Destroy(context.WithoutCancel(ctx), obj)
+		return driver.Object{}, "", ctx.Err()
+	case <-time.After(warmIdle):
+	}
 	return obj, id, nil
 }
 
