@@ -125,10 +125,7 @@ func TestAsPID1(t *testing.T) {
 		}
 	})
 
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
+	c := unixClient(sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var st agent.Status
@@ -261,41 +258,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // Cloudflare Container's port), and the agent logs the address it bound.
 func TestListenTCP(t *testing.T) {
 	bin := build(t)
-	home := t.TempDir()
-	cmd := exec.Command(bin, "-listen", "tcp:127.0.0.1:0", "-cell-id", "cell-tcp", "-home", home)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := make(chan string, 1)
-	go func() {
-		buf := make([]byte, 4096)
-		var seen []byte
-		for {
-			n, err := stderr.Read(buf)
-			seen = append(seen, buf[:n]...)
-			if _, rest, ok := bytes.Cut(seen, []byte("listen=")); ok {
-				if a, _, ok := bytes.Cut(rest, []byte(" ")); ok {
-					addr <- string(a)
-					return
-				}
-			}
-			if err != nil {
-				close(addr)
-				return
-			}
-		}
-	}()
-	var a string
-	select {
-	case a = <-addr:
-	case <-time.After(time.Minute):
-		t.Fatal("the agent logged no listen address")
-	}
+	a := startLogged(t, bin, "-listen", "tcp:127.0.0.1:0", "-cell-id", "cell-tcp", "-home", t.TempDir())
 	if !strings.HasPrefix(a, "127.0.0.1:") || strings.HasSuffix(a, ":0") {
 		t.Fatalf("listen address %q", a)
 	}
@@ -453,16 +416,13 @@ func TestInstall(t *testing.T) {
 // mappings, and serves the next request as before.
 func TestReleasesIdlePages(t *testing.T) {
 	bin := build(t)
-	cmd := exec.Command(bin, "-listen", filepath.Join(t.TempDir(), "agent.sock"), "-cell-id", "cell-idle", "-home", t.TempDir())
-	sock := cmd.Args[2]
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	cmd := exec.Command(bin, "-listen", sock, "-cell-id", "cell-idle", "-home", t.TempDir())
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
+	c := unixClient(sock)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	status := func() {
@@ -536,4 +496,13 @@ func TestWhenIdle(t *testing.T) {
 	}
 	close(hold)
 	eventually(t, "released after the requests", func() bool { return count() == 2 })
+}
+
+// unixClient is an agent client of the agent serving on the Unix socket
+// sock.
+func unixClient(sock string) *agent.Client {
+	return agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
 }

@@ -40,7 +40,7 @@ func releaseFilePages() {
 		lo, hi, _ := strings.Cut(fields[0], "-")
 		start, err1 := strconv.ParseUint(lo, 16, 64)
 		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 != nil || err2 != nil || end <= start {
+		if err1 != nil || err2 != nil {
 			continue
 		}
 		_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, uintptr(start), uintptr(end-start), madvDontneed)
