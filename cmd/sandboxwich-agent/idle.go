@@ -15,10 +15,20 @@ const idleRelease = time.Second
 // agent waits in its pool for seconds or minutes with none. A request
 // that arrives meanwhile simply finds the pages gone and faults the ones
 // it runs back in.
+//
+// release runs on one goroutine that lives as long as the process, woken
+// by a channel timer: a goroutine that ended after each release (as
+// time.AfterFunc's do) would look its start function up in the binary's
+// function tables on the way out, faulting those pages back in at once.
 func whenIdle(h http.Handler, quiet time.Duration, release func()) http.Handler {
 	var mu sync.Mutex
 	inFlight := 0
-	timer := time.AfterFunc(quiet, release)
+	timer := time.NewTimer(quiet)
+	go func() {
+		for range timer.C {
+			release()
+		}
+	}()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		inFlight++
