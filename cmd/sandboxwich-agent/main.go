@@ -204,15 +204,28 @@ func validDigest(d string) bool {
 	return ok && len(h) == 64 && strings.Trim(h, "0123456789abcdef") == ""
 }
 
-// selfDigest is "sha256:<hex>" of the running executable.
+// digestReadSize is what selfDigest reads at a time. Under gVisor every
+// read is a trip through the sentry: in io.Copy's 32 KiB reads, hashing
+// the 9.9 MB agent took 19 ms of a cell's start; in 1 MiB reads, 8.
+const digestReadSize = 1 << 20
+
+// selfDigest is "sha256:<hex>" of the running executable. Its buffer is
+// an anonymous mapping of its own, unmapped on return, so the idle
+// agent's heap does not keep it.
 func selfDigest() (string, error) {
 	f, err := os.Open("/proc/self/exe")
 	if err != nil {
 		return "", fmt.Errorf("digest: %w", err)
 	}
 	defer f.Close()
+	buf, err := syscall.Mmap(-1, 0, digestReadSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return "", fmt.Errorf("digest: %w", err)
+	}
+	defer func() { _ = syscall.Munmap(buf) }()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	// The wrapper hides *os.File's WriteTo, which would read in 32 KiB.
+	if _, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf); err != nil {
 		return "", fmt.Errorf("digest: %w", err)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
