@@ -105,8 +105,9 @@
 //     the module (`go run ./cmd/sandboxwich dev` in a checkout, tests), from
 //     the module's source, found with `go list -m -f {{.Dir}}
 //     github.com/sandboxwich/sandboxwich` from the working directory, by
-//     `CGO_ENABLED=0 go build -trimpath ./cmd/sandboxwich-agent`; for a
-//     released build, `go install -trimpath
+//     `CGO_ENABLED=0 go build -trimpath -ldflags='-s -w'
+//     ./cmd/sandboxwich-agent`; for a released build, `go install
+//     -trimpath -ldflags='-s -w'
 //     github.com/sandboxwich/sandboxwich/cmd/sandboxwich-agent@<version>`
 //     of the version recorded in the running binary (debug.ReadBuildInfo),
 //     with GOBIN a temporary directory.
@@ -330,21 +331,23 @@
 // `runsc state` is a process start of tens of milliseconds; `runsc state`
 // is asked when the file is missing or unreadable, or names a sandbox
 // process that is gone, and it alone proves absence. A cell's life starts
-// runsc six times: create, start, the exec of the check below, kill,
-// delete, and the state that proves the container gone.
+// runsc five times: create, start, the exec of the check below, delete,
+// and the state that proves the container gone.
 //
 // The cell's init is the agent, which reaps orphans. Provision writes the
 // bundle and mounts the host directory (a container of the cell found
 // there, left by a crash, is returned if running and destroyed if not;
 // there is none when runsc has no state file of it), runs `runsc create`
 // and `runsc start`, checks state running and waits for the agent's
-// answer. Inspect reads the state and then checks from inside, with runsc
-// exec, before
-// any tenant runs anything there: the kernel release the cell sees (`uname
+// answer. Meanwhile it checks from inside, with runsc exec, before any
+// tenant runs anything there: the kernel release the cell sees (`uname
 // -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under Debian's) must
 // differ from the host's, and the container's PID must be a runsc-sandbox
-// process; only then does it report gvisor_lower_risk. Destroy runs `runsc
-// kill KILL` and `runsc delete --force`, then proves absence: `runsc
+// process. Inspect reads the state and reports gvisor_lower_risk only for
+// a container whose identity passed that check (running it itself when
+// Provision's did not run or failed). Destroy runs `runsc delete --force`
+// (which SIGKILLs the sandbox and its gofer and waits for them), then
+// proves absence: `runsc
 // state` must say the container does not exist and no host process may name
 // the container under the state root (left-overs are killed after a grace
 // period); then the host directory is unmounted and the bundle removed.

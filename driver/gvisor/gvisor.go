@@ -582,7 +582,18 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 	case st.Annotations[nonceAnnotation] != nonce:
 		return driver.Object{}, errors.New("runsc reports another container under the same ID")
 	}
-	if err := p.awaitAgent(ctx, id); err != nil {
+	// The admission's kernel check from inside (Inspect's, remembered for
+	// this identity) runs while the agent starts: each waits on the
+	// sandbox, not on the other. Its outcome is Inspect's to read.
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		_, _, _, _ = p.checkKernel(ctx, id, st)
+	}()
+	err = p.awaitAgent(ctx, id)
+	<-checked
+	if err != nil {
+		p.forget(id)
 		return driver.Object{}, err
 	}
 	return driver.Object{CellID: cell, Identity: identityOf(st)}, nil
@@ -601,10 +612,11 @@ func randomHex(n int) (string, error) {
 // must differ from the host's, and the container's sandbox process must be
 // runsc's. RuntimeClass is gvisor_lower_risk only when both hold.
 //
-// The check from inside costs an exec, so it runs once per object: an
-// identity that passed it is remembered, and later inspections of the same
-// identity read runsc's state file and check that the container's sandbox
-// process is still runsc's. A container cannot change runtime without
+// The check from inside costs an exec, so it runs once per object, and
+// Provision runs it while the cell's agent starts: an identity that passed
+// it is remembered, and later inspections of the same identity read runsc's
+// state file and check that the container's sandbox process is still
+// runsc's. A container cannot change runtime without
 // changing identity (a new container gets a new nonce).
 func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Observation, err error) {
 	id, ok := p.objectID(obj)
@@ -639,32 +651,43 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Obs
 		o.Detail = fmt.Sprintf("runsc reports container %s %s", id, st.Status)
 		return o, nil
 	}
+	var gvisor bool
+	o.Ready, gvisor, o.Detail, err = p.checkKernel(ctx, id, st)
+	if err != nil {
+		return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
+	}
+	if gvisor {
+		o.RuntimeClass = lease.GVisorLowerRisk
+	}
+	return o, nil
+}
+
+// checkKernel checks from inside running container id, whose state is st,
+// that it runs under gVisor: `uname -r` in it must name a kernel other than
+// the host's, and st's sandbox process must be runsc's. gvisor reports
+// that both hold, and then st's identity is remembered as verified. ran
+// reports whether the command ran; detail says what was found. The error
+// is ctx's, when it ended.
+func (p *Provider) checkKernel(ctx context.Context, id string, st *containerState) (ran, gvisor bool, detail string, err error) {
 	sandbox := p.isSandboxProcess(st.Pid, id)
 	release, code, err := p.runInside(ctx, id, "uname", "-r")
-	if err != nil {
-		if ctx.Err() != nil {
-			return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
-		}
-		o.Detail = fmt.Sprintf("runsc reports container %s running, but exec in it failed: %v", id, err)
-		return o, nil
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return false, false, "", err
+	case err != nil:
+		return false, false, fmt.Sprintf("runsc reports container %s running, but exec in it failed: %v", id, err), nil
+	case code != 0:
+		return false, false, fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d", id, code), nil
 	}
-	if code != 0 {
-		o.Detail = fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d", id, code)
-		return o, nil
-	}
-	o.Ready = true
 	ok, why := sandboxedKernel(p.hostKernel, string(release))
 	switch {
 	case !sandbox:
-		o.Detail = fmt.Sprintf("runsc reports container %s running, but its pid %d is not a runsc sandbox process; %s", id, st.Pid, why)
+		return true, false, fmt.Sprintf("runsc reports container %s running, but its pid %d is not a runsc sandbox process; %s", id, st.Pid, why), nil
 	case !ok:
-		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d, but %s", id, st.Pid, why)
-	default:
-		o.RuntimeClass = lease.GVisorLowerRisk
-		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d; %s", id, st.Pid, why)
-		p.verified.Store(o.Identity, struct{}{})
+		return true, false, fmt.Sprintf("runsc reports container %s running in sandbox pid %d, but %s", id, st.Pid, why), nil
 	}
-	return o, nil
+	p.verified.Store(identityOf(st), struct{}{})
+	return true, true, fmt.Sprintf("runsc reports container %s running in sandbox pid %d; %s", id, st.Pid, why), nil
 }
 
 // forget drops the verified identities of a container, and its gofer.
@@ -771,10 +794,10 @@ func (p *Provider) destroyContainer(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: destroy %s: %w: %s", id, driver.ErrUncertain, fmt.Sprintf(format, args...))
 	}
 	bundle := p.bundlePath(id)
-	if _, err := p.r.run(ctx, "kill", id, "KILL"); err != nil && !notExist(err) {
-		// Not running (created or stopped): delete --force handles it.
-		p.log.Debug("runsc kill", "container", id, "error", err)
-	}
+	// No `runsc kill` first: `delete --force` of a cell's container (its
+	// sandbox's root container, whatever its state) SIGKILLs the sandbox
+	// and the gofer and waits for them before it removes the state, and
+	// what follows proves it either way.
 	if _, err := p.r.run(ctx, "delete", "--force", id); err != nil && !notExist(err) {
 		return uncertain("%v", err)
 	}
