@@ -86,7 +86,7 @@ fi
 
 # Build the server, its cell agent and the harness once.
 if ! go build -o "$artifacts/sandboxwich" ./cmd/sandboxwich >"$artifacts/build.log" 2>&1 ||
-	! CGO_ENABLED=0 go build -trimpath -o "$artifacts/sandboxwich-agent" ./cmd/sandboxwich-agent >>"$artifacts/build.log" 2>&1 ||
+	! CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$artifacts/sandboxwich-agent" ./cmd/sandboxwich-agent >>"$artifacts/build.log" 2>&1 ||
 	! go build -o "$artifacts/reliability" ./internal/reliability/cmd/reliability >>"$artifacts/build.log" 2>&1; then
 	report FAIL "build: $(tail -n 3 "$artifacts/build.log" | tr '\n' ' ')"
 	echo "reliability: $passed checks passed, $failed failed"

@@ -23,7 +23,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 COPY agent ./agent
 COPY cmd/sandboxwich-agent ./cmd/sandboxwich-agent
-RUN CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o /out/sandboxwich-agent ./cmd/sandboxwich-agent
+RUN CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags='-s -w' -o /out/sandboxwich-agent ./cmd/sandboxwich-agent
 
 FROM scratch
 COPY --from=build /out/sandboxwich-agent /sandboxwich-agent

@@ -31,11 +31,16 @@ const (
 	// agentBuildTimeout bounds building the agent (a cold build compiles
 	// part of the standard library without cgo).
 	agentBuildTimeout = 10 * time.Minute
+	// agentLdflags strip the symbol table and DWARF: every cell maps the
+	// agent and the agent hashes itself at start (through the sentry
+	// under gVisor), so the file's size is paid per cell; stack traces
+	// keep their function names and lines (pclntab is not stripped).
+	agentLdflags = "-s -w"
 )
 
 // agentBuildHint tells how to build the static cell agent by hand.
-const agentBuildHint = "`CGO_ENABLED=0 go build -trimpath -o " + agentBinaryName + " ./cmd/sandboxwich-agent` in a checkout " +
-	"(or `CGO_ENABLED=0 go install " + agentPackage + "@<version>`), then set agent_path to it or put it next to the sandboxwich binary"
+const agentBuildHint = "`CGO_ENABLED=0 go build -trimpath -ldflags='" + agentLdflags + "' -o " + agentBinaryName + " ./cmd/sandboxwich-agent` in a checkout " +
+	"(or `CGO_ENABLED=0 go install -trimpath -ldflags='" + agentLdflags + "' " + agentPackage + "@<version>`), then set agent_path to it or put it next to the sandboxwich binary"
 
 // agentBinary is the agent file mounted into every cell and its digest.
 type agentBinary struct {
@@ -116,13 +121,13 @@ func buildAgent(log *slog.Logger) (path string, cleanup func(), err error) {
 			return "", nil, fmt.Errorf("a development build of %s, but its source is not found from the working directory (%v)", agentModule, err)
 		}
 		log.Info("building the cell agent from the module's source", "dir", dir)
-		if _, err := run(dir, "build", "-trimpath", "-o", filepath.Join(tmp, agentBinaryName), "./cmd/sandboxwich-agent"); err != nil {
+		if _, err := run(dir, "build", "-trimpath", "-ldflags="+agentLdflags, "-o", filepath.Join(tmp, agentBinaryName), "./cmd/sandboxwich-agent"); err != nil {
 			cleanup()
 			return "", nil, err
 		}
 	} else {
 		log.Info("building the cell agent of this release", "version", version)
-		if _, err := run(tmp, "install", "-trimpath", agentPackage+"@"+version); err != nil {
+		if _, err := run(tmp, "install", "-trimpath", "-ldflags="+agentLdflags, agentPackage+"@"+version); err != nil {
 			cleanup()
 			return "", nil, err
 		}

@@ -49,7 +49,7 @@ func buildAgentBinary(t testing.TB) string {
 			return
 		}
 		bin := filepath.Join(dir, "sandboxwich-agent")
-		cmd := exec.Command(goBin, "build", "-trimpath", "-o", bin, "github.com/sandboxwich/sandboxwich/cmd/sandboxwich-agent")
+		cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "github.com/sandboxwich/sandboxwich/cmd/sandboxwich-agent")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			agentBuild.err = &buildError{err: err, out: string(out)}
