@@ -331,14 +331,15 @@
 // `runsc state` is a process start of tens of milliseconds; `runsc state`
 // is asked when the file is missing or unreadable, or names a sandbox
 // process that is gone, and it alone proves absence. A cell's life starts
-// runsc five times: create, start, the exec of the check below, delete,
-// and the state that proves the container gone.
+// runsc four times: run (`--detach`: create and start in one process), the
+// exec of the check below, delete, and the state that proves the container
+// gone.
 //
 // The cell's init is the agent, which reaps orphans. Provision writes the
 // bundle and mounts the host directory (a container of the cell found
 // there, left by a crash, is returned if running and destroyed if not;
-// there is none when runsc has no state file of it), runs `runsc create`
-// and `runsc start`, checks state running and waits for the agent's
+// there is none when runsc has no state file of it), runs `runsc run
+// --detach` (create and start), checks state running and waits for the agent's
 // answer. Meanwhile it checks from inside, with runsc exec, before any
 // tenant runs anything there: the kernel release the cell sees (`uname
 // -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under Debian's) must

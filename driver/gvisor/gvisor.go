@@ -543,7 +543,8 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 }
 
 // create writes a fresh bundle and the cell's host directory, creates and
-// starts the container and waits until its agent answers.
+// starts the container and waits until its agent answers, checking the
+// kernel from inside meanwhile.
 func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (driver.Object, error) {
 	nonce, err := randomHex(16)
 	if err != nil {
@@ -565,10 +566,9 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce, hostDir)); err != nil {
 		return driver.Object{}, err
 	}
-	if _, err := p.r.run(ctx, "create", "--bundle", bundle, id); err != nil {
-		return driver.Object{}, err
-	}
-	if _, err := p.r.run(ctx, "start", id); err != nil {
+	// One runsc start, not two: `run --detach` is `create` and `start` in
+	// one process, and destroys what it created when the start fails.
+	if _, err := p.r.run(ctx, "run", "--detach", "--bundle", bundle, id); err != nil {
 		return driver.Object{}, err
 	}
 	st, err := p.state(ctx, id)
@@ -818,7 +818,7 @@ func (p *Provider) destroyContainer(ctx context.Context, id string) error {
 }
 
 // awaitNoProcesses waits until no host process of the container remains.
-// Stragglers (a sandbox whose runsc create was killed before it wrote the
+// Stragglers (a sandbox whose runsc run was killed before it wrote the
 // state file, a runsc command stuck on a dead sandbox) are killed after a
 // grace period.
 func (p *Provider) awaitNoProcesses(ctx context.Context, id, bundle string) error {

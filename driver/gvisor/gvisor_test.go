@@ -524,10 +524,10 @@ func TestDestroyUncertainWhenRunscFails(t *testing.T) {
 }
 
 // TestDestroyKillsStragglers: runsc says the container is gone but a host
-// process of it remains (as after a runsc create killed half-way); Destroy
+// process of it remains (as after a runsc run killed half-way); Destroy
 // kills it and proves absence.
 func TestDestroyKillsStragglers(t *testing.T) {
-	path, _ := fakeRunsc(t, `case "$*" in *" state "*|*" kill "*) echo 'loading container: file does not exist' >&2; exit 128;; esac
+	path, _ := fakeRunsc(t, `case "$*" in *" state "*) echo 'loading container: file does not exist' >&2; exit 128;; esac
 exit 0
 `)
 	p := newProvider(t, fakeConfig(t, path))
@@ -565,14 +565,14 @@ func TestCgroupFallback(t *testing.T) {
 	path, log := fakeRunsc(t, `for a; do id=$a; done
 state=$(dirname "$0")/state
 case "$*" in
-*--ignore-cgroups*" create "*)
-  # Created: the real agent serves the cell's socket, on the host.
+*--ignore-cgroups*" run "*)
+  # Created and started: the real agent serves the cell's socket, on the host.
   prev=; for a; do [ "$prev" = --bundle ] && bundle=$a; prev=$a; done
   cp "$bundle/config.json" "$state"
   agent=$(sed -n 's/.*"source": "\(.*sandboxwich-agent\)".*/\1/p' "$state")
   (cd "$bundle/run" && exec "$agent" -listen agent.sock -cell-id x) </dev/null >/dev/null 2>&1 &
   echo $! > "$state.pid"; exit 0;;
-*" create "*) echo 'cannot set up cgroup for root: permission denied' >&2; exit 128;;
+*" run "*) echo 'cannot set up cgroup for root: permission denied' >&2; exit 128;;
 *" state "*)
   [ -f "$state" ] || { echo 'loading container: file does not exist' >&2; exit 128; }
   nonce=$(sed -n 's/.*"dev.sandboxwich.nonce": "\([0-9a-f]*\)".*/\1/p' "$state")
@@ -596,12 +596,12 @@ exit 0
 	calls, _ := os.ReadFile(log)
 	var creates []string
 	for _, line := range strings.Split(string(calls), "\n") {
-		if strings.Contains(line, " create ") {
+		if strings.Contains(line, " run ") {
 			creates = append(creates, line)
 		}
 	}
 	if len(creates) != 2 || strings.Contains(creates[0], "--ignore-cgroups") || !strings.Contains(creates[1], "--ignore-cgroups") {
-		t.Errorf("create calls = %q, want one without and one with --ignore-cgroups", creates)
+		t.Errorf("run calls = %q, want one without and one with --ignore-cgroups", creates)
 	}
 }
 
@@ -858,9 +858,9 @@ func TestInstallationsShareStateRoot(t *testing.T) {
 }
 
 // TestCellRunscCalls: a cell's whole life — Provision, the admission's
-// Inspect, Destroy — starts runsc five times: create, start, exec (the
-// kernel checked from inside, while the agent starts, so within
-// Provision), delete and the state that proves the container gone.
+// Inspect, Destroy — starts runsc four times: run --detach (create and
+// start), exec (the kernel checked from inside, while the agent starts, so
+// within Provision), delete and the state that proves the container gone.
 // Every other look at the container reads runsc's own state file
 // (Provider.state), and `runsc state` answers absence.
 func TestCellRunscCalls(t *testing.T) {
@@ -886,7 +886,7 @@ func TestCellRunscCalls(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		verbs := map[string]bool{"create": true, "start": true, "state": true, "exec": true, "kill": true, "delete": true, "list": true, "ps": true}
+		verbs := map[string]bool{"create": true, "start": true, "run": true, "state": true, "exec": true, "kill": true, "delete": true, "list": true, "ps": true}
 		var got []string
 		for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
 			for _, f := range strings.Fields(line) {
@@ -902,7 +902,7 @@ func TestCellRunscCalls(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
-	if got, want := calls(), []string{"create", "start", "exec"}; !slices.Equal(got, want) {
+	if got, want := calls(), []string{"run", "exec"}; !slices.Equal(got, want) {
 		t.Errorf("Provision started runsc for %q, want %q", got, want)
 	}
 	o, err := p.Inspect(ctx, obj)
@@ -912,7 +912,7 @@ func TestCellRunscCalls(t *testing.T) {
 	if err := p.Destroy(ctx, obj); err != nil {
 		t.Fatalf("Destroy: %v", err)
 	}
-	if got, want := calls(), []string{"create", "start", "exec", "delete", "state"}; !slices.Equal(got, want) {
+	if got, want := calls(), []string{"run", "exec", "delete", "state"}; !slices.Equal(got, want) {
 		t.Errorf("runsc was started for %q, want %q", got, want)
 	}
 }
