@@ -71,7 +71,9 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["go", "build", "-o", str(out), "./cmd/sandboxwich"], cwd=REPO, check=True, env=env)
     # The cell agent, next to the binary, where the gVisor driver finds it.
     agent = out.parent / "sandboxwich-agent"
-    subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(agent), "./cmd/sandboxwich-agent"], cwd=REPO, check=True, env=env | {"CGO_ENABLED": "0"})
+    subprocess.run(
+        ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(agent), "./cmd/sandboxwich-agent"], cwd=REPO, check=True, env=env | {"CGO_ENABLED": "0"}
+    )
     return out
 
 
