@@ -339,19 +339,19 @@
 // bundle and mounts the host directory (a container of the cell found
 // there, left by a crash, is returned if running and destroyed if not;
 // there is none when runsc has no state file of it), runs `runsc run
-// --detach` (create and start), checks state running and waits for the agent's
-// answer. Meanwhile it checks from inside, with runsc exec, before any
-// tenant runs anything there: the kernel release the cell sees (`uname
-// -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under Debian's) must
-// differ from the host's, and the container's PID must be a runsc-sandbox
-// process. Inspect reads the state and reports gvisor_lower_risk only for
-// a container whose identity passed that check (running it itself when
-// Provision's did not run or failed). Destroy runs `runsc delete --force`
-// (which SIGKILLs the sandbox and its gofer and waits for them), then
-// proves absence: `runsc
-// state` must say the container does not exist and no host process may name
-// the container under the state root (left-overs are killed after a grace
-// period); then the host directory is unmounted and the bundle removed.
+// --detach` (create and start), checks state running and waits for the
+// agent's answer. Meanwhile it checks from inside, with runsc exec, before
+// any tenant runs anything there: the kernel release the cell sees
+// (`uname -r`, 4.19.0-gvisor under the pinned runsc, 4.4.0 under
+// Debian's) must differ from the host's, and the container's PID must be a
+// runsc-sandbox process. Inspect reads the state and reports
+// gvisor_lower_risk only for a container whose identity passed that check
+// (running it itself when Provision's did not run or failed). Destroy runs
+// `runsc delete --force` (which SIGKILLs the sandbox and its gofer and
+// waits for them), then proves absence: `runsc state` must say the
+// container does not exist and no host process may name the container
+// under the state root (left-overs are killed after a grace period); then
+// the host directory is unmounted and the bundle removed.
 // Anything less wraps
 // driver.ErrUncertain.
 package gvisor

@@ -614,10 +614,10 @@ func randomHex(n int) (string, error) {
 //
 // The check from inside costs an exec, so it runs once per object, and
 // Provision runs it while the cell's agent starts: an identity that passed
-// it is remembered, and later inspections of the same identity read runsc's
-// state file and check that the container's sandbox process is still
-// runsc's. A container cannot change runtime without
-// changing identity (a new container gets a new nonce).
+// it is remembered, and later inspections of the same identity read
+// runsc's state file and check that the container's sandbox process is
+// still runsc's. A container cannot change runtime without changing
+// identity (a new container gets a new nonce).
 func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Observation, err error) {
 	id, ok := p.objectID(obj)
 	if !ok {
