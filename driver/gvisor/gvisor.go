@@ -584,14 +584,20 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 	}
 	// The admission's kernel check from inside (Inspect's, remembered for
 	// this identity) runs while the agent starts: each waits on the
-	// sandbox, not on the other. Its outcome is Inspect's to read.
+	// sandbox, not on the other. Its outcome is Inspect's to read; a cell
+	// whose agent never answered is not checked to the end.
+	checkCtx, stopCheck := context.WithCancel(ctx)
 	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
-		_, _, _, _ = p.checkKernel(ctx, id, st)
+		_ = p.checkKernel(checkCtx, id, st, new(driver.Observation))
 	}()
 	err = p.awaitAgent(ctx, id)
+	if err != nil {
+		stopCheck()
+	}
 	<-checked
+	stopCheck()
 	if err != nil {
 		p.forget(id)
 		return driver.Object{}, err
@@ -651,43 +657,44 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Obs
 		o.Detail = fmt.Sprintf("runsc reports container %s %s", id, st.Status)
 		return o, nil
 	}
-	var gvisor bool
-	o.Ready, gvisor, o.Detail, err = p.checkKernel(ctx, id, st)
-	if err != nil {
+	if err := p.checkKernel(ctx, id, st, &o); err != nil {
 		return driver.Observation{}, fmt.Errorf("gvisor: inspect %s: %w", id, err)
-	}
-	if gvisor {
-		o.RuntimeClass = lease.GVisorLowerRisk
 	}
 	return o, nil
 }
 
 // checkKernel checks from inside running container id, whose state is st,
 // that it runs under gVisor: `uname -r` in it must name a kernel other than
-// the host's, and st's sandbox process must be runsc's. gvisor reports
-// that both hold, and then st's identity is remembered as verified. ran
-// reports whether the command ran; detail says what was found. The error
-// is ctx's, when it ended.
-func (p *Provider) checkKernel(ctx context.Context, id string, st *containerState) (ran, gvisor bool, detail string, err error) {
+// the host's, and st's sandbox process must be runsc's. It records in o
+// what it found: Ready once the command ran, RuntimeClass
+// gvisor_lower_risk when both hold (and then st's identity is remembered
+// as verified), and the Detail. The error is ctx's, when it ended.
+func (p *Provider) checkKernel(ctx context.Context, id string, st *containerState, o *driver.Observation) error {
 	sandbox := p.isSandboxProcess(st.Pid, id)
 	release, code, err := p.runInside(ctx, id, "uname", "-r")
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return false, false, "", err
+		return err
 	case err != nil:
-		return false, false, fmt.Sprintf("runsc reports container %s running, but exec in it failed: %v", id, err), nil
+		o.Detail = fmt.Sprintf("runsc reports container %s running, but exec in it failed: %v", id, err)
+		return nil
 	case code != 0:
-		return false, false, fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d", id, code), nil
+		o.Detail = fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d", id, code)
+		return nil
 	}
+	o.Ready = true
 	ok, why := sandboxedKernel(p.hostKernel, string(release))
 	switch {
 	case !sandbox:
-		return true, false, fmt.Sprintf("runsc reports container %s running, but its pid %d is not a runsc sandbox process; %s", id, st.Pid, why), nil
+		o.Detail = fmt.Sprintf("runsc reports container %s running, but its pid %d is not a runsc sandbox process; %s", id, st.Pid, why)
 	case !ok:
-		return true, false, fmt.Sprintf("runsc reports container %s running in sandbox pid %d, but %s", id, st.Pid, why), nil
+		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d, but %s", id, st.Pid, why)
+	default:
+		o.RuntimeClass = lease.GVisorLowerRisk
+		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d; %s", id, st.Pid, why)
+		p.verified.Store(identityOf(st), struct{}{})
 	}
-	p.verified.Store(identityOf(st), struct{}{})
-	return true, true, fmt.Sprintf("runsc reports container %s running in sandbox pid %d; %s", id, st.Pid, why), nil
+	return nil
 }
 
 // forget drops the verified identities of a container, and its gofer.

@@ -594,14 +594,14 @@ exit 0
 		t.Fatalf("Destroy: %v", err)
 	}
 	calls, _ := os.ReadFile(log)
-	var creates []string
+	var runs []string
 	for _, line := range strings.Split(string(calls), "\n") {
 		if strings.Contains(line, " run ") {
-			creates = append(creates, line)
+			runs = append(runs, line)
 		}
 	}
-	if len(creates) != 2 || strings.Contains(creates[0], "--ignore-cgroups") || !strings.Contains(creates[1], "--ignore-cgroups") {
-		t.Errorf("run calls = %q, want one without and one with --ignore-cgroups", creates)
+	if len(runs) != 2 || strings.Contains(runs[0], "--ignore-cgroups") || !strings.Contains(runs[1], "--ignore-cgroups") {
+		t.Errorf("run calls = %q, want one without and one with --ignore-cgroups", runs)
 	}
 }
 
