@@ -90,9 +90,10 @@ const (
 	execTimeout = time.Second
 	// execTimeoutSlack is how long past execTimeout a timed-out command may
 	// take to be reported. It tells a command killed at its timeout from
-	// one run to its end (the subtest's sleeps 600 s or more); it is not a
-	// speed figure. A real-node cell under a 50m CPU quota on a loaded CI
-	// machine once took 27 s to report its kill (15 s was the bound then).
+	// one run to its end (the subtest's command sleeps 600 s or more); it
+	// is not a speed figure. A real-node cell under a 50m CPU quota on a
+	// loaded CI machine once took 27 s to report its kill (15 s was the
+	// bound then).
 	execTimeoutSlack = time.Minute
 )
 
