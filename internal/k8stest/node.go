@@ -352,8 +352,11 @@ func (n *Node) setupNetwork() error {
 			return err
 		}
 	}
-	plugin := strings.NewReplacer("@NETNS@", NodeNetNS, "@STATE@", filepath.Join(n.work, "cni")).Replace(bridgePlugin)
-	if err := os.WriteFile(filepath.Join(cniBin, "sbwbridge"), []byte(plugin), 0o755); err != nil {
+	fill := strings.NewReplacer("@NETNS@", NodeNetNS, "@STATE@", filepath.Join(n.work, "cni"))
+	if err := os.WriteFile(filepath.Join(cniBin, "sbwbridge"), []byte(fill.Replace(bridgePlugin)), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(cniBin, "sbwipam"), []byte(fill.Replace(ipamScript)), 0o755); err != nil {
 		return err
 	}
 	// containerd's CRI also runs a "loopback" plugin for every Pod.
@@ -366,7 +369,9 @@ func (n *Node) setupNetwork() error {
 
 // bridgePlugin is the node's CNI plugin: it gives the Pod's network
 // namespace an eth0 whose veth peer joins the bridge in @NETNS@, with the
-// next free address of PodCIDR and no route beyond that subnet.
+// next free address of PodCIDR (ipamScript) and no route beyond that
+// subnet. The node's neighbour entry for the address is dropped first: it
+// may still name the veth of the address's last holder.
 const bridgePlugin = `#!/bin/sh
 set -u
 conf=$(cat)
@@ -374,8 +379,9 @@ fail() { printf '{"cniVersion":"1.0.0","code":11,"msg":"sbwbridge: %s"}\n' "$1";
 peer=k8n$(printf %s "$CNI_CONTAINERID" | cut -c1-10)
 case "$CNI_COMMAND" in
 ADD)
-	n=$(flock @STATE@/ip.lock sh -c 'n=$(cat @STATE@/ip.next 2>/dev/null || echo 2); m=$((n + 1)); [ $m -gt 254 ] && m=2; echo $m >@STATE@/ip.next; echo $n')
+	n=$(@STATE@/bin/sbwipam add "$CNI_CONTAINERID") || fail "no free address in the pod subnet"
 	ip=10.251.0.$n
+	ip -n @NETNS@ neigh del $ip dev k8nbr0 2>/dev/null
 	nsenter --net="$CNI_NETNS" sh -ec "
 		ip link add $CNI_IFNAME type veth peer name $peer
 		ip link set $peer netns @NETNS@
@@ -388,10 +394,51 @@ ADD)
 	;;
 DEL)
 	ip -n @NETNS@ link del "$peer" 2>/dev/null
+	@STATE@/bin/sbwipam del "$CNI_CONTAINERID"
 	exit 0 ;;
 VERSION)
 	echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}' ;;
 *) exit 0 ;;
+esac
+`
+
+// ipamScript hands out the node's Pod addresses, 10.251.0.2 to .254, in
+// turn, each to one holder at a time: "add ID" records ID as the holder of
+// the next free one and prints its last byte (exit 1 when none is free);
+// "del ID" frees what ID holds. An address is never handed out while its
+// holder's Pod lives: a second Pod with a live Pod's address would take
+// its traffic on the bridge, and a connection to the first would stall
+// (the turn-by-turn allocator before it did, once it wrapped around).
+const ipamScript = `#!/bin/sh
+set -u
+state=@STATE@
+exec 9>"$state/ip.lock"
+flock 9
+mkdir -p "$state/ips"
+case "$1" in
+add)
+	n=$(cat "$state/ip.next" 2>/dev/null || echo 2)
+	i=0
+	while [ -e "$state/ips/$n" ]; do
+		i=$((i + 1))
+		[ $i -ge 253 ] && exit 1
+		n=$((n + 1))
+		[ $n -gt 254 ] && n=2
+	done
+	printf '%s\n' "$2" >"$state/ips/$n"
+	m=$((n + 1))
+	[ $m -gt 254 ] && m=2
+	echo $m >"$state/ip.next"
+	echo $n
+	;;
+del)
+	for f in "$state"/ips/*; do
+		if [ -e "$f" ] && [ "$(cat "$f")" = "$2" ]; then rm -f "$f"; fi
+	done
+	;;
+*)
+	exit 2
+	;;
 esac
 `
 
