@@ -587,6 +587,7 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 	// sandbox, not on the other. Its outcome is Inspect's to read; a cell
 	// whose agent never answered is not checked to the end.
 	checkCtx, stopCheck := context.WithCancel(ctx)
+	defer stopCheck()
 	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
@@ -597,7 +598,6 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 		stopCheck()
 	}
 	<-checked
-	stopCheck()
 	if err != nil {
 		p.forget(id)
 		return driver.Object{}, err

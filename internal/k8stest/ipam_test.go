@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 )
 
 // TestIPAMNeverSharesAnAddress: the node's address allocator hands each
@@ -15,9 +17,8 @@ import (
 // addresses in turn. The allocator before it wrapped around to .2 after
 // .254 whoever held it.
 func TestIPAMNeverSharesAnAddress(t *testing.T) {
-	if _, err := exec.LookPath("flock"); err != nil {
-		t.Skip("flock(1) is not installed")
-	}
+	_, err := exec.LookPath("flock")
+	testenv.Need(t, "flock(1)", err)
 	state := t.TempDir()
 	script := filepath.Join(state, "sbwipam")
 	if err := os.WriteFile(script, []byte(strings.ReplaceAll(ipamScript, "@STATE@", state)), 0o755); err != nil {
@@ -43,7 +44,7 @@ func TestIPAMNeverSharesAnAddress(t *testing.T) {
 	}
 	del := func(id string) {
 		t.Helper()
-		if _, err := exec.Command(script, "del", id).Output(); err != nil {
+		if err := exec.Command(script, "del", id).Run(); err != nil {
 			t.Fatalf("del %s: %v", id, err)
 		}
 	}
