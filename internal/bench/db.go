@@ -72,9 +72,11 @@ func openSQLite(ctx context.Context, dir string) (*backend, error) {
 
 // holdFloor sets b.floor: the baseline's transaction on a connection of
 // the store's writer pool held for it, with BEGIN IMMEDIATE, the update
-// and COMMIT prepared there and only BEGIN watching its context — the way
-// the SQLite store runs its own transactions. The pool grows by the one
-// connection (the store holds one, the plain baseline uses another).
+// and COMMIT prepared there and no statement under a context the driver
+// would watch — the way the SQLite store runs its own transactions (whose
+// BEGIN waits for another connection's lock itself: nothing else writes
+// while the floor runs). The pool grows by the one connection (the store
+// holds one, the plain baseline uses another).
 func (b *backend) holdFloor(ctx context.Context) error {
 	b.db.SetMaxOpenConns(3)
 	conn, err := b.db.Conn(ctx)
@@ -90,10 +92,13 @@ func (b *backend) holdFloor(ctx context.Context) error {
 	}
 	begin, update, commit := stmts[0], stmts[1], stmts[2]
 	b.floor = func(ctx context.Context, _ int) error {
-		if _, err := begin.ExecContext(ctx); err != nil {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
 		quiet := context.WithoutCancel(ctx)
+		if _, err := begin.ExecContext(quiet); err != nil {
+			return err
+		}
 		var n int64
 		if err := update.QueryRowContext(quiet, 1).Scan(&n); err != nil {
 			_, _ = conn.ExecContext(quiet, "ROLLBACK")

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -20,22 +21,25 @@ import (
 // It runs transactions with its own prepared BEGIN, COMMIT and ROLLBACK
 // instead of database/sql's Tx, which takes a connection from the pool,
 // starts a goroutine to watch the transaction's context, and has the
-// driver prepare BEGIN and COMMIT anew each time. Inside a transaction,
-// which already holds the database's write lock, statements run without
-// their context's cancellation, once it has been checked: the driver would
-// otherwise start a goroutine per statement to watch it. Together that is
-// about 15 µs of a 270 µs claim (docs/performance.md). What may wait on
-// another connection's write lock — BEGIN and an autocommitted write —
-// still runs under the caller's context (a group's BEGIN, while any of its
-// callers waits).
+// driver prepare BEGIN and COMMIT anew each time. No statement runs under a
+// context that can end, once it has been checked: the driver would start a
+// goroutine per statement to watch it (docs/performance.md). Inside a
+// transaction, which holds the database's write lock, statements are
+// short. Only BEGIN may wait, for another connection's write lock, and
+// that wait is the held connection's own: the driver's is turned off
+// (noBusyWait), and beginGroup tries again while any caller of its group
+// still waits.
 //
-// Transactions run through run are committed in groups: whoever takes the
-// turn runs every transaction that queued meanwhile (up to maxGroup), each
-// in a savepoint of one transaction, and commits them with one COMMIT — one
-// fsync for the group — before any of them is answered. See run.
+// Every write runs through run, an autocommitted one (exec, row) as a
+// transaction of its own. Transactions are committed in groups: whoever
+// takes the turn runs every transaction that queued meanwhile (up to
+// maxGroup), each in a savepoint of one transaction, and commits them with
+// one COMMIT — one fsync for the group — before any of them is answered.
+// See run.
 type heldConn struct {
 	db      *sqlx.DB
 	begin   string
+	busy    func(error) bool // BEGIN found the write lock taken
 	queries []string
 	// turn holds a token while a caller uses the connection: a one-slot
 	// semaphore that, unlike a mutex, gives up when its waiter's context
@@ -62,29 +66,27 @@ const (
 // maxGroup bounds the transactions one commit carries.
 const maxGroup = 64
 
-func newHeldConn(db *sqlx.DB, begin string, queries []string) *heldConn {
-	return &heldConn{db: db, begin: begin, turn: make(chan struct{}, 1),
+// noBusyWait turns the driver's own wait for a lock off on the held
+// connection (SQLite's busy_timeout): beginGroup waits instead.
+const noBusyWait = "PRAGMA busy_timeout = 0"
+
+// lockTimeout bounds beginGroup's wait for another connection's write lock, as
+// busy_timeout (10 s) bounds the wait of the pool's other connections.
+const lockTimeout = 10 * time.Second
+
+// lockDelays are the pauses between beginGroup's attempts, SQLite's own
+// busy handler's: the last repeats.
+var lockDelays = [...]time.Duration{1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100}
+
+// newHeldConn returns the held writer of db; begin starts a transaction
+// that takes the write lock, and busy reports its error when another
+// connection holds it.
+func newHeldConn(db *sqlx.DB, begin string, busy func(error) bool, queries []string) *heldConn {
+	return &heldConn{db: db, begin: begin, busy: busy, turn: make(chan struct{}, 1),
 		queries: append(queries, begin, commitSQL, rollbackSQL, savepointSQL, releaseSQL, rollbackToSQL)}
 }
 
-// take waits for the turn and makes sure the connection is open, with
-// every fixed query prepared on it. Whoever takes it must release it.
-func (h *heldConn) take(ctx context.Context) error {
-	select {
-	case h.turn <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if h.conn != nil {
-		return nil
-	}
-	if err := h.open(ctx); err != nil {
-		h.release()
-		return err
-	}
-	return nil
-}
-
+// release gives back the turn, which its caller took.
 func (h *heldConn) release() { <-h.turn }
 
 // open takes a connection from the pool and prepares every fixed query on
@@ -95,9 +97,13 @@ func (h *heldConn) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if _, err := conn.ExecContext(ctx, noBusyWait); err != nil {
+		_ = conn.Close() // returned to the pool unchanged
+		return err
+	}
 	stmts, err := prepareAll(ctx, conn, h.queries)
 	if err != nil {
-		_ = conn.Close()
+		discard(conn) // the pool's connections wait for locks themselves
 		return err
 	}
 	h.conn, h.stmts = conn, stmts
@@ -109,11 +115,16 @@ func (h *heldConn) open(ctx context.Context) error {
 // a fresh one.
 func (h *heldConn) drop() {
 	_ = h.stmts.close()
+	discard(h.conn)
+	h.conn, h.stmts = nil, nil
+}
+
+// discard closes conn instead of returning it to the pool.
+func discard(conn *sqlx.Conn) {
 	// Returning driver.ErrBadConn from Raw makes database/sql close the
 	// connection rather than return it to the pool.
-	_ = h.conn.Raw(func(any) error { return driver.ErrBadConn })
-	_ = h.conn.Close()
-	h.conn, h.stmts = nil, nil
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
 }
 
 // abort rolls back a transaction that may be open, or drops the
@@ -124,42 +135,34 @@ func (h *heldConn) abort() {
 	}
 }
 
-// exec implements writer: an autocommitted write, under ctx.
+// exec implements writer: an autocommitted write, run as a transaction of
+// its own (run).
 func (h *heldConn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	if err := h.take(ctx); err != nil {
-		return nil, err
-	}
-	defer h.release()
-	st, err := h.stmts.get(q)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, args...)
+	var res sql.Result
+	err := h.run(ctx, func(tx txn) error {
+		var err error
+		res, err = tx.exec(ctx, q, args...)
+		return err
+	})
+	return res, err
 }
 
-// row implements writer: an autocommitted statement returning a row,
-// under ctx. The turn is held until the row is scanned.
+// row implements writer: an autocommitted statement returning a row, run
+// as exec's when it is scanned.
 func (h *heldConn) row(ctx context.Context, q string, args ...any) scanner {
-	if err := h.take(ctx); err != nil {
-		return errScanner{err}
-	}
-	st, err := h.stmts.get(q)
-	if err != nil {
-		h.release()
-		return errScanner{err}
-	}
-	return releasingRow{st.QueryRowxContext(ctx, args...), h.release}
+	return heldRow{h: h, ctx: ctx, q: q, args: args}
 }
 
-// releasingRow is a row that releases the writer's turn once scanned.
-type releasingRow struct {
-	row     *sqlx.Row
-	release func()
+// heldRow is row's statement, waiting for its Scan.
+type heldRow struct {
+	h    *heldConn
+	ctx  context.Context
+	q    string
+	args []any
 }
 
-func (r releasingRow) Scan(dest ...any) error {
-	defer r.release()
-	return r.row.Scan(dest...)
+func (r heldRow) Scan(dest ...any) error {
+	return r.h.run(r.ctx, func(tx txn) error { return tx.row(r.ctx, r.q, r.args...).Scan(dest...) })
 }
 
 // close waits for the turn, then closes the statements, the connection
@@ -309,11 +312,8 @@ func (h *heldConn) lead() {
 // it (see run); the caller holds the turn.
 func (h *heldConn) commitGroup(group []*member) []outcome {
 	out := make([]outcome, len(group))
-	// BEGIN may wait for another connection's write lock: it does so while
-	// any member still waits for it. A member whose context ended meanwhile
-	// gets its context's error.
-	ctx, cancel := anyLive(group)
-	defer cancel()
+	// A member whose context ended before the group began gets its
+	// context's error.
 	none := func(err error) []outcome {
 		for i, m := range group {
 			out[i] = outcome{err: cmp.Or(m.ctx.Err(), err)}
@@ -321,11 +321,14 @@ func (h *heldConn) commitGroup(group []*member) []outcome {
 		return out
 	}
 	if h.conn == nil {
-		if err := h.open(ctx); err != nil {
+		ctx, cancel := anyLive(group)
+		err := h.open(ctx)
+		cancel()
+		if err != nil {
 			return none(err)
 		}
 	}
-	if _, err := h.stmts[h.begin].ExecContext(ctx); err != nil {
+	if err := h.beginGroup(group); err != nil {
 		h.abort()
 		return none(err)
 	}
@@ -371,6 +374,39 @@ func (h *heldConn) commitGroup(group []*member) []outcome {
 		}
 	}
 	return h.commit(group, out, kept)
+}
+
+// beginGroup begins the group's transaction. BEGIN runs with no context
+// for the driver to watch. When another connection holds the write lock,
+// it is tried again after the pauses of SQLite's own busy handler, for up
+// to lockTimeout, while any member's caller still waits.
+func (h *heldConn) beginGroup(group []*member) error {
+	begin := func() error {
+		_, err := h.stmts[h.begin].ExecContext(context.Background())
+		return err
+	}
+	err := begin()
+	if err == nil || !h.busy(err) {
+		return err
+	}
+	ctx, cancel := anyLive(group)
+	defer cancel()
+	deadline := time.Now().Add(lockTimeout)
+	for i := 0; h.busy(err); i++ {
+		pause := min(lockDelays[min(i, len(lockDelays)-1)]*time.Millisecond, time.Until(deadline))
+		if pause <= 0 {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		err = begin()
+	}
+	return err
 }
 
 // keeps reports whether a member's transaction stays in the group: fn

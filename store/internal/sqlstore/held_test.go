@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 const (
@@ -35,7 +36,7 @@ func newHeld(t *testing.T) (*heldConn, func() int) {
 	if _, err := db.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	h := newHeldConn(db, "BEGIN IMMEDIATE", []string{heldInsert, heldCount})
+	h := newHeldConn(db, "BEGIN IMMEDIATE", busy, []string{heldInsert, heldCount})
 	t.Cleanup(func() { _ = h.close() })
 	count := func() int {
 		t.Helper()
@@ -46,6 +47,12 @@ func newHeld(t *testing.T) (*heldConn, func() int) {
 		return n
 	}
 	return h, count
+}
+
+// busy is the SQLite store's HeldBusy.
+func busy(err error) bool {
+	e, ok := errors.AsType[*sqlite.Error](err)
+	return ok && e.Code()&0xff == sqlite3.SQLITE_BUSY
 }
 
 // soon is a context for a call that must not wait for the turn.
@@ -127,9 +134,7 @@ func TestHeldDrop(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := h.conn
-	if err := h.take(soon(t)); err != nil {
-		t.Fatal(err)
-	}
+	h.turn <- struct{}{}
 	h.abort() // ROLLBACK with no transaction open fails: dropped
 	h.release()
 	if h.conn != nil {
@@ -162,9 +167,7 @@ func TestHeldDrop(t *testing.T) {
 // connection before the group's one COMMIT.
 func TestHeldGroup(t *testing.T) {
 	h, count := newHeld(t)
-	if err := h.take(soon(t)); err != nil { // hold the turn while the group queues
-		t.Fatal(err)
-	}
+	h.turn <- struct{}{} // hold the turn while the group queues
 	errFailed := errors.New("failed")
 	errReported := errors.New("reported after the commit")
 	gone, leave := context.WithCancel(t.Context())
@@ -235,9 +238,7 @@ func TestHeldGroup(t *testing.T) {
 // is queued withdraws it: it returns the context's error and nothing runs.
 func TestHeldGroupWithdraw(t *testing.T) {
 	h, count := newHeld(t)
-	if err := h.take(soon(t)); err != nil {
-		t.Fatal(err)
-	}
+	h.turn <- struct{}{}
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	ran := false
@@ -262,9 +263,7 @@ func TestHeldGroupWithdraw(t *testing.T) {
 // those after it errRetry (they wrote nothing), and no row is written.
 func TestHeldGroupLost(t *testing.T) {
 	h, count := newHeld(t)
-	if err := h.take(soon(t)); err != nil {
-		t.Fatal(err)
-	}
+	h.turn <- struct{}{}
 	fns := []func(tx txn) error{
 		func(tx txn) error { _, err := tx.exec(soon(t), heldInsert, 1); return err },
 		func(tx txn) error {
@@ -306,5 +305,52 @@ func waitQueued(t *testing.T, h *heldConn, n int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d transactions queued, want %d", q, n)
 		}
+	}
+}
+
+// TestHeldLockWait: while another connection holds the write lock, a
+// write waits for it — BEGIN runs with no context for the driver to watch,
+// and the held connection waits itself — and gives up once its caller's
+// context ends, having written nothing; it goes through once the lock is
+// released.
+func TestHeldLockWait(t *testing.T) {
+	h, count := newHeld(t)
+	var seq int
+	var name, path string
+	if err := h.db.QueryRow(`PRAGMA database_list`).Scan(&seq, &name, &path); err != nil {
+		t.Fatal(err)
+	}
+	other, err := sqlx.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	holder, err := other.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(t.Context(), `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := h.exec(ctx, heldInsert, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("exec while another connection holds the lock: %v, want context.DeadlineExceeded", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.exec(soon(t), heldInsert, 2)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it wait
+	if _, err := holder.ExecContext(t.Context(), `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("exec once the lock was released: %v", err)
+	}
+	if n := count(); n != 1 {
+		t.Errorf("%d rows, want 1", n)
 	}
 }
