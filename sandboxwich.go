@@ -117,7 +117,9 @@ type Option func(*Plane)
 // microseconds, the precision every store keeps.
 func WithClock(now func() time.Time) Option { return func(p *Plane) { p.now = now } }
 
-// WithIDs sets the source of new lease IDs (default UUIDv7).
+// WithIDs sets the source of new lease IDs (default UUIDv7). Every ID it
+// returns must be new: the SQLite store refuses a repeat only within a
+// tenant.
 func WithIDs(newID func() uuid.UUID) Option { return func(p *Plane) { p.newID = newID } }
 
 // WithLogger sets the structured logger (default slog.Default). Secrets are

@@ -250,7 +250,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		installation:  `SELECT id FROM installation WHERE singleton = 1`,
 
 		fence: `SELECT f.request_digest, ` + cellCols + `
-			FROM claim_fences f LEFT JOIN cells c ON c.lease_id = f.lease_id
+			FROM claim_fences f LEFT JOIN cells c ON c.tenant_id = f.tenant_id AND c.lease_id = f.lease_id
 			WHERE f.tenant_id = ? AND f.claim_id = ?`,
 		// The CASTs keep SQLite from re-preparing the statement whenever
 		// its parameters are rebound, which it does (once sqlite_stat4
