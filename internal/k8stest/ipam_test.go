@@ -49,33 +49,37 @@ func TestIPAMNeverSharesAnAddress(t *testing.T) {
 		}
 	}
 
+	// held maps each address handed out and not freed to its holder.
+	held := map[int]string{}
+	take := func(id string) int {
+		t.Helper()
+		n := add(id)
+		if other, ok := held[n]; ok {
+			t.Fatalf("address .%d handed to %s while %s holds it", n, id, other)
+		}
+		held[n] = id
+		return n
+	}
+
 	// Two Pods live for the whole test, as a long case's cell does while
 	// others come and go.
-	held := map[int]string{add("long-a"): "long-a", add("long-b"): "long-b"}
+	take("long-a")
+	take("long-b")
 	// Many more Pods than the subnet holds come and go around them.
 	for i := range 300 {
 		id := "short-" + strconv.Itoa(i)
-		n := add(id)
-		if other, ok := held[n]; ok {
-			t.Fatalf("address .%d handed to %s while %s holds it", n, id, other)
-		}
+		delete(held, take(id))
 		del(id)
 	}
 	// Fill the subnet: every address once, then none.
-	ids := map[int]string{}
 	for i := range 251 {
-		id := "fill-" + strconv.Itoa(i)
-		n := add(id)
-		if other, ok := held[n]; ok {
-			t.Fatalf("address .%d handed to %s while %s holds it", n, id, other)
-		}
-		held[n], ids[n] = id, id
+		take("fill-" + strconv.Itoa(i))
 	}
 	if n, err := run("add", "one-too-many"); err == nil {
 		t.Fatalf("a 254th holder got address .%d", n)
 	}
 	// A freed address is the only one to hand out.
-	del(ids[100])
+	del(held[100])
 	if n := add("after-free"); n != 100 {
 		t.Fatalf("with only .100 free, add gave .%d", n)
 	}

@@ -433,8 +433,9 @@ add)
 	;;
 del)
 	for f in "$state"/ips/*; do
-		if [ -e "$f" ] && [ "$(cat "$f")" = "$2" ]; then rm -f "$f"; fi
+		[ -e "$f" ] && IFS= read -r holder <"$f" && [ "$holder" = "$2" ] && rm -f "$f"
 	done
+	exit 0
 	;;
 *)
 	exit 2
