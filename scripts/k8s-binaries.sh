@@ -304,6 +304,8 @@ nodebuild pause "$mods/pause" 0 "" .
 
 "$nodebin/kubelet" --version >&2
 "$nodebin/containerd" --version >&2
-"$nodebin/runc" --version | head -n1 >&2
+# sed reads every line: head would close the pipe early, and runc, killed
+# by SIGPIPE for its later lines, would fail the script under pipefail.
+"$nodebin/runc" --version | sed -n 1p >&2
 echo "$nodekey" >"$nodebin/.complete"
 echo "$bin"
