@@ -115,7 +115,6 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		Unavailable:     unavailable,
 		SchemaVersion:   version,
 		HeldBegin:       "BEGIN IMMEDIATE",
-		HeldBusy:        busy,
 	})}, nil
 }
 
@@ -158,9 +157,6 @@ func code(err error) int {
 	}
 	return 0
 }
-
-// busy: another connection holds the lock (SQLITE_BUSY).
-func busy(err error) bool { return code(err)&0xff == sqlite3.SQLITE_BUSY }
 
 func retryable(err error) bool {
 	switch code(err) & 0xff {

@@ -39,7 +39,7 @@ import (
 type heldConn struct {
 	db      *sqlx.DB
 	begin   string
-	busy    func(error) bool // BEGIN found the write lock taken
+	busy    func(error) bool // BEGIN found the write lock taken (Dialect.Retryable)
 	queries []string
 	// turn holds a token while a caller uses the connection: a one-slot
 	// semaphore that, unlike a mutex, gives up when its waiter's context
@@ -80,7 +80,7 @@ var lockDelays = [...]time.Duration{1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100
 
 // newHeldConn returns the held writer of db; begin starts a transaction
 // that takes the write lock, and busy reports its error when another
-// connection holds it.
+// connection holds it (or another transient one worth waiting out).
 func newHeldConn(db *sqlx.DB, begin string, busy func(error) bool, queries []string) *heldConn {
 	return &heldConn{db: db, begin: begin, busy: busy, turn: make(chan struct{}, 1),
 		queries: append(queries, begin, commitSQL, rollbackSQL, savepointSQL, releaseSQL, rollbackToSQL)}

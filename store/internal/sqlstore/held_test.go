@@ -49,7 +49,7 @@ func newHeld(t *testing.T) (*heldConn, func() int) {
 	return h, count
 }
 
-// busy is the SQLite store's HeldBusy.
+// busy is the SQLite store's Retryable, as BEGIN IMMEDIATE meets it.
 func busy(err error) bool {
 	e, ok := errors.AsType[*sqlite.Error](err)
 	return ok && e.Code()&0xff == sqlite3.SQLITE_BUSY

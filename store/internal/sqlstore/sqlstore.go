@@ -58,11 +58,9 @@ type Dialect struct {
 	// a database that serializes its writers anyway; it is the statement
 	// that begins a transaction there ("BEGIN IMMEDIATE"). The pool then
 	// needs a second connection only for DB's users.
+	// HeldBegin's error is Retryable when another connection holds the
+	// write lock (SQLITE_BUSY): the held connection waits for it itself.
 	HeldBegin string
-	// HeldBusy, required with HeldBegin, reports HeldBegin's error when
-	// another connection holds the write lock (SQLITE_BUSY): the held
-	// connection waits for it itself.
-	HeldBusy func(error) bool
 }
 
 // writer is where a Store's writes run: a connPool, whose transactions
@@ -140,7 +138,7 @@ func New(w, r *sqlx.DB, d Dialect) *Store {
 	s := &Store{r: newConnPool(r, fixed), wdb: w.DB, d: d, q: q, hints: map[string][]candidate{}}
 	switch {
 	case d.HeldBegin != "":
-		s.w = newHeldConn(w, d.HeldBegin, d.HeldBusy, fixed)
+		s.w = newHeldConn(w, d.HeldBegin, d.Retryable, fixed)
 	case r == w:
 		s.w = s.r
 	default:
