@@ -329,13 +329,12 @@ func TestClaimContextCancelStopsRetries(t *testing.T) {
 	c := f.client(WithRetry(1000, 5*time.Millisecond, 10*time.Millisecond), WithHTTPClient(hc))
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	start := time.Now()
+	// The mechanism, not a duration a loaded machine stretches: Claim ends
+	// with its context's error, and its retries stop (no request starts
+	// after it returned, far fewer than the 1000 allowed).
 	_, err := c.Claim(ctx, testClaimRequest())
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want the context's error", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("Claim took %v after its context ended", d)
 	}
 	n := started.Load()
 	time.Sleep(50 * time.Millisecond)

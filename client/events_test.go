@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,6 +52,19 @@ func (d *dropAfter) Write(b []byte) (int, error) {
 }
 
 func (d *dropAfter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
+
+// onWrite is a ResponseWriter that calls f before each write.
+type onWrite struct {
+	http.ResponseWriter
+	f func()
+}
+
+func (o *onWrite) Write(b []byte) (int, error) {
+	o.f()
+	return o.ResponseWriter.Write(b)
+}
+
+func (o *onWrite) Unwrap() http.ResponseWriter { return o.ResponseWriter }
 
 // TestE2EEvents: polling, and a follow that resumes by itself, event by
 // event, over connections the server drops after each event (and, once,
@@ -123,14 +137,28 @@ func TestE2EEvents(t *testing.T) {
 
 	// A follow without a position starts at the newest event, and resumes
 	// there if dropped before any event.
-	e.setWrap(nil)
+	// The new cell is added once the server wrote the stream's first frame
+	// (its position), not after a fixed sleep a loaded machine can outrun:
+	// added before the follow had its position, the cell's event would be
+	// the newest and never followed.
+	positioned := make(chan struct{})
+	var once sync.Once
+	e.setWrap(func(real http.Handler, w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/events" {
+			w = &onWrite{ResponseWriter: w, f: func() { once.Do(func() { close(positioned) }) }}
+		}
+		real.ServeHTTP(w, r)
+	})
 	newest := polled[len(polled)-1].ID
 	fctx2, cancel2 := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel2()
 	evs := c.Events(fctx2, client.EventQuery{Type: "cell.ready"})
 	go func() {
-		time.Sleep(200 * time.Millisecond)
-		e.addPoolCell(t)
+		select {
+		case <-positioned:
+			e.addPoolCell(t)
+		case <-fctx2.Done():
+		}
 	}()
 	for ev, err := range evs {
 		if err != nil {

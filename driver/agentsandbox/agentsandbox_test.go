@@ -254,11 +254,17 @@ func TestNeverBound(t *testing.T) {
 	obj, err := p.Provision(ctx, provisionReq(lease.GVisorLowerRisk))
 	took := time.Since(start)
 	var ve *driver.VerifyError
-	if err == nil || errors.As(err, &ve) || !strings.Contains(err.Error(), "not bound") {
+	// The bind timeout ended the wait, not the test's context (whose end
+	// would be context.DeadlineExceeded): the mechanism, not a duration a
+	// loaded machine stretches. Only the lower bound is timed — it proves
+	// Provision waited the second, and a loaded machine is slower, never
+	// faster.
+	if err == nil || errors.As(err, &ve) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil ||
+		!strings.Contains(err.Error(), "not bound to a ready pod within 1s") {
 		t.Fatalf("Provision of a never-bound claim: %v", err)
 	}
-	if took < time.Second || took > 10*time.Second {
-		t.Errorf("Provision took %v, want about the 1s bind timeout", took)
+	if took < time.Second {
+		t.Errorf("Provision gave up after %v, before the 1s bind timeout", took)
 	}
 	if !strings.HasPrefix(obj.Identity, "claim=") || strings.Contains(obj.Identity, ",") {
 		t.Errorf("identity of an unbound claim = %q, want only the claim", obj.Identity)

@@ -235,8 +235,12 @@ func TestExec(t *testing.T) {
 			if !res.TimedOut || res.ExitCode == 0 || bytes.Contains(res.Stdout, []byte("not reached")) {
 				t.Errorf("timeout: %+v", res)
 			}
-			if took := time.Since(start); took < time.Second || took > 15*time.Second {
-				t.Errorf("timed-out exec took %v", took)
+			// Only the lower bound is timed (a loaded machine is slower,
+			// never faster): the timeout's effect is asserted above (timed
+			// out, "not reached" never printed) and below (no process left);
+			// an exec that ignored it would sleep for 10 minutes.
+			if took := time.Since(start); took < time.Second {
+				t.Errorf("timed-out exec returned after %v, before its 1 s timeout", took)
 			}
 			requireNoProcess(t, fmt.Sprintf("sleep\x00%d\x00", secs))
 
@@ -258,10 +262,10 @@ func TestExec(t *testing.T) {
 }
 
 // requireNoProcess fails unless no host process has the command line
-// marker within a few seconds.
+// marker within 30 s (it runs for 10 minutes unless it was killed).
 func requireNoProcess(t *testing.T, marker string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // a hang guard: killed processes go in milliseconds
 	for {
 		found := ""
 		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")

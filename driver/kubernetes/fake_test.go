@@ -83,13 +83,14 @@ func TestDestroyAcceptedButNotConfirmed(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	err := p.Destroy(ctx, driver.Object{CellID: id, Identity: "uid-1"})
 	if !errors.Is(err, driver.ErrUncertain) {
 		t.Fatalf("Destroy = %v, want driver.ErrUncertain", err)
 	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("Destroy took %v past its 500 ms context", took)
+	// Its context ended the wait (the mechanism, not a duration a loaded
+	// machine stretches; a Destroy that ignored it would never return).
+	if ctx.Err() == nil || !strings.Contains(err.Error(), context.DeadlineExceeded.Error()) {
+		t.Errorf("Destroy = %v, want it ended by its context (%v)", err, ctx.Err())
 	}
 	if deletes != 1 || sawUID != "uid-1" {
 		t.Errorf("deletes = %d with UID precondition %q; want 1 with uid-1", deletes, sawUID)

