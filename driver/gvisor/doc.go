@@ -19,8 +19,9 @@
 // A pool of provider "gvisor" takes the settings runsc, agent_path,
 // state_dir, bundle_dir, rootfs, network, platform, memory_limit_bytes,
 // cpus, pids_limit, image (the pool's key image), image_cache_dir,
-// registry_auth_file and image_max_bytes (SANDBOXWICH_GVISOR_<KEY> for the environment's
-// pool), the Config fields of the same names.
+// registry_auth_file, image_max_bytes and cell_disk_bytes (the pool's key
+// cell_disk_bytes) (SANDBOXWICH_GVISOR_<KEY> for the environment's pool),
+// the Config fields of the same names.
 //
 // # Cell images
 //
@@ -65,9 +66,10 @@
 //     /run/sandboxwich, /.sandboxwich/agent), so runsc never writes into
 //     the shared copy.
 //   - Cells: the root is the shared copy, and runsc runs with
-//     --overlay2=root:memory: each cell writes to a private upper layer in
-//     its own memory (counted against its memory limit), which vanishes
-//     with it; a second cell of the same image, in any pool, adds no copy
+//     --overlay2=root:memory,size=<its share of Config.CellDiskBytes>:
+//     each cell writes to a private upper layer in its own memory
+//     (counted against its memory limit, bounded as "Disk" says), which
+//     vanishes with it; a second cell of the same image, in any pool, adds no copy
 //     of the lower layer. The agent is bind-mounted into the image as
 //     everywhere and runs as PID 1; it needs no C library. Inspect's
 //     kernel check needs uname in the image (a static busybox serves).
@@ -234,6 +236,43 @@
 // pids.max to 300 from inside still lost the sandbox to a fork bomb; the
 // driver does not use it. Guest RLIMIT_NPROC is not enforced by gVisor.
 //
+// # Disk
+//
+// A cell's writable storage lives in its sandbox's memory, so it is
+// bounded below that memory: Config.CellDiskBytes (the pool key
+// cell_disk_bytes, CONTRACT §25; default half of MemoryLimitBytes, and New
+// refuses a value not below it, naming the key). gVisor's tmpfs bounds
+// each file system on its own, with no budget shared between them, so the
+// bytes are split into per-place sizes that make CellDiskBytes together
+// (in whole 4 KiB pages; what rounding leaves goes to /home/cell), in
+// sixteenths, and in MiB at the default 512 MiB of memory (256 MiB):
+//
+//	place        rootfs (default or operator's)   with Config.Image
+//	/home/cell   6/16  96 MiB                     4/16  64 MiB
+//	/tmp         4/16  64 MiB                     3/16  48 MiB
+//	/var/tmp     4/16  64 MiB                     3/16  48 MiB
+//	/dev/shm     2/16  32 MiB                     2/16  32 MiB
+//	/ (upper)    read-only                        4/16  64 MiB
+//
+// (/var/tmp holds Inspect AI's sandbox tools, about 33 MB unpacked.)
+// Each is a tmpfs mounted with size=<its share> (the image's root through
+// runsc's --overlay2=root:memory,size=…), and `df` in the cell reports
+// each one's size. A write past a place's size fails with ENOSPC
+// in the cell (a files/write answers 507 insufficient_storage) and the
+// cell lives: TestCellDiskFull fills every place at once. Before these
+// bounds each place reported half the host's memory (an image's root 8
+// EiB), and filling them killed the cell. /dev, gVisor's devtmpfs, takes
+// no size option, so it is mounted read-only (its devices, /dev/pts and
+// /dev/shm work as before; root can no longer create files there). The
+// cell's host directory at /run/sandboxwich is a 64 KiB host tmpfs,
+// root's.
+//
+// These bounds are gVisor's own, enforced by its kernel in the sandbox,
+// so they hold where cgroups are unavailable too. What does not hold
+// there is the memory limit (see above: --ignore-cgroups): the sandbox's
+// memory, and so a cell that fills its storage and its memory, is then
+// bounded only by the host.
+//
 // Exec timeouts and expiry are the agent's: it kills a timed-out
 // command's whole process tree, and at expiry and release every process
 // of the cell. A fork bomb left running in the background ends when the
@@ -270,11 +309,11 @@
 //     Inspect AI's bash_session and text_editor tools install themselves;
 //     /var holds nothing else), the only writable places besides
 //     /dev/shm and, for root, /run/sandboxwich. They live in the
-//     sandbox's memory and vanish with it;
+//     sandbox's memory, sized as "Disk" says, and vanish with it;
 //   - /.sandboxwich/agent: the cell agent, read-only; /run/sandboxwich: the
 //     cell's host directory (see "The cell agent"), mode 0700, root's;
 //   - /proc, /sys, /dev, /dev/pts, /dev/shm: gVisor's own, emulated inside
-//     the sandbox. /proc shows only the cell's processes; /dev holds null,
+//     the sandbox (/dev read-only, see "Disk"). /proc shows only the cell's processes; /dev holds null,
 //     zero, full, random, urandom, tty, ptmx, pts, shm, fuse, net/tun and
 //     the fd, stdin, stdout and stderr links.
 //

@@ -63,6 +63,14 @@ type Config struct {
 	Platform string
 	// MemoryLimitBytes is each cell's memory limit; default 512 MiB.
 	MemoryLimitBytes int64
+	// CellDiskBytes is the size of each cell's writable storage (the pool
+	// key cell_disk_bytes, CONTRACT §25): /home/cell, /tmp, /var/tmp,
+	// /dev/shm and, with Image, the root's writable layer together, split
+	// as "Disk" in the package documentation says. They live in the
+	// cell's memory, so it must be below MemoryLimitBytes (else New fails
+	// with an *CellDiskError naming the key); default half of it, at least
+	// MinCellDiskBytes. A full one is ENOSPC in the cell, which lives.
+	CellDiskBytes int64
 	// CPUs is each cell's CPU limit in cores; default 1.
 	CPUs float64
 	// PidsLimit caps the host tasks (processes and threads) of each cell's
@@ -200,6 +208,9 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.CPUs == 0 {
 		cfg.CPUs = DefaultCPUs
 	}
+	if err := cfg.defaultCellDisk(); err != nil {
+		return nil, err
+	}
 	if err := cfg.defaultPidsLimit(); err != nil {
 		return nil, err
 	}
@@ -259,9 +270,10 @@ func New(cfg Config) (*Provider, error) {
 		}
 		p.image.inUse = p.imagesInUse
 		p.rootfs = p.image.rootfs()
-		// Each cell's writes go to an upper layer in its own memory; the
+		// Each cell's writes go to an upper layer in its own memory,
+		// bounded by its share of the cell's writable storage; the
 		// unpacked image below is never written.
-		p.r.overlay = "root:memory"
+		p.r.overlay = "root:memory," + sizeOption(diskShares(cfg.CellDiskBytes, true)[diskRoot])
 	case cfg.RootFS == "":
 		p.rootfs = filepath.Join(cfg.BundleDir, defaultRootFSDir)
 		if p.hostMounts, err = buildDefaultRootFS(p.rootfs, "/"); err != nil {

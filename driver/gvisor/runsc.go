@@ -35,7 +35,7 @@ type runsc struct {
 	root     string // absolute path of the private --root
 	network  string
 	platform string
-	// overlay is --overlay2 ("root:memory" for cells of an image), or ""
+	// overlay is --overlay2 ("root:memory,size=…" for cells of an image), or ""
 	// for runsc's default.
 	overlay string
 	// ignoreCgroups is set once, when runsc could not apply cgroup limits

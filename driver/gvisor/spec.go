@@ -185,21 +185,27 @@ func process(args, env []string) *ociProcess {
 
 // spec returns the OCI spec of one cell whose host directory is hostDir.
 func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
+	// Every writable place is bounded, together by Config.CellDiskBytes
+	// (see diskShares); the image's writable root by runsc's
+	// --overlay2=root:memory,size=….
+	disk := diskShares(p.cfg.CellDiskBytes, p.image != nil)
 	mounts := []ociMount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
+		// Read-only: gVisor's devtmpfs takes no size, so root in the cell
+		// could fill it past the cell's disk; its devices stay usable.
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755", "ro"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", sizeOption(disk[diskShm])}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
 	mounts = append(mounts, p.hostMounts...)
 	mounts = append(mounts,
-		ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		ociMount{Destination: diskTmp, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", sizeOption(disk[diskTmp])}},
 		// Inspect AI's bash_session and text_editor tools install
 		// themselves under /var/tmp (and need it executable).
-		ociMount{Destination: "/var/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
-		ociMount{Destination: cellHome, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0700",
-			fmt.Sprintf("uid=%d", cellUID), fmt.Sprintf("gid=%d", cellGID)}},
+		ociMount{Destination: diskVarTmp, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", sizeOption(disk[diskVarTmp])}},
+		ociMount{Destination: diskHome, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0700",
+			fmt.Sprintf("uid=%d", cellUID), fmt.Sprintf("gid=%d", cellGID), sizeOption(disk[diskHome])}},
 		// runsc makes both mount points in the root's overlay, on the
 		// default root filesystem and an operator's alike.
 		ociMount{Destination: agentInCell, Type: "bind", Source: p.agent.path, Options: []string{"bind", "ro", "nosuid", "nodev"}},

@@ -49,9 +49,15 @@
 // Each Pod has no service-account token and no service links, shares no
 // host namespace, runs non-root with every capability dropped, no privilege
 // escalation, seccomp RuntimeDefault, a read-only root file system with a
-// size-limited emptyDir at /tmp, CPU and memory requests equal to limits,
-// restartPolicy Never, and a digest-pinned image; it passes the
-// "restricted" Pod Security Standard. Unless Config.NetworkPolicy is false,
+// memory-backed emptyDir at /tmp, CPU and memory requests equal to limits,
+// restartPolicy Never, and a digest-pinned image. The cell's writable
+// storage, the emptyDirs it writes (/tmp, and the agent's home, half each)
+// together and its ephemeral-storage limit, is Config.CellDiskBytes (the
+// pool key cell_disk_bytes, below the memory; default half of it): the
+// kubelet mounts each emptyDir as a tmpfs of its size, so a full one is
+// ENOSPC in the cell, and Inspect refuses an admitted Pod whose writable
+// storage is larger or unbounded. The Pod passes the "restricted" Pod
+// Security Standard. Unless Config.NetworkPolicy is false,
 // a deny-all NetworkPolicy (no ingress, no egress) selects the pool's Pods
 // before the first is created; a CNI plugin that enforces NetworkPolicy is
 // what makes it bite. deploy/kubernetes holds the minimal RBAC.

@@ -102,10 +102,17 @@ type Config struct {
 	// period over the whole sandbox (gVisor's sentry and gofer as well as
 	// the workload): a small one, such as 50m, makes every command that
 	// bursts past it wait for the next period, so commands take multiples
-	// of 100 ms (docs/performance.md). TmpSize bounds the writable emptyDir
-	// mounted at /tmp (default DefaultTmpSize); the root file system is
-	// read-only.
+	// of 100 ms (docs/performance.md). TmpSize is the older name of
+	// CellDiskBytes, as a quantity; the root file system is read-only.
 	CPU, Memory, TmpSize string
+	// CellDiskBytes is the size of the cell's writable storage (the pool
+	// key cell_disk_bytes, CONTRACT §25): the memory-backed emptyDirs
+	// the cell container writes (/tmp, and the agent's home with
+	// AgentImage, half each) together, and the container's
+	// ephemeral-storage limit. It must be below Memory; default half of
+	// it. New fails naming the key otherwise. Inspect refuses an admitted
+	// Pod whose writable storage exceeds it.
+	CellDiskBytes int64
 	// RunAsUser is the non-root UID and GID of the container (default
 	// DefaultRunAsUser).
 	RunAsUser int64
@@ -164,13 +171,12 @@ type Config struct {
 // Provider runs each cell as one Pod. It implements driver.Provider,
 // driver.Lister and driver.Execer and is safe for concurrent use.
 type Provider struct {
-	cfg     Config
-	client  k8s.Interface
-	byName  map[string]lease.RuntimeClass // RuntimeClass object name → class
-	log     *slog.Logger
-	cpu     resource.Quantity
-	memory  resource.Quantity
-	tmpSize resource.Quantity
+	cfg    Config
+	client k8s.Interface
+	byName map[string]lease.RuntimeClass // RuntimeClass object name → class
+	log    *slog.Logger
+	cpu    resource.Quantity
+	memory resource.Quantity
 
 	npMu sync.Mutex
 	npOK bool
@@ -224,16 +230,18 @@ func New(cfg Config) (*Provider, error) {
 	}
 	def(&cfg.CPU, DefaultCPU)
 	def(&cfg.Memory, DefaultMemory)
-	def(&cfg.TmpSize, DefaultTmpSize)
 	p := &Provider{byName: byName}
 	for _, q := range []struct {
 		field string
 		s     string
 		dst   *resource.Quantity
-	}{{"cpu", cfg.CPU, &p.cpu}, {"memory", cfg.Memory, &p.memory}, {"tmp_size", cfg.TmpSize, &p.tmpSize}} {
+	}{{"cpu", cfg.CPU, &p.cpu}, {"memory", cfg.Memory, &p.memory}} {
 		if *q.dst, err = resource.ParseQuantity(q.s); err != nil || q.dst.Sign() <= 0 {
 			return bad(q.field, "%q is not a positive quantity", q.s)
 		}
+	}
+	if err := p.cellDisk(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.AgentImage != "" {
 		if !digestRef.MatchString(cfg.AgentImage) {
@@ -468,6 +476,9 @@ func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
 		problems = append(problems, fmt.Sprintf("admitted runtimeClassName %q is not configured", rcName))
 	}
 	problems = append(problems, p.weakened(pod)...)
+	if why := p.unboundedDisk(pod); why != "" {
+		problems = append(problems, why)
+	}
 	if len(problems) > 0 {
 		o.RuntimeClass = ""
 	}

@@ -33,12 +33,16 @@ func (p *Provider) podLabels(cellID uuid.UUID, class lease.RuntimeClass) map[str
 // podSpec is the Pod of one cell: one container from the digest-pinned
 // image under the RuntimeClass named rcName, no service-account token, no
 // service links, no host namespaces, non-root with every capability
-// dropped, a read-only root file system with a bounded /tmp, seccomp
-// RuntimeDefault, resource limits, restartPolicy Never.
+// dropped, a read-only root file system with a memory-backed /tmp whose
+// size (with the agent's home) is Config.CellDiskBytes, seccomp
+// RuntimeDefault, resource limits (ephemeral-storage CellDiskBytes too),
+// restartPolicy Never.
 func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName string) *corev1.Pod {
 	uid := p.cfg.RunAsUser
 	grace := int64(p.cfg.TerminationGracePeriod.Seconds())
-	limits := corev1.ResourceList{corev1.ResourceCPU: p.cpu, corev1.ResourceMemory: p.memory}
+	limits := corev1.ResourceList{corev1.ResourceCPU: p.cpu, corev1.ResourceMemory: p.memory,
+		corev1.ResourceEphemeralStorage: *resource.NewQuantity(p.cfg.CellDiskBytes, resource.BinarySI)}
+	tmp, home := p.diskShares()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      PodName(cellID),
@@ -81,14 +85,11 @@ func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName st
 				VolumeMounts:             []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
-			Volumes: []corev1.Volume{{
-				Name:         "tmp",
-				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr(p.tmpSize.DeepCopy())}},
-			}},
+			Volumes: []corev1.Volume{cellVolume("tmp", tmp)},
 		},
 	}
 	if p.cfg.AgentImage != "" {
-		p.addAgent(pod, cellID)
+		p.addAgent(pod, cellID, home)
 	}
 	return pod
 }
@@ -107,7 +108,7 @@ const (
 // (files readable by the cell's group only) and a writable home. The
 // control Secret is mounted nowhere; no credential is in an env or an
 // argument.
-func (p *Provider) addAgent(pod *corev1.Pod, cellID uuid.UUID) {
+func (p *Provider) addAgent(pod *corev1.Pod, cellID uuid.UUID, home int64) {
 	s := &pod.Spec
 	cell := &s.Containers[0]
 	small := resource.MustParse("64Mi")
@@ -133,7 +134,7 @@ func (p *Provider) addAgent(pod *corev1.Pod, cellID uuid.UUID) {
 		corev1.Volume{Name: agentTLSVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: AgentSecretName(cellID), DefaultMode: ptr(int32(0o440)),
 		}}},
-		corev1.Volume{Name: agentHomeVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr(p.tmpSize.DeepCopy())}}},
+		cellVolume(agentHomeVolume, home),
 	)
 }
 

@@ -16,7 +16,7 @@ var Settings = []string{
 	"runtime_class_gvisor_lower_risk", "runtime_class_kata_microvm",
 	"cpu", "memory", "tmp_size", "run_as_user", "network_policy",
 	"ready_timeout_ms", "termination_grace_period_ms", "node_name", "pool_label",
-	"agent_image", "agent_port",
+	"agent_image", "agent_port", "cell_disk_bytes",
 }
 
 // ConfigFromSettings builds a Config for the named pool from string
@@ -28,7 +28,10 @@ var Settings = []string{
 //	command                          space-separated (default sleep infinity)
 //	runtime_class_gvisor_lower_risk  RuntimeClass name for the class
 //	runtime_class_kata_microvm       RuntimeClass name for the class
-//	cpu, memory, tmp_size            quantities ("1", "512Mi", "256Mi")
+//	cpu, memory                      quantities ("1", "512Mi")
+//	cell_disk_bytes                  the cell's writable storage in bytes
+//	                                 (the pool key; default half of memory)
+//	tmp_size                         its older name, as a quantity
 //	run_as_user                      non-root UID (default 65532)
 //	network_policy                   true (default) or false
 //	ready_timeout_ms                 Provision's wait for readiness
@@ -63,6 +66,11 @@ func ConfigFromSettings(pool string, values map[string]string) (Config, error) {
 		}
 	}
 	cfg.CPU, cfg.Memory, cfg.TmpSize = values["cpu"], values["memory"], values["tmp_size"]
+	if v := values["cell_disk_bytes"]; v != "" {
+		if cfg.CellDiskBytes, err = strconv.ParseInt(v, 10, 64); err != nil || cfg.CellDiskBytes <= 0 {
+			return cfg, fmt.Errorf("kubernetes: key cell_disk_bytes: %q is not a positive number of bytes", v)
+		}
+	}
 	if c := strings.Fields(values["command"]); len(c) > 0 {
 		cfg.Command = c
 	}
