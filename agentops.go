@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -152,11 +153,19 @@ type FileInfo = agent.FileInfo
 // WriteFile streams content into a file of the leased cell: parents are
 // created, the file is replaced atomically, and more than 256 MiB is
 // errcode.ErrPayloadTooLarge with nothing written. The path must be
-// absolute, at most MaxPath bytes, without NUL; the user cell or root.
-// An error reading content is returned as it is.
+// absolute, at most MaxPath bytes, without NUL, and name a file (not end
+// in "/", "/." or "/.."); the user cell or root.
+//
+// The file is replaced only when content ends with io.EOF: an error
+// reading content aborts the write, leaves the old file as it was, and is
+// returned as it is. A caller whose source can end early (a request body)
+// must turn that into an error, never into io.EOF.
 func (p *Plane) WriteFile(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req WriteFileRequest, content io.Reader) (FileInfo, error) {
 	if err := checkPath("path", req.Path); err != nil {
 		return FileInfo{}, err
+	}
+	if strings.HasSuffix(req.Path, "/") || strings.HasSuffix(req.Path, "/.") || strings.HasSuffix(req.Path, "/..") {
+		return FileInfo{}, errcode.New(errcode.InvalidRequest, "path must name a file: it may not end in /, /. or /..")
 	}
 	if req.Mode&^fs.ModePerm != 0 {
 		return FileInfo{}, errcode.New(errcode.InvalidRequest, "mode must hold permission bits only (0000 to 0777)")

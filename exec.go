@@ -25,23 +25,54 @@ const (
 	MaxExecStdin       = agent.MaxStdin
 	MaxExecEnv         = 64
 	DefaultExecTimeout = driver.DefaultExecTimeout
+	// MaxExecArgBytes is the longest argv string, and the longest env
+	// entry written KEY=value, in bytes; MaxExecArgsBytes bounds all of
+	// them together. They are the cell agent's own limits (agent.CheckArgs),
+	// below what the kernel refuses with E2BIG.
+	MaxExecArgBytes  = agent.MaxArgBytes
+	MaxExecArgsBytes = agent.MaxArgsBytes
 	// MaxExecOutput is the default cap of each of stdout and stderr;
 	// longer output is cut and reported as truncated. WithExecMaxOutput
-	// changes it, up to MaxExecOutputLimit.
+	// changes it, up to MaxExecOutputLimit (the most the cell agent
+	// takes).
 	MaxExecOutput      = 1 << 20
-	MaxExecOutputLimit = 64 << 20
+	MaxExecOutputLimit = agent.MaxOutputLimit
+	// DefaultExecMaxOutputCeiling is the largest cap an exec may ask for
+	// (ExecRequest.MaxOutput) unless WithExecMaxOutputCeiling says
+	// otherwise (CONTRACT §25).
+	DefaultExecMaxOutputCeiling = 16 << 20
 	// MaxPath is the longest cwd or file path, in bytes.
 	MaxPath = agent.MaxPath
 )
 
 // WithExecMaxOutput sets the cap of each of an exec's stdout and stderr, in
-// bytes (default MaxExecOutput); New refuses a cap outside 1 to
-// MaxExecOutputLimit.
+// bytes, for an exec that asks for none (default MaxExecOutput); New
+// refuses a cap outside 1 to MaxExecOutputLimit.
 func WithExecMaxOutput(n int) Option { return func(p *Plane) { p.maxOutput = n } }
 
+// WithExecMaxOutputCeiling sets the largest cap an exec may ask for with
+// ExecRequest.MaxOutput, in bytes (default DefaultExecMaxOutputCeiling, or
+// the WithExecMaxOutput cap when that is more); New refuses a ceiling
+// below the default cap or above MaxExecOutputLimit.
+func WithExecMaxOutputCeiling(n int) Option { return func(p *Plane) { p.maxOutputCeiling = n } }
+
 // ExecMaxOutput returns the cap of each of an exec's stdout and stderr, in
-// bytes.
+// bytes, for an exec that asks for none.
 func (p *Plane) ExecMaxOutput() int { return p.maxOutput }
+
+// ExecMaxOutputCeiling returns the largest cap an exec may ask for, in
+// bytes.
+func (p *Plane) ExecMaxOutputCeiling() int { return p.maxOutputCeiling }
+
+// ExecOutputCap returns the cap of each output stream that applies to req:
+// req.MaxOutput, or the plane's default (ExecMaxOutput) when it is zero.
+// It does not check req against the ceiling; Exec does.
+func (p *Plane) ExecOutputCap(req ExecRequest) int {
+	if req.MaxOutput > 0 {
+		return req.MaxOutput
+	}
+	return p.maxOutput
+}
 
 // ExecRequest is one command to run in a leased cell.
 type ExecRequest struct {
@@ -56,6 +87,10 @@ type ExecRequest struct {
 	// Timeout bounds the command; zero means DefaultExecTimeout. It is
 	// capped at the lease's remaining life.
 	Timeout time.Duration
+	// MaxOutput caps each of stdout and stderr, in bytes; zero means the
+	// plane's default (ExecMaxOutput). More than ExecMaxOutputCeiling is
+	// refused.
+	MaxOutput int
 }
 
 // ExecResult is a finished command. Reason is agent.Exited,
@@ -64,14 +99,16 @@ type ExecRequest struct {
 type ExecResult = driver.ExecResult
 
 // Exec runs a command in the cell of a live lease and returns its
-// collected output, each stream cut at the plane's cap
-// (WithExecMaxOutput).
+// collected output, each stream cut at the request's cap
+// (ExecOutputCap).
 //
 // Order of checks: the request itself (errcode.ErrInvalidRequest: argv of
 // 1 to 256 strings with a non-empty argv[0], no NUL byte in any argv
 // string, env key or value, or cwd; env keys matching
-// [A-Za-z_][A-Za-z0-9_]*; cwd absolute and at most MaxPath bytes; user
-// cell or root; the limits above), then the lease fence (not found,
+// [A-Za-z_][A-Za-z0-9_]*; argv strings and env entries within
+// MaxExecArgBytes and MaxExecArgsBytes; cwd absolute and at most MaxPath
+// bytes; user cell or root; MaxOutput 0 to ExecMaxOutputCeiling; the
+// limits above), then the lease fence (not found,
 // conflict), then a cell of an external worker (not found: there is no
 // provider here), then a provider with neither an agent nor exec
 // (errcode.ErrExecUnsupported). Then the plane reads the admitted runtime
@@ -84,17 +121,22 @@ type ExecResult = driver.ExecResult
 // user: a cwd is refused there with errcode.ErrInvalidRequest and user
 // root with errcode.ErrUserUnsupported.
 //
-// A cell that dies during the command, or whose agent cannot be reached,
-// is quarantined with its stop recorded, and the answer is
-// errcode.ErrConflict wrapping driver.ErrCellLost: the lease is over (the
-// wire's "cell_lost"). When ctx ends first the error is ctx's and the cell
-// is left as it is.
+// A command whose lease ends during it (a release or revoke stops the
+// cell; expiry ends the agent) answers Reason agent.Killed, exit code 137
+// and signal KILL (ExecStream has handed out the output produced until
+// then; Exec may return none). Otherwise a cell that dies
+// during the command, or whose agent cannot be reached, is quarantined
+// with its stop recorded, and the answer is errcode.ErrConflict wrapping
+// driver.ErrCellLost: the lease is over (the wire's "cell_lost"). An
+// answer of the agent never quarantines the cell unless it is one a
+// sterile cell's agent never gives (see agentError). When ctx ends first
+// the error is ctx's and the cell is left as it is.
 func (p *Plane) Exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof, req ExecRequest) (ExecResult, error) {
 	return p.exec(ctx, tenantID, leaseID, pr, req, nil)
 }
 
 // ExecStream runs a command like Exec and hands its output to out as it is
-// produced, in order, each stream cut at the plane's cap; the result then
+// produced, in order, each stream cut at the request's cap; the result then
 // carries no output. An error from out stops the command and is returned
 // as it is (the cell is not blamed for it). A provider without the agent
 // runs the command with its own exec, so its output arrives, stdout then
@@ -107,6 +149,11 @@ func (p *Plane) exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 	if err := checkExec(req); err != nil {
 		return ExecResult{}, err
 	}
+	if req.MaxOutput < 0 || req.MaxOutput > p.maxOutputCeiling {
+		return ExecResult{}, errcode.New(errcode.InvalidRequest,
+			"max_output_bytes must be 1 to "+strconv.Itoa(p.maxOutputCeiling)+" (the server's ceiling)")
+	}
+	req.MaxOutput = p.ExecOutputCap(req)
 	rec, err := p.store.CheckLease(ctx, p.check(tenantID, leaseID, pr))
 	if err != nil {
 		return ExecResult{}, err
@@ -138,14 +185,18 @@ func (p *Plane) providerExec(ctx context.Context, c *leaseCell, req ExecRequest,
 	case req.User == agent.UserRoot:
 		return ExecResult{}, errcode.New(errcode.UserUnsupported, "the cell's provider cannot run commands as root (it has no cell agent)")
 	}
+	start := time.Now()
 	res, err := c.execer.Exec(ctx, c.obj, driver.ExecRequest{
-		Argv: req.Argv, Stdin: req.Stdin, Env: req.Env, Timeout: timeout, MaxOutput: p.maxOutput,
+		Argv: req.Argv, Stdin: req.Stdin, Env: req.Env, Timeout: timeout, MaxOutput: req.MaxOutput,
 	})
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
 			return ExecResult{}, err
 		case errors.Is(err, driver.ErrCellLost):
+			if p.leaseEnded(ctx, c.member) {
+				return killedResult(start), nil
+			}
 			return ExecResult{}, p.cellLost(ctx, c.member, err)
 		}
 		return ExecResult{}, errcode.Wrap(errcode.Internal, "exec failed", err)
@@ -181,7 +232,7 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 	cut := false
 	if out != nil {
 		// The agent's output is tenant-influenced: the cap holds here too.
-		left := map[agent.Stream]int{agent.Stdout: p.maxOutput, agent.Stderr: p.maxOutput}
+		left := map[agent.Stream]int{agent.Stdout: req.MaxOutput, agent.Stderr: req.MaxOutput}
 		sink = func(o agent.Output) error {
 			n, ok := left[o.Stream]
 			if !ok {
@@ -199,13 +250,20 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 			return outErr
 		}
 	}
+	start := time.Now()
 	ar, err := c.conn.Exec(actx, agent.ExecRequest{
 		Fence: c.fence, Activation: c.activation, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User, Stdin: req.Stdin,
-		TimeoutMillis: timeout.Milliseconds(), MaxOutput: p.maxOutput,
+		TimeoutMillis: timeout.Milliseconds(), MaxOutput: req.MaxOutput,
 	}, sink)
 	switch {
 	case outErr != nil:
 		return ExecResult{}, outErr
+	case err != nil && ctx.Err() == nil && !agent.IsAnswer(err) && p.leaseEnded(ctx, c.member):
+		// The lease's release or revocation stopped the cell under the
+		// command: the command was killed, as at expiry.
+		res := killedResult(start)
+		res.Truncated = cut
+		return res, nil
 	case err != nil:
 		return ExecResult{}, p.agentError(ctx, c.member, err)
 	}
@@ -220,11 +278,38 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 		res.Stdout, res.Stderr = nil, nil
 	}
 	for _, b := range []*[]byte{&res.Stdout, &res.Stderr} {
-		if len(*b) > p.maxOutput {
-			*b, res.Truncated = (*b)[:p.maxOutput], true
+		if len(*b) > req.MaxOutput {
+			*b, res.Truncated = (*b)[:req.MaxOutput], true
 		}
 	}
 	return res, nil
+}
+
+// killedResult is the answer to a command whose lease ended under it
+// (released, revoked or expired), the cell stopped before the agent could
+// say so itself: killed, as the agent reports a command it killed at the
+// lease's end.
+func killedResult(start time.Time) ExecResult {
+	return ExecResult{ExitCode: 137, Signal: "KILL", Reason: agent.Killed, Duration: time.Since(start)}
+}
+
+// leaseEnded reports, after a call to m's cell failed without an answer,
+// whether the lease the call was made under has ended meanwhile: its stop
+// was recorded (a release or revocation, whose pool stop then destroyed
+// the cell, or a quarantine of another operation), or it expired by the
+// plane's clock. Cells are single-use, so a member that is no longer
+// leased has no live lease. A store that cannot answer is taken for "no":
+// the caller then treats the cell as lost, as before.
+func (p *Plane) leaseEnded(ctx context.Context, m *store.Member) bool {
+	now, err := p.store.Member(ctx, m.CellID)
+	if err != nil {
+		return false
+	}
+	if now.State != lease.MemberLeased {
+		return true
+	}
+	c := now.Cell
+	return c != nil && c.Lease != nil && !p.Now().Before(c.Lease.ExpiresAt)
 }
 
 // How long the plane waits for its cell's agent beyond what the request
@@ -339,17 +424,23 @@ func (p *Plane) provider(poolName string) driver.Provider {
 
 // agentError maps a failed call of a cell's agent to the answer. A call cut
 // short by ctx returns ctx's error and leaves the cell alone. A call the
-// agent did not answer means the cell is lost. The agent's refusals of the
-// request are reported to the tenant with the matching code; anything
-// else (a refused fence, "not active" after the activation, an unknown
-// code) means the agent is not the one a sterile cell runs: the cell is
-// quarantined either way.
+// agent did not answer means the cell is lost — unless the lease ended
+// meanwhile (leaseEnded): its stop destroyed the cell, which is not a
+// loss, and the answer is errcode.ErrConflict, the lease no longer live.
+// The agent's refusals of the request are reported to the tenant with the
+// matching code and never end the cell; anything else it answers (a
+// refused fence, "not active" after the activation, an unknown code)
+// means the agent is not the one a sterile cell runs: the cell is
+// quarantined as agent_unverified, never reported as cell_lost.
 func (p *Plane) agentError(ctx context.Context, m *store.Member, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	ae, ok := errors.AsType[*agent.Error](err)
 	if !ok {
+		if p.leaseEnded(ctx, m) {
+			return errcode.Wrap(errcode.Conflict, "the lease ended during the request; its cell is stopping", err)
+		}
 		return p.cellLost(ctx, m, err)
 	}
 	msg := "the cell refused the request: " + detail(ae.Message)
@@ -438,6 +529,8 @@ func checkExec(req ExecRequest) error {
 }
 
 // checkCommand checks what exec and launch share: argv, env, cwd and user.
+// The sizes of argv and env are the cell agent's own limits
+// (agent.CheckArgs), so what passes here the agent runs.
 func checkCommand(argv []string, env map[string]string, cwd string, user agent.User) error {
 	switch {
 	case len(argv) == 0 || len(argv) > MaxExecArgs:
@@ -459,6 +552,10 @@ func checkCommand(argv []string, env map[string]string, cwd string, user agent.U
 		if strings.IndexByte(v, 0) >= 0 {
 			return errcode.New(errcode.InvalidRequest, "an env value contains a NUL byte")
 		}
+	}
+	if err := agent.CheckArgs(argv, env); err != nil {
+		ae, _ := errors.AsType[*agent.Error](err)
+		return errcode.Wrap(errcode.InvalidRequest, ae.Message, err)
 	}
 	if cwd != "" {
 		if err := checkPath("cwd", cwd); err != nil {

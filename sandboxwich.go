@@ -94,6 +94,9 @@ type Plane struct {
 
 	maxPrepare time.Duration // how far ahead a prepared cell may expire
 	maxOutput  int           // cap of each exec output stream, in bytes
+	// maxOutputCeiling is the largest cap an exec may ask for (0 until
+	// New: DefaultExecMaxOutputCeiling, or maxOutput when that is more).
+	maxOutputCeiling int
 
 	clockEvery time.Duration // 0: Now is the plane's own clock
 	clock      clockOffset   // from the database's clock (clock.go)
@@ -183,6 +186,13 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	}
 	if p.maxOutput < 1 || p.maxOutput > MaxExecOutputLimit {
 		return nil, fmt.Errorf("sandboxwich: the exec output cap must be 1 to %d bytes, not %d", MaxExecOutputLimit, p.maxOutput)
+	}
+	if p.maxOutputCeiling == 0 {
+		p.maxOutputCeiling = max(DefaultExecMaxOutputCeiling, p.maxOutput)
+	}
+	if p.maxOutputCeiling < p.maxOutput || p.maxOutputCeiling > MaxExecOutputLimit {
+		return nil, fmt.Errorf("sandboxwich: the exec output ceiling must be %d (the default cap) to %d bytes, not %d",
+			p.maxOutput, MaxExecOutputLimit, p.maxOutputCeiling)
 	}
 	if len(p.poolCfgs) == 0 {
 		return p, nil

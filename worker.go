@@ -113,3 +113,33 @@ func (p *Plane) Destroy(ctx context.Context, w Worker, cellID uuid.UUID, req Des
 		Generation: req.Generation, Disposition: req.Disposition, Now: p.Now(),
 	})
 }
+
+// ReleasePoolCell is the worker pool-release route of the Rust
+// implementation (POST /v1/workers/{worker_id}/sterile-cells/{cell_id}/release,
+// CONTRACT §12), served as it serves it: the cell is looked up by ID, worker
+// and tenant (errcode.ErrNotFound when there is none); a cell that is not
+// leased is errcode.ErrConflict; then the pool stop would be recorded as a
+// tenant's release records it, and a cell without pool membership is
+// errcode.ErrNotFound. A configured worker never owns a pool cell (pool
+// cells belong to their pool's provider identity), so every leased cell it
+// finds has no membership: ReleasePoolCell always returns one of those
+// errors (or errcode.ErrInvalidRequest for a bad disposition) and changes
+// nothing. A worker ends its own cells with Destroy.
+func (p *Plane) ReleasePoolCell(ctx context.Context, w Worker, cellID uuid.UUID, req DestroyRequest) error {
+	if !lease.ValidDisposition(req.Disposition) {
+		return errcode.New(errcode.InvalidRequest, "disposition must be destroyed or quarantined")
+	}
+	cell, _, err := p.store.WorkerCell(ctx, w.ID.String(), cellID)
+	switch {
+	case err != nil:
+		return err
+	// The tenant is part of the lookup; a pool cell is never a configured
+	// worker's, even when a pool's provider identity was set to its ID.
+	case cell.TenantID != w.TenantID || cell.PoolName != "":
+		return errcode.New(errcode.NotFound, "cell not found")
+	case cell.State != lease.Leased:
+		return errcode.New(errcode.Conflict, "only a live leased pool cell can be released")
+	}
+	return errcode.New(errcode.NotFound,
+		"the cell has no pool membership: a configured worker's cell is ended with destroy")
+}

@@ -290,8 +290,8 @@ func (a *Agent) WriteFile(ctx context.Context, req WriteRequest, content io.Read
 	if err != nil {
 		return FileInfo{}, err
 	}
-	if path == "/" {
-		return FileInfo{}, Errorf(CodeInvalid, "path / is a directory")
+	if path == "/" || namesDirectory(req.Path) {
+		return FileInfo{}, Errorf(CodeInvalid, "path names a directory (it ends in /, /. or /..), not a file")
 	}
 	if req.Mode&^0o777 != 0 {
 		return FileInfo{}, Errorf(CodeInvalid, fmt.Sprintf("mode %#o has bits beyond 0777", req.Mode))
@@ -429,6 +429,9 @@ func (a *Agent) processSpec(argv []string, env map[string]string, cwd string, us
 		}
 		keys = append(keys, k)
 	}
+	if err := CheckArgs(argv, env); err != nil {
+		return spec{}, err
+	}
 	if cwd == "" {
 		cwd = a.cfg.Home
 	}
@@ -494,6 +497,13 @@ func cleanPath(what, p string) (string, error) {
 		return "", Errorf(CodeInvalid, what+" is not absolute")
 	}
 	return filepath.Clean(p), nil
+}
+
+// namesDirectory reports whether the path p, as sent, can only name a
+// directory: it ends in "/", "/." or "/..". Cleaning would turn it into a
+// file's path.
+func namesDirectory(p string) bool {
+	return strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")
 }
 
 // validEnvKey reports whether k matches [A-Za-z_][A-Za-z0-9_]*.

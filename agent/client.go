@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -199,14 +200,16 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(Output) err
 	}
 }
 
-// WriteFile streams a header line and then content to the agent; content
-// is never held whole in memory.
+// WriteFile streams a header line and then content to the agent, in
+// frames (see the files/write route); content is never held whole in
+// memory. Only when content ends with io.EOF is the end frame sent; any
+// other error of content aborts the request, and the agent writes nothing.
 func (c *Client) WriteFile(ctx context.Context, req WriteRequest, content io.Reader) (FileInfo, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("cell agent: %w", err)
 	}
-	body := io.MultiReader(bytes.NewReader(append(b, '\n')), &chunked{r: content})
+	body := io.MultiReader(bytes.NewReader(append(b, '\n')), &framed{r: content})
 	resp, err := c.send(ctx, http.MethodPost, "/v1/files/write", "application/octet-stream", body)
 	if err != nil {
 		return FileInfo{}, err
@@ -240,38 +243,75 @@ func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, 
 // uploadChunk is the size of the writes an upload makes on the channel.
 const uploadChunk = 256 << 10
 
-// chunked hands its reader's bytes on in writes of uploadChunk bytes,
-// whatever the sizes of the reads that produce them (a multipart part
-// yields 4 KiB at a time): each write and wake-up costs more inside gVisor
-// than on the host, so fewer, larger writes make an upload several times
-// faster.
-type chunked struct{ r io.Reader }
-
-func (c *chunked) Read(p []byte) (int, error) {
-	n, err := io.ReadFull(c.r, p)
-	if err == io.ErrUnexpectedEOF {
-		err = nil // the next Read reports the end
-	}
-	return n, err
+// framed encodes its reader's bytes as a write's content frames: each
+// frame is its length (4 bytes, big-endian) and up to uploadChunk bytes,
+// and a frame of length 0 ends the content once the reader ended with
+// io.EOF. Any other error, io.ErrUnexpectedEOF included, is passed on
+// with no end frame, so the request is aborted and the agent writes
+// nothing — also through a relay that would turn an aborted request body
+// into a clean end (the Cloudflare bridge). Whole chunks, whatever the
+// sizes of the reads that produce them (a multipart part yields 4 KiB at
+// a time), because each write and wake-up costs more inside gVisor than
+// on the host: fewer, larger writes make an upload several times faster.
+type framed struct {
+	r    io.Reader
+	buf  []byte // a data frame and room for the end frame after it
+	out  []byte // what is left to hand out of buf
+	done bool   // the end frame is in out
 }
 
-// WriteTo is what io.Copy, and so the HTTP transport, uses.
-func (c *chunked) WriteTo(w io.Writer) (int64, error) {
-	buf := make([]byte, uploadChunk)
+// next fills out with the next frame, or the last one and the end frame.
+func (f *framed) next() error {
+	if f.buf == nil {
+		f.buf = make([]byte, 2*frameHeader+uploadChunk)
+	}
+	n, err := fill(f.r, f.buf[frameHeader:frameHeader+uploadChunk])
+	if err != nil && err != io.EOF { //nolint:errorlint // only the reader's own EOF is the end
+		return err
+	}
+	binary.BigEndian.PutUint32(f.buf, uint32(n))
+	f.out = f.buf[:frameHeader+n]
+	if n == 0 {
+		f.out = f.buf[:frameHeader] // length 0: the end frame
+		f.done = true
+	} else if err == io.EOF { //nolint:errorlint // see above
+		f.out = append(f.out, 0, 0, 0, 0) // the end frame, in buf's spare room
+		f.done = true
+	}
+	return nil
+}
+
+func (f *framed) Read(p []byte) (int, error) {
+	if len(f.out) == 0 {
+		if f.done {
+			return 0, io.EOF
+		}
+		if err := f.next(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, f.out)
+	f.out = f.out[n:]
+	return n, nil
+}
+
+// WriteTo is what io.Copy, and so the HTTP transport, uses: one write a
+// frame.
+func (f *framed) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for {
-		n, err := io.ReadFull(c.r, buf)
-		if n > 0 {
-			m, werr := w.Write(buf[:n])
-			total += int64(m)
-			if werr != nil {
-				return total, werr
+		if len(f.out) == 0 {
+			if f.done {
+				return total, nil
+			}
+			if err := f.next(); err != nil {
+				return total, err
 			}
 		}
-		switch {
-		case err == io.EOF || err == io.ErrUnexpectedEOF:
-			return total, nil
-		case err != nil:
+		n, err := w.Write(f.out)
+		total += int64(n)
+		f.out = f.out[n:]
+		if err != nil {
 			return total, err
 		}
 	}

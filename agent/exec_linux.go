@@ -67,6 +67,12 @@ func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Du
 			return s.refused(126, sp.argv[0]+": cannot execute: "+err.Error())
 		case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.ENOTDIR):
 			return s.refused(127, sp.argv[0]+": cannot execute: "+err.Error())
+		case errors.Is(err, syscall.E2BIG), errors.Is(err, syscall.ENAMETOOLONG):
+			// CheckArgs keeps requests below the kernel's limits; one the
+			// kernel still refuses is the request's fault, not the cell's.
+			// (Linux says E2BIG; gVisor ENAMETOOLONG for a string over
+			// MAX_ARG_STRLEN.)
+			return ExecResult{}, Errorf(CodeInvalid, "the kernel refused the program's path, argv or env as too long ("+err.Error()+")")
 		}
 		return ExecResult{}, fmt.Errorf("agent: exec: start: %w", err)
 	}

@@ -159,9 +159,32 @@ func helperWrite(in *bufio.Reader, reply io.Writer, req helperReq) int {
 	return answer(reply, helperReply{Size: total}, nil)
 }
 
+// maxPseudoFile bounds what is read of a file whose size the kernel
+// reports as 0 (procfs, sysfs): its content is read whole before the
+// answer, which states its size.
+const maxPseudoFile = 16 << 20
+
+// notRegular is the answer to a read of a socket, FIFO or device.
+func notRegular(path string) error {
+	return Errorf(CodeInvalid, path+" is not a regular file (a socket, FIFO or device)")
+}
+
 func helperRead(reply io.Writer, req helperReq) int {
-	// O_NONBLOCK: opening a FIFO must not hang; it changes nothing for a
-	// regular file.
+	// What is not a regular file is refused before it is opened: opening
+	// a socket fails (ENXIO), a FIFO or a device may block or act.
+	var st syscall.Stat_t
+	if err := syscall.Stat(req.Path, &st); err != nil {
+		return answer(reply, helperReply{}, err)
+	}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		return answer(reply, helperReply{}, syscall.EISDIR)
+	case syscall.S_IFREG:
+	default:
+		return answer(reply, helperReply{}, notRegular(req.Path))
+	}
+	// O_NONBLOCK: a FIFO swapped in since the stat must not hang the
+	// open; it changes nothing for a regular file.
 	fd, err := syscall.Open(req.Path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return answer(reply, helperReply{}, err)
@@ -175,12 +198,35 @@ func helperRead(reply io.Writer, req helperReq) int {
 	case fi.IsDir():
 		return answer(reply, helperReply{}, syscall.EISDIR)
 	case !fi.Mode().IsRegular():
-		return answer(reply, helperReply{}, Errorf(CodeInvalid, req.Path+" is not a regular file"))
+		return answer(reply, helperReply{}, notRegular(req.Path))
 	case fi.Size() > req.Max:
 		return answer(reply, helperReply{}, Errorf(CodeTooLarge, fmt.Sprintf("%s is larger than %d bytes", req.Path, req.Max)))
+	case fi.Size() == 0:
+		return helperReadUnsized(reply, f, req)
 	}
 	answer(reply, helperReply{Size: fi.Size()}, nil)
 	if _, err := io.CopyN(reply, f, fi.Size()); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// helperReadUnsized reads a file whose size the kernel reports as 0 (a
+// pseudo file of /proc or /sys, or an empty file) to its end, then answers
+// with the size it held and sends it.
+func helperReadUnsized(reply io.Writer, f *os.File, req helperReq) int {
+	limit := min(req.Max, maxPseudoFile)
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	switch {
+	case err != nil:
+		return answer(reply, helperReply{}, err)
+	case int64(len(b)) > req.Max:
+		return answer(reply, helperReply{}, Errorf(CodeTooLarge, fmt.Sprintf("%s is larger than %d bytes", req.Path, req.Max)))
+	case int64(len(b)) > limit:
+		return answer(reply, helperReply{}, Errorf(CodeTooLarge, fmt.Sprintf("%s reports no size and holds more than %d bytes", req.Path, limit)))
+	}
+	answer(reply, helperReply{Size: int64(len(b))}, nil)
+	if _, err := reply.Write(b); err != nil {
 		return 1
 	}
 	return 0
@@ -244,17 +290,12 @@ func readFrame(r *bufio.Reader, scratch []byte) (b []byte, commit bool, err erro
 	return b, false, err
 }
 
-const maxFrame = 1 << 20
-
 // writeFrame writes one frame; nil b is the commit.
 func writeFrame(w io.Writer, b []byte) error {
 	frame := make([]byte, frameHeader+len(b))
 	copy(frame[frameHeader:], b)
 	return writeFramed(w, frame)
 }
-
-// frameHeader is the size of a frame's length prefix.
-const frameHeader = 4
 
 // writeFramed writes frame, whose first frameHeader bytes are free for the
 // length of the rest, in one write.
@@ -373,6 +414,9 @@ func fileError(path string, rep helperReply) error {
 		return Errorf(CodeNotFound, msg)
 	case syscall.EISDIR, syscall.ENOTDIR, syscall.ELOOP, syscall.ENAMETOOLONG, syscall.EINVAL, syscall.EEXIST, syscall.ENOTEMPTY:
 		return Errorf(CodeInvalid, msg)
+	case syscall.ENXIO, syscall.ENODEV, syscall.EOPNOTSUPP:
+		// Opening a socket, or a device without a driver: not a file.
+		return Errorf(CodeInvalid, path+" is not a regular file (a socket, FIFO or device)")
 	case syscall.EACCES, syscall.EPERM, syscall.EROFS, syscall.ETXTBSY:
 		return Errorf(CodeAccessDenied, msg)
 	case syscall.ENOSPC, syscall.EDQUOT:
@@ -405,7 +449,14 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 		if err := ctx.Err(); err != nil {
 			return FileInfo{}, err
 		}
-		n, rerr := io.ReadFull(content, frame[frameHeader:])
+		n, rerr := fill(content, frame[frameHeader:])
+		if rerr != nil && rerr != io.EOF { //nolint:errorlint // only the reader's own EOF is a complete content
+			h.close() // aborts: the helper removes its temporary file
+			if IsAnswer(rerr) {
+				return FileInfo{}, rerr
+			}
+			return FileInfo{}, fmt.Errorf("agent: write %s: reading the content: %w; nothing was written", path, rerr)
+		}
 		if n > 0 {
 			if size += int64(n); size > MaxFileBytes {
 				h.close() // aborts: the helper removes its temporary file
@@ -416,12 +467,8 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 				return FileInfo{}, a.endedOr(h.failure(path, err)) // the helper gave up: its answer says why
 			}
 		}
-		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+		if rerr == io.EOF { //nolint:errorlint // see above
 			break
-		}
-		if rerr != nil {
-			h.close()
-			return FileInfo{}, fmt.Errorf("agent: write %s: reading the content: %w", path, rerr)
 		}
 	}
 	if err := writeFrame(h.in, nil); err != nil {

@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,8 +25,13 @@ import (
 //	                       carries the output
 //	POST /v1/launch        LaunchRequest → LaunchStatus
 //	POST /v1/launch/status Fence → LaunchStatus
-//	POST /v1/files/write   one line of WriteRequest JSON, then the raw
-//	                       content (streamed) → FileInfo
+//	POST /v1/files/write   one line of WriteRequest JSON, then the
+//	                       content (streamed) in frames: a length (4
+//	                       bytes, big-endian, at most maxFrame) and that
+//	                       many bytes, ended by a frame of length 0 →
+//	                       FileInfo. A body that ends without the end
+//	                       frame writes nothing (Client sends it only
+//	                       once its source ended cleanly)
 //	POST /v1/files/read    ReadRequest → 200 application/octet-stream, the
 //	                       bytes, Content-Length their size
 //
@@ -36,12 +42,23 @@ import (
 // Bounds of the HTTP form.
 const (
 	// maxJSONBody bounds a JSON request body: an exec carries up to
-	// MaxStdin bytes of stdin, base64-encoded, plus argv and env.
-	maxJSONBody = 2<<20 + 64<<10
+	// MaxStdin bytes of stdin, base64-encoded, plus MaxArgsBytes of argv
+	// and env, which JSON may escape to 6 bytes each (\u00XX), so that
+	// every request the plane admits reaches the agent whole.
+	maxJSONBody = (MaxStdin+2)/3*4 + 6*MaxArgsBytes + 64<<10
 	// maxHeaderLine bounds the JSON header line of a file write.
 	maxHeaderLine = 64 << 10
 	// maxErrorBody bounds an error answer the client reads.
 	maxErrorBody = 64 << 10
+)
+
+// Frames of a file write's content, on the wire (the files/write route)
+// and between the agent and its helper alike: a length prefix of
+// frameHeader bytes, big-endian, then at most maxFrame bytes; length 0
+// ends the content.
+const (
+	frameHeader = 4
+	maxFrame    = 1 << 20
 )
 
 // codeInternal marks an agent failure that is not a decision.
@@ -245,7 +262,7 @@ func (h *handler) writeFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, Errorf(CodeInvalid, "the write's header line: "+err.Error()))
 		return
 	}
-	fi, err := h.c.WriteFile(r.Context(), req, body)
+	fi, err := h.c.WriteFile(r.Context(), req, &deframer{r: body})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -268,6 +285,71 @@ func (h *handler) readFile(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.CopyN(w, rc, size) // a short copy breaks the connection: the client sees it
+}
+
+// fill reads r into b until b is full (err nil) or r reports an error:
+// io.EOF, returned as it is, is the content's clean end; anything else —
+// io.ErrUnexpectedEOF from a body cut short included — is a failure. Unlike
+// io.ReadFull it never turns an end into success or a failure into an
+// end.
+func fill(r io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// deframer reads a file write's content from its frames. Its io.EOF is
+// the end frame's, and only when the body ends right after it; a body
+// that ends before the end frame, or a frame out of bounds, is an error
+// (ErrInvalid), so the write aborts and nothing is written.
+type deframer struct {
+	r    *bufio.Reader
+	left int  // bytes of the current frame not yet read
+	end  bool // the end frame was read
+}
+
+func (d *deframer) Read(p []byte) (int, error) {
+	for d.left == 0 {
+		if d.end {
+			return 0, io.EOF
+		}
+		var h [frameHeader]byte
+		if _, err := io.ReadFull(d.r, h[:]); err != nil {
+			return 0, cutShort(err)
+		}
+		switch n := binary.BigEndian.Uint32(h[:]); {
+		case n > maxFrame:
+			return 0, Errorf(CodeInvalid, fmt.Sprintf("a content frame of %d bytes is longer than %d; nothing was written", n, maxFrame))
+		case n == 0:
+			if _, err := d.r.Peek(1); err != io.EOF { //nolint:errorlint // the body's own end
+				return 0, Errorf(CodeInvalid, "the body goes on after the content's end frame; nothing was written")
+			}
+			d.end = true
+		default:
+			d.left = int(n)
+		}
+	}
+	n, err := d.r.Read(p[:min(len(p), d.left)])
+	d.left -= n
+	if err != nil {
+		return n, cutShort(err)
+	}
+	return n, nil
+}
+
+// cutShort is the error of a write's body that ended, or failed, before
+// its end frame.
+func cutShort(err error) error {
+	if err == io.EOF || err == io.ErrUnexpectedEOF { //nolint:errorlint // the body's own end
+		return Errorf(CodeInvalid, "the content ended before its end frame; nothing was written")
+	}
+	return err
 }
 
 // readLine reads one '\n'-terminated line of at most limit bytes (the

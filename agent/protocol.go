@@ -278,11 +278,17 @@ type Conn interface {
 	Launch(ctx context.Context, req LaunchRequest) (LaunchStatus, error)
 	// LaunchStatus reports the launched process; ErrNotLaunched when none.
 	LaunchStatus(ctx context.Context, f Fence) (LaunchStatus, error)
-	// WriteFile streams content into req.Path. More than MaxFileBytes:
-	// ErrTooLarge, and nothing is written.
+	// WriteFile streams content into req.Path. The file is replaced only
+	// when content ends with io.EOF: any other error from content (the
+	// sender went away, a body cut short) aborts the write and leaves the
+	// old file as it was. More than MaxFileBytes: ErrTooLarge, and nothing
+	// is written. A path ending in "/" (or "/.", "/..") is ErrInvalid.
 	WriteFile(ctx context.Context, req WriteRequest, content io.Reader) (FileInfo, error)
 	// ReadFile opens req.Path and returns its content and size. The caller
-	// closes the reader.
+	// closes the reader. Only regular files are read (a directory, socket,
+	// FIFO or device is ErrInvalid, without blocking on it); one whose
+	// size the kernel reports as 0 (/proc, /sys) is read to its end and
+	// the size is what it held.
 	ReadFile(ctx context.Context, req ReadRequest) (io.ReadCloser, int64, error)
 	// Release ends the agent bound to f as expiry does: every process of
 	// the cell is killed and every later request refused (ErrExpired).

@@ -220,8 +220,11 @@ type FileWrite struct {
 // /v1/sterile-cell-leases/{id}/files/write, multipart/form-data): parent
 // directories are created and the file is replaced atomically. content is
 // read as it is sent, never held whole in memory; more than 256 MiB is
-// errcode.ErrPayloadTooLarge and nothing is written. WriteFile returns
-// once it has stopped reading content.
+// errcode.ErrPayloadTooLarge and nothing is written. The request ends
+// with its closing boundary only when content ends with io.EOF: any other
+// error of content aborts it, and the cell keeps its old file. A Path
+// ending in "/" is errcode.ErrInvalidRequest. WriteFile returns once it
+// has stopped reading content.
 //
 // WriteFile is sent once and never retried: content is consumed by the
 // attempt. A repeat with the same content is harmless (the file is

@@ -182,7 +182,9 @@ func (c *Client) exec(ctx context.Context, leaseID uuid.UUID, req wire.ExecReque
 
 // Command is one command for [Client.Run] and [Client.ExecStream].
 type Command struct {
-	// Argv is the program and its arguments (1 to 256 strings).
+	// Argv is the program and its arguments (1 to 256 strings, each at
+	// most 131071 bytes; argv and env entries KEY=value at most 1 MiB
+	// together).
 	Argv []string
 	// Stdin is the command's standard input (at most 1 MiB).
 	Stdin []byte
@@ -203,6 +205,13 @@ type Command struct {
 	// running the command again, so the caller can retry a lost answer.
 	// ExecStream refuses it: a stream is never replayed.
 	IdempotencyKey string
+	// MaxOutputBytes caps each of stdout and stderr, in bytes, up to the
+	// server's ceiling (SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES, default
+	// 16 MiB; above it the server answers 422); zero means the server's
+	// default cap (1 MiB unless configured). The server refuses more than
+	// 1 MiB together with an IdempotencyKey (400 invalid_idempotency_key):
+	// a stored answer keeps at most 1 MiB of each stream.
+	MaxOutputBytes int
 }
 
 // Request returns the wire request of cmd under proof, as Run and
@@ -219,6 +228,13 @@ func (cmd Command) Request(proof wire.LeaseProof) (wire.ExecRequest, error) {
 		s := uint64((cmd.Timeout + time.Second - 1) / time.Second)
 		req.TimeoutSeconds = &s
 	}
+	switch {
+	case cmd.MaxOutputBytes < 0:
+		return req, errors.New("client: negative MaxOutputBytes")
+	case cmd.MaxOutputBytes > 0:
+		n := uint64(cmd.MaxOutputBytes)
+		req.MaxOutputBytes = &n
+	}
 	return req, nil
 }
 
@@ -230,8 +246,12 @@ type ExecResult struct {
 	// Stdout and Stderr are the output of Run; ExecStream hands it to its
 	// callback instead.
 	Stdout, Stderr []byte
-	// Truncated reports that an output stream hit the server's cap.
+	// Truncated reports that an output stream hit its cap, MaxOutputBytes.
 	Truncated bool
+	// MaxOutputBytes is the cap of each stream that applied, in bytes:
+	// the command's, or the server's default (0 from a server that does
+	// not report it).
+	MaxOutputBytes int
 	// TimedOut reports that the command was killed at its timeout.
 	TimedOut bool
 	// Signal names the signal that ended the command ("KILL"), or is "".
@@ -275,8 +295,8 @@ func DecodeExec(r wire.ExecResponse) (ExecResult, error) {
 
 // exitResult decodes how a command ended.
 func exitResult(e wire.ExecExit) ExecResult {
-	res := ExecResult{ExitCode: e.ExitCode, Truncated: e.Truncated, TimedOut: e.TimedOut, Reason: e.Reason,
-		Duration: time.Duration(e.DurationMS) * time.Millisecond}
+	res := ExecResult{ExitCode: e.ExitCode, Truncated: e.Truncated, MaxOutputBytes: e.MaxOutputBytes, TimedOut: e.TimedOut,
+		Reason: e.Reason, Duration: time.Duration(e.DurationMS) * time.Millisecond}
 	if e.Signal != nil {
 		res.Signal = *e.Signal
 	}

@@ -69,6 +69,11 @@ const (
 	// connection broke during its commit may have committed: retry it as
 	// it was (a claim under the same claim_id; the fence decides).
 	StoreUnavailable Code = "store_unavailable"
+
+	// TooManyRequests (429, Retry-After): the caller's token has as many
+	// requests in flight as the server allows it
+	// (SANDBOXWICH_MAX_REQUESTS_PER_PRINCIPAL, CONTRACT §25).
+	TooManyRequests Code = "too_many_requests"
 )
 
 // HTTPStatus is the status a code is answered with. InvalidRequest is 422
@@ -105,6 +110,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusInsufficientStorage
 	case StoreUnavailable:
 		return http.StatusServiceUnavailable
+	case TooManyRequests:
+		return http.StatusTooManyRequests
 	default:
 		return http.StatusInternalServerError
 	}
@@ -181,4 +188,5 @@ var (
 	ErrInsufficientStorage            = &Error{Code: InsufficientStorage}
 	ErrEventsExpired                  = &Error{Code: EventsExpired}
 	ErrStoreUnavailable               = &Error{Code: StoreUnavailable}
+	ErrTooManyRequests                = &Error{Code: TooManyRequests}
 )

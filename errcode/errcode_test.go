@@ -29,6 +29,7 @@ func TestHTTPStatus(t *testing.T) {
 		ExecUnsupported: http.StatusNotImplemented, RequestHeaderTooLarge: 431,
 		CellAgentUnverified: 409, ImageDigestUnverified: 409, UserUnsupported: 422, FileNotFound: 404,
 		FileAccessDenied: 403, InsufficientStorage: 507, EventsExpired: 410, StoreUnavailable: 503,
+		TooManyRequests: 429,
 	} {
 		if got := code.HTTPStatus(); got != status {
 			t.Errorf("%s: %d, want %d", code, got, status)

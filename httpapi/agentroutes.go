@@ -33,7 +33,8 @@ const (
 	maxTimeoutSeconds = 24 * 60 * 60
 	// maxStoredExecStream caps each output stream of a JSON exec answer
 	// kept by an Idempotency-Key record (its replay is cut there, with
-	// truncated set).
+	// truncated set); an exec with an Idempotency-Key may ask for no larger
+	// max_output_bytes (CONTRACT §25).
 	maxStoredExecStream = 1 << 20
 	// MaxFileBytes bounds a file written or read through the file routes
 	// (413 payload_too_large beyond).
@@ -50,7 +51,7 @@ var (
 )
 
 // decodeExec reads an exec request (JSON or streamed).
-func decodeExec(c *call) (uuid.UUID, sandboxwich.Proof, sandboxwich.ExecRequest, error) {
+func (h *handler) decodeExec(c *call) (uuid.UUID, sandboxwich.Proof, sandboxwich.ExecRequest, error) {
 	id, err := pathUUID(c.r, "lease_id")
 	if err != nil {
 		return uuid.Nil, sandboxwich.Proof{}, sandboxwich.ExecRequest{}, err
@@ -67,15 +68,49 @@ func decodeExec(c *call) (uuid.UUID, sandboxwich.Proof, sandboxwich.ExecRequest,
 	if req.TimeoutSeconds != nil {
 		timeout = time.Duration(min(*req.TimeoutSeconds, maxTimeoutSeconds)) * time.Second
 	}
+	var maxOutput int
+	if v := req.MaxOutputBytes; v != nil {
+		// The plane reads zero as its default; on the wire it would mean
+		// "nothing", so it is refused rather than reinterpreted. A value
+		// beyond any ceiling stays beyond it, for the plane to refuse.
+		ceiling := h.plane.ExecMaxOutputCeiling()
+		if *v == 0 {
+			return uuid.Nil, sandboxwich.Proof{}, sandboxwich.ExecRequest{}, invalid("max_output_bytes must be 1 to " + strconv.Itoa(ceiling) + " (the server's ceiling)")
+		}
+		maxOutput = int(min(*v, uint64(sandboxwich.MaxExecOutputLimit)+1))
+	}
 	return id, proofOf(req.LeaseProof), sandboxwich.ExecRequest{
 		Argv: req.Argv, Stdin: stdin, Env: req.Env, Cwd: req.Cwd, User: agent.User(req.User), Timeout: timeout,
+		MaxOutput: maxOutput,
 	}, nil
+}
+
+// errIdemOutput refuses an Idempotency-Key on an exec that asks for more
+// output than an idempotency record keeps.
+var errIdemOutput = errcode.New(errcode.InvalidIdempotencyKey,
+	"Idempotency-Key is not accepted with max_output_bytes above 1048576: a stored answer keeps at most 1 MiB of each stream")
+
+// execKeyCheck refuses an Idempotency-Key on a JSON exec whose
+// max_output_bytes is above maxStoredExecStream (CONTRACT §25). A body
+// that does not parse is left to the route, which refuses it.
+func execKeyCheck(c *call) error {
+	var b struct {
+		MaxOutputBytes json.Number `json:"max_output_bytes"`
+	}
+	if json.Unmarshal(c.body, &b) != nil || b.MaxOutputBytes == "" {
+		return nil
+	}
+	n, err := strconv.ParseUint(string(b.MaxOutputBytes), 10, 64)
+	if (err == nil && n > maxStoredExecStream) || errors.Is(err, strconv.ErrRange) {
+		return errIdemOutput
+	}
+	return nil
 }
 
 // exec serves POST /v1/sterile-cell-leases/{lease_id}/exec with a JSON
 // answer.
 func (h *handler) exec(c *call) (int, any, error) {
-	id, pr, req, err := decodeExec(c)
+	id, pr, req, err := h.decodeExec(c)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -83,29 +118,34 @@ func (h *handler) exec(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, execAnswer(res), nil
+	return http.StatusOK, execAnswer{res: res, outCap: h.plane.ExecOutputCap(req)}, nil
 }
 
-// execAnswer is a JSON exec's answer. Its idempotency record keeps at most
-// maxStoredExecStream bytes of each stream.
-type execAnswer sandboxwich.ExecResult
+// execAnswer is a JSON exec's answer and the cap of each stream that
+// applied. Its idempotency record keeps at most maxStoredExecStream bytes
+// of each stream.
+type execAnswer struct {
+	res    sandboxwich.ExecResult
+	outCap int
+}
 
 // MarshalJSON encodes the whole answer.
 func (a execAnswer) MarshalJSON() ([]byte, error) {
-	return json.Marshal(execResponse(sandboxwich.ExecResult(a), math.MaxInt))
+	return json.Marshal(execResponse(a.res, a.outCap, math.MaxInt))
 }
 
 func (a execAnswer) storedForm() any {
-	if len(a.Stdout) <= maxStoredExecStream && len(a.Stderr) <= maxStoredExecStream {
+	if len(a.res.Stdout) <= maxStoredExecStream && len(a.res.Stderr) <= maxStoredExecStream {
 		return nil
 	}
-	return execResponse(sandboxwich.ExecResult(a), maxStoredExecStream)
+	return execResponse(a.res, min(a.outCap, maxStoredExecStream), maxStoredExecStream)
 }
 
-// execResponse is the wire answer of res with each stream cut at limit
-// bytes (truncated set when one was).
-func execResponse(res sandboxwich.ExecResult, limit int) wire.ExecResponse {
-	out := wire.ExecResponse{ExecExit: execExit(res)}
+// execResponse is the wire answer of res, whose streams were capped at
+// outCap bytes, with each stream cut at limit bytes (truncated set when
+// one was).
+func execResponse(res sandboxwich.ExecResult, outCap, limit int) wire.ExecResponse {
+	out := wire.ExecResponse{ExecExit: execExit(res, outCap)}
 	stdout, stderr := res.Stdout, res.Stderr
 	if len(stdout) > limit || len(stderr) > limit {
 		stdout, stderr = stdout[:min(len(stdout), limit)], stderr[:min(len(stderr), limit)]
@@ -116,10 +156,11 @@ func execResponse(res sandboxwich.ExecResult, limit int) wire.ExecResponse {
 	return out
 }
 
-// execExit is how a command ended, in wire form. A provider that reports
-// no reason (provider exec without the agent) ended it by exit or timeout.
-func execExit(res sandboxwich.ExecResult) wire.ExecExit {
-	e := wire.ExecExit{OK: true, ExitCode: res.ExitCode, Truncated: res.Truncated,
+// execExit is how a command ended, in wire form, with the cap of each
+// stream that applied. A provider that reports no reason (provider exec
+// without the agent) ended it by exit or timeout.
+func execExit(res sandboxwich.ExecResult, outCap int) wire.ExecExit {
+	e := wire.ExecExit{OK: true, ExitCode: res.ExitCode, Truncated: res.Truncated, MaxOutputBytes: outCap,
 		DurationMS: res.Duration.Milliseconds(), TimedOut: res.TimedOut, Reason: string(res.Reason)}
 	if res.Signal != "" {
 		e.Signal = &res.Signal
@@ -159,7 +200,7 @@ func acceptsEventStream(accept []string) bool {
 // stream was committed (by the first output or keep-alive) is an ordinary
 // JSON error; after it, an error event, and no exit.
 func (h *handler) execStream(c *call, w http.ResponseWriter) {
-	id, pr, req, err := decodeExec(c)
+	id, pr, req, err := h.decodeExec(c)
 	if err != nil {
 		h.writeError(w, c.r, err)
 		return
@@ -188,7 +229,7 @@ func (h *handler) execStream(c *call, w http.ResponseWriter) {
 		_, code, msg := h.wireError(c.r, err)
 		_ = s.send(wire.EventError, wire.StreamError{Code: string(code), Message: msg})
 	default:
-		_ = s.send(wire.EventExit, execExit(res))
+		_ = s.send(wire.EventExit, execExit(res, h.plane.ExecOutputCap(req)))
 	}
 }
 
@@ -241,8 +282,11 @@ func wireLaunch(st sandboxwich.LaunchStatus) wire.Launch {
 // writeFile serves POST /v1/sterile-cell-leases/{lease_id}/files/write: a
 // multipart/form-data body whose first part, proof, is the JSON request and
 // whose second, content, is streamed into the cell as it arrives — never
-// held whole in memory. More than MaxFileBytes of content is 413, and the
-// cell keeps nothing of it. Parts after content are ignored.
+// held whole in memory. The cell writes the file only when the content
+// part ended at its boundary and the body closed cleanly after it (parts
+// after content are read and ignored): more than MaxFileBytes of content
+// is 413, a body cut short 400, and either way the cell keeps its old
+// file.
 func (h *handler) writeFile(c *call, w http.ResponseWriter) {
 	info, err := h.upload(c, w)
 	if err != nil {
@@ -272,9 +316,11 @@ func (h *handler) upload(c *call, w http.ResponseWriter) (sandboxwich.FileInfo, 
 	if c.r.ContentLength > maxUploadBytes {
 		return none, errFileTooLarge
 	}
-	// A large file takes its time: the lease's expiry bounds the upload,
-	// not the server's read timeout.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	// The server's read timeout bounds the request until the plane has
+	// checked the proof and found the lease: a caller that never sends its
+	// proof, or names no lease, is cut off like any slow request. Only
+	// when the content starts flowing into the cell (contentReader) does
+	// the upload's own bound take over.
 	mr := multipart.NewReader(http.MaxBytesReader(w, c.r.Body, maxUploadBytes), params["boundary"])
 
 	part, err := nextPart(mr, wire.PartProof)
@@ -302,7 +348,7 @@ func (h *handler) upload(c *call, w http.ResponseWriter) (sandboxwich.FileInfo, 
 	if part, err = nextPart(mr, wire.PartContent); err != nil {
 		return none, err
 	}
-	content := &contentReader{r: part, left: MaxFileBytes}
+	content := &contentReader{r: part, left: MaxFileBytes, rc: http.NewResponseController(w), idle: h.uploadIdle, rest: mr}
 	info, err := h.plane.WriteFile(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof),
 		sandboxwich.WriteFileRequest{Path: req.Path, Mode: mode, User: agent.User(req.User)}, content)
 	switch {
@@ -310,6 +356,10 @@ func (h *handler) upload(c *call, w http.ResponseWriter) (sandboxwich.FileInfo, 
 		return none, errFileTooLarge
 	case content.err != nil:
 		return none, bodyError(content.err)
+	case err != nil && c.ctx().Err() != nil:
+		// The client closed its side before the content ended: the cell
+		// wrote nothing, and the body was cut short.
+		return none, malformed("the request ended before its content did; nothing was written")
 	case err != nil:
 		return none, err
 	}
@@ -341,12 +391,26 @@ func bodyError(err error) error {
 
 // contentReader hands a file's content to the plane: at most left bytes;
 // one more is an error (over), so the cell never commits a file that is
-// too large. It records the error of the body it reads.
+// too large. It ends with io.EOF only when the content part ended at its
+// boundary and the multipart body closed cleanly after it (rest); a body
+// cut short, a missing closing boundary or a short Content-Length is an
+// error (err), so the cell writes nothing.
+//
+// Its first read comes once the plane has checked the proof and found the
+// lease: from then on the read deadline is idle past the last read that
+// made progress (rc), instead of the server's read timeout — a large file
+// takes its time, a stalled one is cut off.
 type contentReader struct {
 	r    io.Reader
 	left int64
 	over bool
 	err  error
+
+	rc      *http.ResponseController
+	idle    time.Duration
+	armedAt time.Time // when the deadline was last pushed
+
+	rest *multipart.Reader
 }
 
 var errContentTooLarge = errors.New("httpapi: the file is larger than 256 MiB")
@@ -354,6 +418,12 @@ var errContentTooLarge = errors.New("httpapi: the file is larger than 256 MiB")
 func (c *contentReader) Read(p []byte) (int, error) {
 	if c.over {
 		return 0, errContentTooLarge
+	}
+	if c.err != nil {
+		return 0, c.err
+	}
+	if c.armedAt.IsZero() {
+		c.progress() // the first read: the upload's own bound begins
 	}
 	if int64(len(p)) > c.left+1 {
 		p = p[:c.left+1]
@@ -364,10 +434,55 @@ func (c *contentReader) Read(p []byte) (int, error) {
 		return int(c.left), errContentTooLarge
 	}
 	c.left -= int64(n)
-	if err != nil && !errors.Is(err, io.EOF) {
+	if n > 0 {
+		c.progress()
+	}
+	switch {
+	case err == io.EOF: //nolint:errorlint // only the part's own EOF is its boundary
+		if ferr := c.finish(); ferr != nil {
+			c.err = ferr
+			return n, ferr
+		}
+	case err != nil:
 		c.err = err
 	}
 	return n, err
+}
+
+// progress pushes the read deadline to idle from now (at most every
+// idle/8, so that a fast upload does not reset it on every read).
+func (c *contentReader) progress() {
+	if c.rc == nil || c.idle <= 0 {
+		return
+	}
+	now := time.Now()
+	if !c.armedAt.IsZero() && now.Sub(c.armedAt) < c.idle/8 {
+		return
+	}
+	c.armedAt = now
+	_ = c.rc.SetReadDeadline(now.Add(c.idle))
+}
+
+// finish reads the multipart body past the content part to its closing
+// boundary (parts after content are read and ignored): the content counts
+// as complete only then.
+func (c *contentReader) finish() error {
+	if c.rest == nil {
+		return nil
+	}
+	for {
+		part, err := c.rest.NextPart()
+		if err == io.EOF { //nolint:errorlint // only the unwrapped EOF is the body's clean end
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(io.Discard, part); err != nil {
+			return err
+		}
+		c.progress()
+	}
 }
 
 // parseMode parses a file mode: permission bits as an octal string of 3 or

@@ -343,20 +343,20 @@ func TestExecV2(t *testing.T) {
 // each stream, marked truncated; the answer itself is whole.
 func TestExecStoredAnswerCapped(t *testing.T) {
 	res := sandboxwich.ExecResult{ExitCode: 0, Stdout: bytes.Repeat([]byte("o"), maxStoredExecStream+5), Stderr: []byte("e"), Reason: agent.Exited}
-	if execAnswer(res).storedForm() == nil {
+	if (execAnswer{res: res, outCap: 2 << 20}).storedForm() == nil {
 		t.Fatal("an answer over the cap is stored whole")
 	}
-	stored := execAnswer(res).storedForm().(wire.ExecResponse)
+	stored := execAnswer{res: res, outCap: 2 << 20}.storedForm().(wire.ExecResponse)
 	out, _ := base64.StdEncoding.DecodeString(stored.StdoutBase64)
 	if len(out) != maxStoredExecStream || !stored.Truncated || stored.StderrBase64 != "ZQ==" {
 		t.Errorf("stored stdout %d bytes, truncated %v, stderr %s", len(out), stored.Truncated, stored.StderrBase64)
 	}
-	whole, err := json.Marshal(execAnswer(res))
+	whole, err := json.Marshal(execAnswer{res: res, outCap: 2 << 20})
 	if err != nil || !bytes.Contains(whole, []byte(base64.StdEncoding.EncodeToString(res.Stdout))) || bytes.Contains(whole, []byte(`"truncated":true`)) {
 		t.Errorf("the answer itself was cut: %v", err)
 	}
 	small := sandboxwich.ExecResult{Stdout: []byte("x")}
-	if execAnswer(small).storedForm() != nil {
+	if (execAnswer{res: small, outCap: 1 << 20}).storedForm() != nil {
 		t.Error("an answer under the cap is not stored as sent")
 	}
 }
@@ -389,7 +389,7 @@ func TestExecStreamFraming(t *testing.T) {
 		}
 		ev := s.event()
 		checkSchema(t, "ExecExit", []byte(ev.data))
-		want := `{"ok":true,"exit_code":5,"truncated":true,"duration_ms":42,"timed_out":false,"signal":null,"reason":"exited"}`
+		want := `{"ok":true,"exit_code":5,"truncated":true,"max_output_bytes":1048576,"duration_ms":42,"timed_out":false,"signal":null,"reason":"exited"}`
 		if ev.name != "exit" || ev.data != want {
 			t.Errorf("last event %s %s, want exit %s", ev.name, ev.data, want)
 		}

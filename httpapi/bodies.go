@@ -85,6 +85,7 @@ func readExec(o *object) wire.ExecRequest {
 		TimeoutSeconds: o.optUint("timeout_seconds"),
 		Cwd:            o.optStr("cwd"),
 		User:           o.optEnum("user", users...),
+		MaxOutputBytes: o.optUint("max_output_bytes"),
 	}
 }
 

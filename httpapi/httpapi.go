@@ -92,7 +92,25 @@ type Config struct {
 	// Collectors are registered with the handler's registry too (the
 	// webhook deliverer's metrics).
 	Collectors []prometheus.Collector
+	// UploadIdleTimeout bounds a file write once its proof is checked and
+	// its lease found: the connection is cut when no content arrives for
+	// this long (default DefaultUploadIdleTimeout). Before that point the
+	// http.Server's ReadTimeout bounds the request like any other; the
+	// lease's expiry bounds the whole upload.
+	UploadIdleTimeout time.Duration
+	// MaxRequestsPerPrincipal caps the requests in flight per bearer token
+	// (CONTRACT §25, SANDBOXWICH_MAX_REQUESTS_PER_PRINCIPAL): one more is
+	// answered 429 too_many_requests with Retry-After. Zero means
+	// DefaultMaxRequestsPerPrincipal; negative means no cap.
+	MaxRequestsPerPrincipal int
 }
+
+// DefaultUploadIdleTimeout is the default of Config.UploadIdleTimeout.
+const DefaultUploadIdleTimeout = time.Minute
+
+// DefaultMaxRequestsPerPrincipal is the default of
+// Config.MaxRequestsPerPrincipal.
+const DefaultMaxRequestsPerPrincipal = 512
 
 // DefaultStreamKeepAlive is the default of Config.StreamKeepAlive.
 const DefaultStreamKeepAlive = 15 * time.Second
@@ -114,6 +132,10 @@ type handler struct {
 	hub *eventHub
 	// streamsDone ends them (Config.StreamsDone); nil never does.
 	streamsDone <-chan struct{}
+	// uploadIdle is Config.UploadIdleTimeout.
+	uploadIdle time.Duration
+	// inflight counts the requests in flight per token.
+	inflight *inflight
 }
 
 // New returns the handler of the /v1 contract over cfg.Plane. It fails on a
@@ -142,6 +164,16 @@ func New(cfg Config) (http.Handler, error) {
 		poll = DefaultEventPoll
 	}
 	h.hub = newEventHub(cfg.Plane, poll)
+	h.uploadIdle = cfg.UploadIdleTimeout
+	if h.uploadIdle <= 0 {
+		h.uploadIdle = DefaultUploadIdleTimeout
+	}
+	switch limit := cfg.MaxRequestsPerPrincipal; {
+	case limit == 0:
+		h.inflight = newInflight(DefaultMaxRequestsPerPrincipal)
+	case limit > 0:
+		h.inflight = newInflight(limit)
+	}
 	h.streamsDone = cfg.StreamsDone
 	if h.log == nil {
 		h.log = slog.Default()

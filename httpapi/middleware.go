@@ -58,7 +58,8 @@ func setRoute(ctx context.Context, pattern string) {
 }
 
 // middleware sets x-request-id and traceparent on every response, answers
-// a header over MaxHeaderBytes with 431, recovers panics into 500
+// a header over MaxHeaderBytes with 431 and a token's request beyond its
+// in-flight cap with 429 (Retry-After), recovers panics into 500
 // internal, and logs and counts every request.
 func (h *handler) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -88,6 +89,12 @@ func (h *handler) middleware(next http.Handler) http.Handler {
 			h.writeError(sw, r, errHeaderTooLarge)
 			return
 		}
+		done, ok := h.inflight.acquire(r)
+		if !ok {
+			h.writeError(sw, r, errTooManyRequests)
+			return
+		}
+		defer done()
 		next.ServeHTTP(sw, r)
 	})
 }

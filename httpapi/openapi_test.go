@@ -144,6 +144,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		errcode.ExecUnsupported: "NotImplemented", errcode.InsufficientStorage: "InsufficientStorage",
 		errcode.StoreUnavailable: "ServiceUnavailable",
 		errcode.EventsExpired:    "Gone",
+		errcode.TooManyRequests:  "TooManyRequests",
 	} {
 		if !slices.Contains(enum, any(string(code))) {
 			t.Errorf("%s is not in the ErrorResponse code enum", code)

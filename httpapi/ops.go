@@ -64,12 +64,15 @@ func wirePool(s pool.Status) wire.Pool {
 	return p
 }
 
-// health is the body of /healthz and /readyz.
+// health is the body of /healthz and /readyz. CheckedAt is the time of the
+// check, as the Rust implementation (and its SDK's health() and ready())
+// has it.
 type health struct {
-	OK       bool             `json:"ok"`
-	Service  string           `json:"service"`
-	Database *healthComponent `json:"database,omitempty"`
-	Auth     *healthComponent `json:"auth,omitempty"`
+	OK        bool             `json:"ok"`
+	Service   string           `json:"service"`
+	CheckedAt wire.Time        `json:"checked_at"`
+	Database  *healthComponent `json:"database,omitempty"`
+	Auth      *healthComponent `json:"auth,omitempty"`
 }
 
 // healthComponent is one readiness check.
@@ -82,7 +85,7 @@ const serviceName = "sandboxwich"
 
 // healthz serves GET /healthz: the process is up.
 func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
-	h.writeHealth(w, health{OK: true, Service: serviceName})
+	h.writeHealth(w, health{OK: true, Service: serviceName, CheckedAt: wire.Time{Time: h.plane.Now()}})
 }
 
 // readyz serves GET /readyz: the store is reachable and migrated, and
@@ -99,7 +102,7 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if !h.auth.configured() {
 		auth = &healthComponent{Message: ptr("no authentication is configured")}
 	}
-	h.writeHealth(w, health{OK: db.OK && auth.OK, Service: serviceName, Database: db, Auth: auth})
+	h.writeHealth(w, health{OK: db.OK && auth.OK, Service: serviceName, CheckedAt: wire.Time{Time: h.plane.Now()}, Database: db, Auth: auth})
 }
 
 func (h *handler) writeHealth(w http.ResponseWriter, body health) {

@@ -49,7 +49,7 @@ func TestPoolExec(t *testing.T) {
 		exec := with(proofBody(c), "argv", []string{"echo", "hi"}, "stdin_base64", base64.StdEncoding.EncodeToString([]byte("hello")))
 		r1 := e.do("POST", leasePath(c.Lease.LeaseID, "/exec"), tokAcme, exec, idemHeader, "exec-ok").must(t, 200)
 		checkSchema(t, "ExecResponse", r1.body)
-		want := `{"ok":true,"exit_code":3,"truncated":false,"duration_ms":5,"timed_out":false,"signal":null,"reason":"exited",` +
+		want := `{"ok":true,"exit_code":3,"truncated":false,"max_output_bytes":1048576,"duration_ms":5,"timed_out":false,"signal":null,"reason":"exited",` +
 			`"stdout_base64":"aGVsbG8=","stderr_base64":"` + base64.StdEncoding.EncodeToString([]byte("echo hi")) + `"}`
 		if string(r1.body) != want {
 			t.Errorf("exec\n got %s\nwant %s", r1.body, want)

@@ -72,7 +72,7 @@ func jsonReply(status int, v any) (reply, error) {
 // cause is logged.
 func (h *handler) errorReply(r *http.Request, err error) reply {
 	rep := envelope(h.wireError(r, err))
-	if rep.status == http.StatusServiceUnavailable {
+	if rep.status == http.StatusServiceUnavailable || rep.status == http.StatusTooManyRequests {
 		rep.header = http.Header{"Retry-After": {"1"}}
 	}
 	return rep

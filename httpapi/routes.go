@@ -69,6 +69,9 @@ type route struct {
 	// idem is how the route honours Idempotency-Key for the tenant
 	// principal (CONTRACT §10.4).
 	idem idemMode
+	// keyCheck, when set, refuses an Idempotency-Key for some requests of
+	// an idemReplay route, before any record of the key is made.
+	keyCheck func(c *call) error
 	// serve answers JSON routes; raw answers the others.
 	serve jsonFunc
 	raw   func(h *handler, w http.ResponseWriter, r *http.Request)
@@ -85,7 +88,7 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/validate", access: accessLease, body: true, serve: (*handler).validate},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/release", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).release},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}", access: accessTenant, serve: (*handler).leaseStatus},
-	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/exec", access: accessTenant, body: true, maxBody: MaxExecBodyBytes, idem: idemReplay, serve: (*handler).exec, stream: (*handler).execStream},
+	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/exec", access: accessTenant, body: true, maxBody: MaxExecBodyBytes, idem: idemReplay, keyCheck: execKeyCheck, serve: (*handler).exec, stream: (*handler).execStream},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/launch", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).launch},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}/launch", access: accessTenant, serve: (*handler).launchStatus},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/files/write", access: accessTenant, upload: true, idem: idemRefused, stream: (*handler).writeFile},
@@ -98,6 +101,7 @@ var routes = []route{
 	{method: http.MethodGet, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}", access: accessWorker, serve: (*handler).workerCell},
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}/retire", access: accessWorker, body: true, serve: (*handler).retire},
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}/destroy", access: accessWorker, body: true, serve: (*handler).destroy},
+	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}/release", access: accessWorker, body: true, serve: (*handler).releasePoolCell},
 	{method: http.MethodGet, path: "/v1/pools", access: accessOperator, serve: (*handler).listPools},
 	{method: http.MethodGet, path: "/v1/events", access: accessTenant, idem: idemRefused, stream: (*handler).events},
 	{method: http.MethodGet, path: "/v1/webhooks/deliveries", access: accessOperator, serve: (*handler).webhookDeliveries},

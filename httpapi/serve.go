@@ -64,6 +64,11 @@ func (h *handler) run(rt *route, c *call) reply {
 		if err != nil {
 			return h.errorReply(c.r, err)
 		}
+		if ok && rt.keyCheck != nil {
+			if err := rt.keyCheck(c); err != nil {
+				return h.errorReply(c.r, err)
+			}
+		}
 		if ok {
 			return h.idempotent(rt, c, key)
 		}

@@ -83,3 +83,23 @@ func (h *handler) destroy(c *call) (int, any, error) {
 	}
 	return http.StatusOK, wire.CellResponse{OK: true, Cell: wire.CellOf(&cell)}, nil
 }
+
+// releasePoolCell serves POST /v1/workers/{worker_id}/sterile-cells/{cell_id}/release,
+// the Rust implementation's worker pool release (CONTRACT §12). There it
+// answers 202 and the cell as read once a pool stop is recorded; here a
+// configured worker never owns a pool cell, so the plane answers every
+// request with its 404 (unknown cell, or a leased cell without membership)
+// or 409 (a cell that is not leased), and never with that 202.
+func (h *handler) releasePoolCell(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "cell_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := decodeBody(c.body, readDestroy)
+	if err != nil {
+		return 0, nil, err
+	}
+	return 0, nil, h.plane.ReleasePoolCell(c.ctx(), *c.p.worker, id, sandboxwich.DestroyRequest{
+		LeaseID: req.LeaseID, Generation: req.Generation, Disposition: req.Disposition,
+	})
+}

@@ -138,6 +138,10 @@ type ExecRequest struct {
 	Cwd string `json:"cwd,omitempty"`
 	// User is UserCell (empty too) or UserRoot.
 	User string `json:"user,omitempty"`
+	// MaxOutputBytes caps each of stdout and stderr, in bytes, up to the
+	// server's ceiling (SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES); absent
+	// means the server's default cap (CONTRACT §25).
+	MaxOutputBytes *uint64 `json:"max_output_bytes,omitempty"`
 }
 
 // ExecResponse answers an exec: how the command ended, and its output.
@@ -155,8 +159,11 @@ type ExecExit struct {
 	// signal ended it (137 at a timeout).
 	ExitCode int `json:"exit_code"`
 	// Truncated reports that stdout or stderr hit its cap.
-	Truncated  bool  `json:"truncated"`
-	DurationMS int64 `json:"duration_ms"`
+	Truncated bool `json:"truncated"`
+	// MaxOutputBytes is the cap of each stream that applied, in bytes:
+	// the request's max_output_bytes or the server's default.
+	MaxOutputBytes int   `json:"max_output_bytes"`
+	DurationMS     int64 `json:"duration_ms"`
 	// TimedOut reports that the command was killed at its timeout.
 	TimedOut bool `json:"timed_out"`
 	// Signal names the signal that ended the command ("KILL"), or is nil.

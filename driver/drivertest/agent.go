@@ -232,6 +232,35 @@ func (s *suite) testAgentLifecycle(t *testing.T, p driver.Provider, h driver.Age
 		if _, err := c.WriteFile(ctx(t), agent.WriteRequest{Fence: f, Path: "/root/x"}, strings.NewReader("x")); !errors.Is(err, agent.ErrAccessDenied) {
 			t.Errorf("the cell user writing /root/x: %v, want ErrAccessDenied", err)
 		}
+		// Content that fails part-way writes nothing: the file keeps what
+		// it held (issue 40).
+		cut := io.MultiReader(bytes.NewReader(make([]byte, 2<<20)), errReader{io.ErrUnexpectedEOF})
+		if _, err := c.WriteFile(ctx(t), agent.WriteRequest{Fence: f, Path: path, Mode: 0o600}, cut); err == nil {
+			t.Error("WriteFile whose content failed part-way succeeded")
+		}
+		if res := agentRun(t, c, agent.ExecRequest{Fence: f, Argv: []string{"sha256sum", path}}); !strings.HasPrefix(string(res.Stdout), hex.EncodeToString(sum[:])) {
+			t.Errorf("after a write cut short the file's sha256sum is %q, want the old %x", res.Stdout, sum)
+		}
+		// A path ending in / names no file.
+		if _, err := c.WriteFile(ctx(t), agent.WriteRequest{Fence: f, Path: "/home/cell/drivertest/dir/"}, strings.NewReader("x")); !errors.Is(err, agent.ErrInvalid) {
+			t.Errorf("WriteFile to a path ending in /: %v, want ErrInvalid", err)
+		}
+		// A pseudo file whose size the kernel reports as 0 is read to its
+		// end; a FIFO is refused without blocking.
+		if r, n, err := c.ReadFile(ctx(t), agent.ReadRequest{Fence: f, Path: "/proc/self/status"}); err != nil {
+			t.Errorf("ReadFile /proc/self/status: %v", err)
+		} else {
+			got, err := io.ReadAll(r)
+			r.Close()
+			if err != nil || n == 0 || int64(len(got)) != n {
+				t.Errorf("ReadFile /proc/self/status: %d bytes (size %d), err %v; want its content", len(got), n, err)
+			}
+		}
+		fifo := "/home/cell/drivertest/fifo"
+		agentRun(t, c, agent.ExecRequest{Fence: f, Argv: []string{"mkfifo", fifo}})
+		if _, _, err := c.ReadFile(ctx(t), agent.ReadRequest{Fence: f, Path: fifo}); !errors.Is(err, agent.ErrInvalid) {
+			t.Errorf("ReadFile of a FIFO: %v, want ErrInvalid", err)
+		}
 	})
 	t.Run("Launch", func(t *testing.T) {
 		s.needsShell(t)
@@ -427,3 +456,8 @@ func (s *suite) needsShell(t *testing.T) {
 		t.Skip("the harness's cells run no shell")
 	}
 }
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }

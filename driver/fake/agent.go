@@ -34,6 +34,7 @@ const AgentDigest = "sha256:a018173cf37e8c7b43c6cc6425a7c1c03c7ad007396a0e5b4bc9
 //
 //   - echo ARG…   writes the arguments to stdout, one chunk each
 //   - cat         copies stdin to stdout
+//   - emit N      writes N bytes ("x") to stdout, in chunks of 32 KiB
 //   - exit N      exits with code N
 //   - sleep SECS  waits (real time) until its timeout kills it
 //   - pwd, whoami write the request's cwd and user
@@ -327,6 +328,14 @@ func (a *cellAgent) run(ctx context.Context, argv []string, stdin []byte, cwd st
 		}
 	case "cat":
 		err = emit(agent.Stdout, stdin)
+	case "emit":
+		n := 0
+		if len(argv) > 1 {
+			n, _ = strconv.Atoi(argv[1])
+		}
+		for ; n > 0 && err == nil; n -= 32 << 10 {
+			err = emit(agent.Stdout, bytes.Repeat([]byte("x"), min(n, 32<<10)))
+		}
 	case "pwd":
 		err = emit(agent.Stdout, []byte(cmp.Or(cwd, "/home/cell")+"\n"))
 	case "whoami":
@@ -449,6 +458,8 @@ func (a *cellAgent) WriteFile(ctx context.Context, req agent.WriteRequest, conte
 	if err := a.activateWith(ctx, req.Fence, req.Activation); err != nil {
 		return agent.FileInfo{}, err
 	}
+	// As the real agent: the file is replaced only when content ends with
+	// io.EOF; any other error (a body cut short) writes nothing.
 	data, err := io.ReadAll(io.LimitReader(content, agent.MaxFileBytes+1))
 	if err != nil {
 		return agent.FileInfo{}, fmt.Errorf("fake: reading the content: %w", err)
@@ -463,7 +474,7 @@ func (a *cellAgent) WriteFile(ctx context.Context, req agent.WriteRequest, conte
 		return agent.FileInfo{}, err
 	}
 	switch {
-	case !path.IsAbs(req.Path) || strings.HasSuffix(req.Path, "/"):
+	case !path.IsAbs(req.Path) || strings.HasSuffix(req.Path, "/") || strings.HasSuffix(req.Path, "/.") || strings.HasSuffix(req.Path, "/.."):
 		return agent.FileInfo{}, agent.Errorf(agent.CodeInvalid, "not an absolute file path")
 	case len(data) > agent.MaxFileBytes:
 		return agent.FileInfo{}, agent.Errorf(agent.CodeTooLarge, "more than 256 MiB")

@@ -240,9 +240,12 @@ describe.skipIf(skip !== "")("bridge", () => {
       // Files: written through the bridge, read back byte-exact.
       const content = new Uint8Array(300_000).map((_, i) => (i * 7) & 0xff);
       const header = new TextEncoder().encode(JSON.stringify({ ...f, path: "/home/cell/d/f.bin", mode: 0o600 }) + "\n");
-      const up = new Uint8Array(header.length + content.length);
+      // The content in the agent's frames: its length (4 bytes,
+      // big-endian), the bytes, then the end frame of length 0.
+      const up = new Uint8Array(header.length + 4 + content.length + 4);
       up.set(header);
-      up.set(content, header.length);
+      new DataView(up.buffer).setUint32(header.length, content.length);
+      up.set(content, header.length + 4);
       r = await call(`/v1/cells/${c.id}/agent/v1/files/write`, {
         method: "POST", headers: { "X-Sandboxwich-Identity": c.identity, "Content-Type": "application/octet-stream" }, body: up,
       });
