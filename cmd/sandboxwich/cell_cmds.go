@@ -142,7 +142,10 @@ func cliExec(ctx context.Context, e env, args []string) error {
 	case res.Reason == wire.ReasonKilled:
 		fmt.Fprintln(e.stderr, "sandboxwich exec: the lease ended during the command, which was killed")
 	}
-	if res.Truncated {
+	switch {
+	case res.Truncated && res.MaxOutputBytes > 0:
+		fmt.Fprintf(e.stderr, "sandboxwich exec: output truncated by the server at its cap of %d bytes per stream\n", res.MaxOutputBytes)
+	case res.Truncated:
 		fmt.Fprintln(e.stderr, "sandboxwich exec: output truncated by the server")
 	}
 	return cliCommandExit(res.ExitCode)
@@ -355,14 +358,34 @@ func newCLILaunchFlags(fs *flag.FlagSet) cliLaunchFlags {
 	}
 }
 
+// cliLaunchOutput is where a launched workload's stdout and stderr go in
+// the cell (CONTRACT §14).
+var cliLaunchOutput = [2]string{"/home/cell/.launch/stdout", "/home/cell/.launch/stderr"}
+
+// launchOutput names how to read a launched workload's output: the proof
+// of its lease and the user it ran as.
+type launchOutput struct {
+	proof wire.LeaseProof
+	user  string
+}
+
 // finish waits for the launch when asked, prints its status, and returns
-// the workload's exit once it is terminal.
-func (lf cliLaunchFlags) finish(ctx context.Context, f *cliFlags, c *client.Client, leaseID uuid.UUID, st wire.Launch) error {
+// the workload's exit once it is terminal. With out (launch --wait, not
+// --json), the terminal workload's stdout and stderr are copied to this
+// process's, before its status.
+func (lf cliLaunchFlags) finish(ctx context.Context, f *cliFlags, c *client.Client, leaseID uuid.UUID, st wire.Launch, out *launchOutput) error {
 	if *lf.wait {
 		var err error
 		if st, err = c.WaitLaunch(ctx, leaseID, *lf.poll); err != nil {
 			_ = cliKV(f.e.stderr, cliLaunchKV(st))
 			return fmt.Errorf("waiting for the launched workload: %w", err)
+		}
+		if out != nil && !f.json {
+			for i, w := range []io.Writer{f.e.stdout, f.e.stderr} {
+				if err := copyCellFile(ctx, c, leaseID, out.proof, cliLaunchOutput[i], out.user, w); err != nil {
+					fmt.Fprintf(f.e.stderr, "sandboxwich launch: the workload's output %s: %v\n", cliLaunchOutput[i], err)
+				}
+			}
 		}
 	}
 	if err := f.output(wire.LaunchResponse{OK: true, Launch: st}, cliLaunchKV(st)); err != nil {
@@ -403,8 +426,19 @@ func cliLaunch(ctx context.Context, e env, args []string) error {
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, lf.finish(ctx, f, c, *pf.leaseID, st)
+		return struct{}{}, lf.finish(ctx, f, c, *pf.leaseID, st, &launchOutput{proof: proof, user: *user})
 	})
+	return err
+}
+
+// copyCellFile copies the file at path in a leased cell to w.
+func copyCellFile(ctx context.Context, c *client.Client, leaseID uuid.UUID, proof wire.LeaseProof, path, user string, w io.Writer) error {
+	body, _, err := c.ReadFile(ctx, leaseID, proof, client.FileRead{Path: path, User: user})
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	_, err = io.Copy(w, body)
 	return err
 }
 
@@ -423,7 +457,7 @@ func cliLaunchStatus(ctx context.Context, e env, args []string) error {
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, lf.finish(ctx, f, c, *leaseID, st)
+		return struct{}{}, lf.finish(ctx, f, c, *leaseID, st, nil)
 	})
 	return err
 }

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -154,7 +155,12 @@ func cliKV(w io.Writer, kv []string) error {
 }
 
 // client builds the API client from the flags and the environment.
-func (f *cliFlags) client() (*client.Client, error) {
+func (f *cliFlags) client() (*client.Client, error) { return f.clientWith(nil) }
+
+// clientWith is client, its HTTP transport wrapped by wrap unless nil
+// (TLS settings, and redirects only within the server, as the client's
+// default).
+func (f *cliFlags) clientWith(wrap func(http.RoundTripper) http.RoundTripper, extra ...client.Option) (*client.Client, error) {
 	token, err := cliSecret(f.e, f.tokenFile, "SANDBOXWICH_TOKEN", "--token-file")
 	if err != nil {
 		return nil, err
@@ -164,6 +170,7 @@ func (f *cliFlags) client() (*client.Client, error) {
 		return nil, err
 	}
 	opts := []client.Option{client.WithToken(token), client.WithOperatorToken(op)}
+	var tlsConfig *tls.Config
 	if f.caFile != "" {
 		pem, err := os.ReadFile(f.caFile)
 		if err != nil {
@@ -174,12 +181,29 @@ func (f *cliFlags) client() (*client.Client, error) {
 			return nil, fmt.Errorf("--ca-file %s holds no PEM certificate", f.caFile)
 		}
 		opts = append(opts, client.WithTLSConfig(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
+		tlsConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	}
-	c, err := client.New(f.server, opts...)
+	if wrap != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = tlsConfig
+		opts = append(opts, client.WithHTTPClient(&http.Client{Transport: wrap(tr), CheckRedirect: cliSameOrigin}))
+	}
+	c, err := client.New(f.server, append(opts, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --server: %v", errUsage, err)
 	}
 	return c, nil
+}
+
+// cliSameOrigin follows at most 10 redirects, and only those to the scheme
+// and host of the original request, as the client's default HTTP client
+// does: the operator token never reaches another server.
+func cliSameOrigin(req *http.Request, via []*http.Request) error {
+	first := via[0].URL
+	if len(via) >= 10 || req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
+		return http.ErrUseLastResponse
+	}
+	return nil
 }
 
 // cliSecret reads a secret from file (trimmed) or, without a file, from the

@@ -356,7 +356,7 @@ func TestCLIExecStreamsAndExitCode(t *testing.T) {
 		if err := json.NewDecoder(r.Body).Decode(&got); err != nil {
 			t.Error(err)
 		}
-		exit := wire.ExecExit{OK: true, ExitCode: 7, Truncated: true, DurationMS: 12, Reason: wire.ReasonExited}
+		exit := wire.ExecExit{OK: true, ExitCode: 7, Truncated: true, MaxOutputBytes: 1 << 20, DurationMS: 12, Reason: wire.ReasonExited}
 		if r.Header.Get("Accept") == "text/event-stream" {
 			w.Header().Set("Content-Type", "text/event-stream")
 			for _, ev := range []struct{ name, data string }{{"stdout", "out\x00"}, {"stderr", "err"}, {"stdout", "raw"}} {
@@ -387,7 +387,7 @@ func TestCLIExecStreamsAndExitCode(t *testing.T) {
 	if ec, ok := errors.AsType[exitCode](err); !ok || ec != 7 {
 		t.Fatalf("exec returned %v, want exit status 7", err)
 	}
-	if te.stdout.String() != "out\x00raw" || !strings.HasPrefix(te.stderr.String(), "err") || !strings.Contains(te.stderr.String(), "truncated") {
+	if te.stdout.String() != "out\x00raw" || !strings.HasPrefix(te.stderr.String(), "err") || !strings.Contains(te.stderr.String(), "truncated by the server at its cap of 1048576 bytes") {
 		t.Errorf("stdout %q, stderr %q", te.stdout, te.stderr)
 	}
 	if strings.Join(got.Argv, " ") != "sh -c exit 7" || got.StdinBase64 != base64.StdEncoding.EncodeToString([]byte("input")) ||

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/httpapi"
 	"github.com/sandboxwich/sandboxwich/internal/imageref"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
@@ -47,14 +48,23 @@ type config struct {
 	TLSKeyFile           string
 	MaxLeaseSeconds      uint64
 	ExecMaxOutputBytes   int
-	EventRetention       time.Duration
-	Pools                []poolConfig
-	Webhooks             []webhookConfig
+	// ExecMaxOutputCeilingBytes is the largest max_output_bytes an exec
+	// may ask for (CONTRACT §25); 0: the plane's default, 16 MiB or
+	// ExecMaxOutputBytes when that is more.
+	ExecMaxOutputCeilingBytes int
+	EventRetention            time.Duration
+	// MaxRequestsPerPrincipal caps the requests in flight per token
+	// (CONTRACT §25); beyond it the server answers 429.
+	MaxRequestsPerPrincipal int
+	Pools                   []poolConfig
+	Webhooks                []webhookConfig
 }
 
 // poolConfig is one pool as configured. Image is the pool's cell image,
 // an OCI reference pinned by digest (CONTRACT §15); "" for the provider's
-// own root filesystem.
+// own root filesystem. CellDiskBytes is the pool key cell_disk_bytes
+// (CONTRACT §25): the size of each cell's writable storage, below its
+// memory; 0 leaves the provider's default, half the cell's memory.
 type poolConfig struct {
 	Name            string            `json:"name"`
 	Provider        string            `json:"provider"`
@@ -65,6 +75,7 @@ type poolConfig struct {
 	MaxProvisioning int               `json:"max_provisioning"`
 	ReadyTTLSeconds int               `json:"ready_ttl_seconds"`
 	Image           string            `json:"image"`
+	CellDiskBytes   int64             `json:"cell_disk_bytes"`
 	Settings        map[string]string `json:"settings"`
 }
 
@@ -127,8 +138,31 @@ var settings = []setting{
 		apply: func(c *config, v string) error { return parseMaxLease(&c.MaxLeaseSeconds, v) }},
 	{key: "exec_max_output_bytes", def: strconv.Itoa(sandboxwich.MaxExecOutput), usage: "cap of each of an exec's stdout and stderr (1 to 67108864 bytes)",
 		apply: func(c *config, v string) error { return parseExecMaxOutput(&c.ExecMaxOutputBytes, v) }},
+	{key: "exec_max_output_ceiling_bytes", usage: "largest max_output_bytes an exec may ask for (default 16777216, or exec_max_output_bytes when larger; up to 67108864)",
+		apply: func(c *config, v string) error {
+			if v == "" {
+				return nil
+			}
+			return parseExecMaxOutput(&c.ExecMaxOutputCeilingBytes, v)
+		}},
 	{key: "event_retention_hours", def: "168", usage: "how long the event log keeps events (0 keeps them all, at most 87600)",
 		apply: func(c *config, v string) error { return parseRetention(&c.EventRetention, v) }},
+	{key: "max_requests_per_principal", def: strconv.Itoa(httpapi.DefaultMaxRequestsPerPrincipal), usage: "requests in flight per token; beyond, 429 too_many_requests (1 to 1048576)",
+		apply: func(c *config, v string) error { return parseMaxRequestsPerPrincipal(&c.MaxRequestsPerPrincipal, v) }},
+}
+
+// maxRequestsPerPrincipalLimit bounds SANDBOXWICH_MAX_REQUESTS_PER_PRINCIPAL.
+const maxRequestsPerPrincipalLimit = 1 << 20
+
+// parseMaxRequestsPerPrincipal reads SANDBOXWICH_MAX_REQUESTS_PER_PRINCIPAL
+// (CONTRACT §25).
+func parseMaxRequestsPerPrincipal(dst *int, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxRequestsPerPrincipalLimit {
+		return fmt.Errorf("%q is not a number of requests from 1 to %d", v, maxRequestsPerPrincipalLimit)
+	}
+	*dst = n
+	return nil
 }
 
 // parseRetention reads SANDBOXWICH_EVENT_RETENTION_HOURS (CONTRACT §17).
@@ -163,7 +197,11 @@ func parseMaxLease(dst *uint64, v string) error {
 
 // poolEnv lists the single pool's environment keys (SANDBOXWICH_STERILE_POOL_*).
 var poolEnv = []string{"NAME", "PROVIDER", "TARGET", "READY_FLOOR", "MAX_PROVISIONING", "READY_TTL_SECONDS",
-	"TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE", "IMAGE"}
+	"TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE", "IMAGE", "CELL_DISK_BYTES"}
+
+// migrateSettings are the settings migrate has flags for: the others only
+// matter to serve (their environment and file values are still checked).
+var migrateSettings = map[string]bool{"database_url": true}
 
 // loadConfig reads the configuration for a command from args, the
 // environment and the config file named by --config or SANDBOXWICH_CONFIG.
@@ -172,7 +210,7 @@ func loadConfig(e env, name string, args []string) (*config, error) {
 	configFile := fs.String("config", e.getenv("SANDBOXWICH_CONFIG"), "optional JSON config file")
 	flagVals := map[string]*string{}
 	for _, s := range settings {
-		if !s.secret {
+		if !s.secret && (name != "migrate" || migrateSettings[s.key]) {
 			flagVals[s.key] = fs.String(s.flag(), "", s.usage+" (env "+s.env()+")")
 		}
 	}
@@ -218,6 +256,10 @@ func loadConfig(e env, name string, args []string) (*config, error) {
 }
 
 func (c *config) check() error {
+	if c.ExecMaxOutputCeilingBytes != 0 && c.ExecMaxOutputCeilingBytes < c.ExecMaxOutputBytes {
+		return fmt.Errorf("invalid SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES: %d is below SANDBOXWICH_EXEC_MAX_OUTPUT_BYTES (%d)",
+			c.ExecMaxOutputCeilingBytes, c.ExecMaxOutputBytes)
+	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("invalid TLS settings: SANDBOXWICH_TLS_CERT_FILE and SANDBOXWICH_TLS_KEY_FILE go together")
 	}
@@ -242,6 +284,9 @@ func (c *config) check() error {
 			if _, err := imageref.Parse(p.Image); err != nil {
 				return &poolImageError{Pool: p.Name, Err: err}
 			}
+		}
+		if err := checkCellDisk(p); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -364,6 +409,13 @@ func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
 		},
 		Image:    v["IMAGE"],
 		Settings: map[string]string{},
+	}
+	if s := v["CELL_DISK_BYTES"]; s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("invalid SANDBOXWICH_STERILE_POOL_CELL_DISK_BYTES (pool key cell_disk_bytes): %q is not a positive number of bytes", s)
+		}
+		p.CellDiskBytes = n
 	}
 	for _, f := range []struct {
 		key string

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -48,7 +49,7 @@ func dev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if *provider == "gvisor" {
-		if err := requireRunsc(); err != nil {
+		if err := devEnsureRunsc(ctx, e); err != nil {
 			return err
 		}
 	}
@@ -129,7 +130,14 @@ func dev(ctx context.Context, e env, args []string) error {
 		s.store.Close()
 		return err
 	}
-	printDevHelp(e, "http://"+ln.Addr().String(), abs, *provider, rel, workerID)
+	url := "http://" + ln.Addr().String()
+	inspectConfig, err := writeInspectConfig(abs, url, rel)
+	if err != nil {
+		ln.Close()
+		s.store.Close()
+		return err
+	}
+	printDevHelp(e, url, abs, *provider, rel, workerID, inspectConfig)
 	s.drainTimeout = devDrainTimeout // Ctrl-C leaves no sandbox running, leased or not
 	if *provider == "gvisor" && *stateDir == "" {
 		// No container is left in dev's own root: unmount what runsc pins
@@ -138,6 +146,54 @@ func dev(ctx context.Context, e env, args []string) error {
 		s.drained = func() { _ = gvisor.RemoveStateDir(settings["state_dir"]) }
 	}
 	return s.run(ctx, ln)
+}
+
+// devInstallRunsc builds the pinned runsc into its cache (a variable so
+// tests need not build gVisor).
+var devInstallRunsc = gvisor.InstallRunsc
+
+// devEnsureRunsc makes runsc available to dev's gVisor pool: when none is
+// installed (gvisor.FindRunsc), it builds the pinned version into the
+// cache the driver looks in first, saying so on stderr, so that dev alone
+// sets a fresh machine up. serve never builds: it refuses (requireRunsc).
+func devEnsureRunsc(ctx context.Context, e env) error {
+	if gvisor.FindRunsc() != "" {
+		return nil
+	}
+	if _, err := devInstallRunsc(ctx, e.stderr); err != nil {
+		return fmt.Errorf("runsc (gVisor) is not installed and building it failed: %w\n\n"+
+			"(or run `sandboxwich dev --provider dry-run` for SIMULATED cells without isolation)", err)
+	}
+	return nil
+}
+
+// inspectConfigName is the file, in dev's directory, of the Inspect AI
+// provider's configuration.
+const inspectConfigName = "inspect-sandboxwich.json"
+
+// inspectConfig is the configuration the Inspect AI provider reads
+// (SandboxwichConfig in sdks/python/src/sandboxwich/inspect/_provider.py):
+// the server's URL, the file holding the tenant token (never the token
+// itself) and the pool's signed release.
+type inspectConfig struct {
+	URL       string        `json:"url"`
+	TokenFile string        `json:"token_file"`
+	Release   lease.Release `json:"release"`
+}
+
+// writeInspectConfig writes, into dir, the Inspect AI provider's
+// configuration for the dev server at url, with absolute paths so it works
+// from any directory, and returns its path.
+func writeInspectConfig(dir, url string, rel lease.Release) (string, error) {
+	b, err := json.MarshalIndent(inspectConfig{URL: url, TokenFile: filepath.Join(dir, "tenant-token"), Release: rel}, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, inspectConfigName)
+	if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
+		return "", fmt.Errorf("the Inspect provider's config: %w", err)
+	}
+	return path, nil
 }
 
 // devRelease is the release a dev server signs with keys for its pool.
@@ -174,7 +230,7 @@ func secretFile(path, prefix string) (string, error) {
 
 // printDevHelp prints the banner: commands that work exactly as printed,
 // from the repository root, in a shell of their own.
-func printDevHelp(e env, url, dir, provider string, rel lease.Release, workerID uuid.UUID) {
+func printDevHelp(e env, url, dir, provider string, rel lease.Release, workerID uuid.UUID, inspectConfig string) {
 	w := e.stdout
 	fmt.Fprintf(w, "\nsandboxwich dev: serving %s (pool \"dev\", provider %s)\n", url, provider)
 	if provider == "dry-run" {
@@ -212,4 +268,6 @@ In another shell, from the repository root:
 
 Worker %[2]s token: %[3]s/worker-token
 `, binding, workerID, dir)
+	fmt.Fprintf(w, "Inspect AI provider config (URL, token file, release): %[1]s\n"+
+		"(use it from any directory: inspect eval TASK --sandbox sandboxwich:%[1]s)\n", inspectConfig)
 }

@@ -3,11 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +52,7 @@ func TestDevBanner(t *testing.T) {
 	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("a", 64), Signature: "swrs1_x"}
 	for _, provider := range []string{"gvisor", "dry-run"} {
 		var out bytes.Buffer
-		printDevHelp(env{stdout: &out}, "http://127.0.0.1:1", "/tmp/dev dir", provider, rel, uuid.Nil)
+		printDevHelp(env{stdout: &out}, "http://127.0.0.1:1", "/tmp/dev dir", provider, rel, uuid.Nil, "/tmp/dev dir/inspect-sandboxwich.json")
 		banner := out.String()
 		if !strings.Contains(banner, "Ctrl-C ends every cell, live leases included") {
 			t.Errorf("%s: the banner does not say Ctrl-C ends live leases:\n%s", provider, banner)
@@ -219,5 +224,211 @@ func testDevCtrlC(t *testing.T, provider string) {
 		if err != nil || strings.TrimSpace(string(out)) != "" {
 			t.Fatalf("runsc still holds containers after Ctrl-C (%v): %q", err, out)
 		}
+	}
+}
+
+// startDevForTest runs dev in this process with --dir dir and returns its
+// URL, a client of its tenant, the release of its pool, its output and the
+// channel of dev's result. Cancelling ctx is Ctrl-C.
+func startDevForTest(ctx context.Context, t *testing.T, dir, provider string) (string, *client.Client, lease.Release, *lockedBuffer, *lockedBuffer, chan error) {
+	t.Helper()
+	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- dev(ctx, env{stdout: stdout, stderr: stderr, getenv: func(string) string { return "" }},
+			[]string{"--dir", dir, "--listen", "127.0.0.1:0", "--provider", provider})
+	}()
+	if provider == "gvisor" {
+		stateDir := filepath.Join(dir, "runsc-state")
+		t.Cleanup(func() { // never leave a sandbox behind, even on failure
+			out, _ := exec.Command(gvisor.FindRunsc(), "--root", stateDir, "list", "-quiet").Output()
+			for _, id := range strings.Fields(string(out)) {
+				_ = exec.Command(gvisor.FindRunsc(), "--root", stateDir, "delete", "--force", id).Run()
+			}
+			_ = gvisor.RemoveStateDir(stateDir)
+		})
+	}
+	url := ""
+	for deadline := time.Now().Add(60 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m := regexp.MustCompile(`serving (http://\S+)`).FindStringSubmatch(stdout.String()); m != nil {
+			url = m[1]
+		}
+	}
+	if url == "" {
+		t.Fatalf("dev printed no banner:\n%s\n%s", stdout.String(), stderr.String())
+	}
+	tok, _ := os.ReadFile(filepath.Join(dir, "tenant-token"))
+	c, err := client.New(url, client.WithToken(strings.TrimSpace(string(tok))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := attest.LoadKeyFile(filepath.Join(dir, "signing.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := regexp.MustCompile(`--policy-digest (\S+)`).FindStringSubmatch(stdout.String())
+	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: sum[1]}
+	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	return url, c, rel, stdout, stderr, done
+}
+
+// TestDevInspectConfig: dev writes the Inspect AI provider's configuration
+// (the keys SandboxwichConfig reads: url, token_file, release) into its
+// directory, with the token file's absolute path and never the token, and
+// prints the file's path.
+func TestDevInspectConfig(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "dev")
+	ctx, cancel := context.WithCancel(context.Background())
+	url, _, rel, stdout, stderr, done := startDevForTest(ctx, t, dir, "dry-run")
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("dev: %v\n%s", err, stderr.String())
+		}
+	}()
+	path := filepath.Join(dir, inspectConfigName)
+	if !strings.Contains(stdout.String(), "Inspect AI provider config (URL, token file, release): "+path+"\n") {
+		t.Errorf("the banner does not print the config's path %s:\n%s", path, stdout.String())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("%s: %v\n%s", path, err, b)
+	}
+	keys := slices.Sorted(maps.Keys(got))
+	if !slices.Equal(keys, []string{"release", "token_file", "url"}) {
+		t.Errorf("keys %v, want release, token_file, url", keys)
+	}
+	var cfg struct {
+		URL       string        `json:"url"`
+		TokenFile string        `json:"token_file"`
+		Release   lease.Release `json:"release"`
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.URL != url || cfg.Release != rel {
+		t.Errorf("config %+v, want url %s and release %+v", cfg, url, rel)
+	}
+	tok, err := os.ReadFile(cfg.TokenFile)
+	if err != nil || !filepath.IsAbs(cfg.TokenFile) || len(strings.TrimSpace(string(tok))) == 0 {
+		t.Fatalf("token_file %q: %v", cfg.TokenFile, err)
+	}
+	if bytes.Contains(b, bytes.TrimSpace(tok)) {
+		t.Errorf("the config holds the token inline:\n%s", b)
+	}
+}
+
+// TestDevInstallsRunsc: with no runsc installed, dev (and only dev) runs
+// the pinned build itself, reporting progress on its stderr, and a failed
+// build stops it with the build's error; serve still refuses with the
+// command to run.
+func TestDevInstallsRunsc(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv("SANDBOXWICH_RUNSC_CACHE", t.TempDir())
+	if gvisor.FindRunsc() != "" {
+		t.Fatal("runsc found with an empty PATH and cache")
+	}
+	errBuild := errors.New("stub build failed: go install gvisor.dev/gvisor/runsc@" + gvisor.RunscVersion)
+	var calls int
+	var progress any
+	old := devInstallRunsc
+	t.Cleanup(func() { devInstallRunsc = old })
+	devInstallRunsc = func(_ context.Context, w io.Writer) (string, error) {
+		calls++
+		progress = w
+		return "", errBuild
+	}
+	var stderr bytes.Buffer
+	dir := filepath.Join(t.TempDir(), "dev")
+	err := dev(context.Background(), env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }},
+		[]string{"--dir", dir, "--listen", "127.0.0.1:0"})
+	if !errors.Is(err, errBuild) || calls != 1 || progress != io.Writer(&stderr) {
+		t.Fatalf("dev without runsc: %v (%d builds, progress to %T)", err, calls, progress)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a dev that could not install runsc created %s (%v)", dir, err)
+	}
+	_, err = newProvider(poolConfig{Name: "p", Provider: "gvisor"}, "test", nil)
+	if err == nil || !strings.Contains(err.Error(), "runsc (gVisor) is not installed") || calls != 1 {
+		t.Fatalf("serve's gvisor pool without runsc: %v (%d builds)", err, calls)
+	}
+}
+
+// TestDevCtrlCDuringStreamedExec: Ctrl-C while a streamed exec runs in a
+// leased cell ends the stream with the release's reason (killed, not a
+// cell that "died"), and dev exits cleanly once every cell is proven gone
+// instead of holding the HTTP grace and failing with "context deadline
+// exceeded".
+func TestDevCtrlCDuringStreamedExec(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a dev server with gVisor cells")
+	}
+	if gvisor.FindRunsc() == "" || os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("runsc and root are required under CI=true")
+		}
+		t.Skip("needs runsc and root")
+	}
+	dir := filepath.Join(t.TempDir(), "dev")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, c, rel, _, stderr, done := startDevForTest(ctx, t, dir, "gvisor")
+	b := lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}
+	var cl client.Claim
+	for deadline := time.Now().Add(90 * time.Second); cl.Lease == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no cell became claimable:\n%s", stderr.String())
+		}
+		var err error
+		if cl, err = c.Claim(context.Background(), wire.ClaimRequest{Release: rel, Binding: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started := make(chan struct{})
+	type outcome struct {
+		res client.ExecResult
+		err error
+	}
+	execDone := make(chan outcome, 1)
+	go func() {
+		var once bool
+		res, err := c.ExecStream(context.Background(), cl.Lease.LeaseID, cl.Proof(),
+			client.Command{Argv: []string{"sh", "-c", "echo started; exec sleep 600"}, Timeout: 10 * time.Minute},
+			func(o client.Output) error {
+				if !once && strings.Contains(string(o.Data), "started") {
+					once = true
+					close(started)
+				}
+				return nil
+			})
+		execDone <- outcome{res, err}
+	}()
+	select {
+	case <-started:
+	case o := <-execDone:
+		t.Fatalf("the exec ended before Ctrl-C: %+v %v\n%s", o.res, o.err, stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the exec did not start:\n%s", stderr.String())
+	}
+	cancel() // Ctrl-C
+	var runErr error
+	select {
+	case runErr = <-done:
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("dev did not return:\n%s", stderr.String())
+	}
+	if runErr != nil {
+		t.Fatalf("dev at Ctrl-C during a streamed exec: %v\n%s", runErr, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "every cell ended, its deletion proven") {
+		t.Fatalf("drain not reported complete:\n%s", stderr.String())
+	}
+	o := <-execDone
+	if o.err != nil || o.res.Reason != wire.ReasonKilled {
+		t.Fatalf("the streamed exec at Ctrl-C: %+v, %v (want reason %s)", o.res, o.err, wire.ReasonKilled)
 	}
 }

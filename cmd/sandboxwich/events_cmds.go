@@ -10,7 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -33,13 +36,17 @@ func cliEvents(ctx context.Context, e env, args []string) error {
 		return nil
 	})
 	f.fs.IntVar(&q.Limit, "limit", 0, "events per page, 1 to 1000 (server default 100)")
-	follow := f.fs.Bool("follow", false, "follow the stream until interrupted, reconnecting by itself (--json: one event per line)")
+	follow := f.fs.Bool("follow", false, "follow the stream until interrupted, reconnecting by itself with back-off (--json: one event per line)")
 	count := f.fs.Int("count", 0, "with --follow: stop after this many events")
+	giveUp := f.fs.Duration("give-up-after", defaultGiveUpAfter, "with --follow: exit 1 once the server has been unreachable this long (0: never give up)")
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
+	if *giveUp < 0 {
+		return fmt.Errorf("%w: --give-up-after must not be negative", errUsage)
+	}
 	if *follow {
-		return followEvents(ctx, f, q, *count)
+		return followEvents(ctx, f, q, *count, *giveUp)
 	}
 	page, err := call(ctx, f, func(ctx context.Context, c *client.Client) (client.EventPage, error) {
 		var out client.EventPage
@@ -77,11 +84,97 @@ func cliEvents(ctx context.Context, e env, args []string) error {
 	return nil
 }
 
+// Reconnection of events --follow: the back-off doubles from
+// followRetryBase up to followRetryMax (full jitter), and the command gives
+// up after defaultGiveUpAfter of failures unless --give-up-after says
+// otherwise.
+const (
+	followRetryBase    = 250 * time.Millisecond
+	followRetryMax     = 15 * time.Second
+	defaultGiveUpAfter = 5 * time.Minute
+)
+
+// errGaveUp ends a follow whose server stayed unreachable for
+// --give-up-after.
+var errGaveUp = errors.New("the server stayed unreachable")
+
+// followWatch is the transport of events --follow: it sees every
+// (re)connection, says on stderr when the server stops answering and when
+// it answers again, and cancels the follow with errGaveUp once the server
+// has been unreachable for giveUp (0: never).
+type followWatch struct {
+	next   http.RoundTripper
+	stderr io.Writer
+	server string
+	giveUp time.Duration
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	failing bool
+	timer   *time.Timer
+}
+
+func (w *followWatch) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := w.next.RoundTrip(req)
+	switch {
+	case err != nil:
+		if req.Context().Err() == nil {
+			w.failed(err.Error())
+		}
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		w.failed(resp.Status)
+	default:
+		w.answered()
+	}
+	return resp, err
+}
+
+func (w *followWatch) failed(why string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failing {
+		return
+	}
+	w.failing = true
+	bound := "until interrupted"
+	if w.giveUp > 0 {
+		bound = "giving up after " + w.giveUp.String() + " (--give-up-after)"
+		w.timer = time.AfterFunc(w.giveUp, func() { w.cancel(errGaveUp) })
+	}
+	fmt.Fprintf(w.stderr, "sandboxwich events: the server at %s does not answer (%s); reconnecting with back-off, %s\n", w.server, why, bound)
+}
+
+func (w *followWatch) answered() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.failing {
+		return
+	}
+	w.failing = false
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+	fmt.Fprintf(w.stderr, "sandboxwich events: reconnected to %s\n", w.server)
+}
+
 // followEvents prints each event as it comes, until ctx ends (an
 // interrupt: exit 0) or count events were printed. --timeout bounds it
-// only when given.
-func followEvents(ctx context.Context, f *cliFlags, q client.EventQuery, count int) error {
-	c, err := f.client()
+// only when given. A server that stops answering is reported on stderr,
+// retried with back-off, and given up (an error) after giveUp.
+func followEvents(ctx context.Context, f *cliFlags, q client.EventQuery, count int, giveUp time.Duration) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watch := &followWatch{stderr: f.e.stderr, server: f.server, giveUp: giveUp, cancel: cancel}
+	defer func() {
+		watch.mu.Lock()
+		if watch.timer != nil {
+			watch.timer.Stop()
+		}
+		watch.mu.Unlock()
+	}()
+	c, err := f.clientWith(func(next http.RoundTripper) http.RoundTripper { watch.next = next; return watch },
+		client.WithRetry(client.DefaultMaxAttempts, followRetryBase, followRetryMax))
 	if err != nil {
 		return err
 	}
@@ -95,6 +188,9 @@ func followEvents(ctx context.Context, f *cliFlags, q client.EventQuery, count i
 	n := 0
 	for ev, err := range c.Events(ctx, q) {
 		if err != nil {
+			if errors.Is(context.Cause(ctx), errGaveUp) {
+				return fmt.Errorf("%w for %s; giving up (--give-up-after)", errGaveUp, giveUp)
+			}
 			if ctx.Err() != nil {
 				return nil
 			}

@@ -47,3 +47,30 @@ func TestDryRunHasNoAgentAndNoExec(t *testing.T) {
 		t.Error("dry-run is a driver.Execer")
 	}
 }
+
+// TestExecMaxOutputCeilingSetting: SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES
+// is unset by default (the plane's 16 MiB), accepts up to 64 MiB, and a
+// value below SANDBOXWICH_EXEC_MAX_OUTPUT_BYTES or out of range stops
+// start-up naming the setting.
+func TestExecMaxOutputCeilingSetting(t *testing.T) {
+	e, _, _ := testEnv(nil)
+	c, err := loadConfig(e, "serve", nil)
+	if err != nil || c.ExecMaxOutputCeilingBytes != 0 {
+		t.Fatalf("default: %d %v", c.ExecMaxOutputCeilingBytes, err)
+	}
+	e, _, _ = testEnv(map[string]string{"SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES": "33554432"})
+	if c, err := loadConfig(e, "serve", nil); err != nil || c.ExecMaxOutputCeilingBytes != 32<<20 {
+		t.Fatalf("32 MiB: %d %v", c.ExecMaxOutputCeilingBytes, err)
+	}
+	for _, env := range []map[string]string{
+		{"SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES": "0"},
+		{"SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES": "67108865"},
+		{"SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES": "16MiB"},
+		{"SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES": "1048576", "SANDBOXWICH_EXEC_MAX_OUTPUT_BYTES": "2097152"},
+	} {
+		e, _, _ := testEnv(env)
+		if _, err := loadConfig(e, "serve", nil); err == nil || !strings.Contains(err.Error(), "SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES") {
+			t.Errorf("%v: %v", env, err)
+		}
+	}
+}

@@ -61,7 +61,7 @@ var providers = map[string]providerFactory{
 	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
 			"memory_limit_bytes", "cpus", "pids_limit", "image", "image_cache_dir", "registry_auth_file",
-			"image_max_bytes"); err != nil {
+			"image_max_bytes", cellDiskKey); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
@@ -77,6 +77,13 @@ var providers = map[string]providerFactory{
 				return nil, fmt.Errorf("setting memory_limit_bytes: %q is not a positive integer", v)
 			}
 			cfg.MemoryLimitBytes = n
+		}
+		if v := s[cellDiskKey]; v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("key %s: %q is not a positive number of bytes", cellDiskKey, v)
+			}
+			cfg.CellDiskBytes = n
 		}
 		if v := s["image_max_bytes"]; v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -186,11 +193,12 @@ func gvisorPoolName(pool string) string {
 }
 
 // requireRunsc fails at once, with the install command, when gVisor's
-// runsc is not installed.
+// runsc is not installed. serve never builds it (an operator's server
+// does not build software at start); dev does (devEnsureRunsc).
 func requireRunsc() error {
 	if gvisor.FindRunsc() == "" {
 		return errors.New("runsc (gVisor) is not installed. Build the pinned version (about a minute) with:\n\n  " +
-			gvisor.InstallCommand + "\n\nor run `bash scripts/install-runsc.sh` in a checkout " +
+			gvisor.InstallCommand + "\n\nor run `bash scripts/install-runsc.sh` in a checkout; `sandboxwich dev` builds it itself " +
 			"(or `sandboxwich dev --provider dry-run` for SIMULATED cells without isolation)")
 	}
 	return nil
@@ -236,6 +244,10 @@ func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Pr
 			}
 			settings[key] = p.Image
 		}
+	}
+	settings, err := withCellDisk(p, settings)
+	if err != nil {
+		return nil, err
 	}
 	prov, err := f(p.Name, installation, settings, log)
 	if err != nil {

@@ -120,6 +120,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	}
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log), sandboxwich.WithPools(pools...),
 		sandboxwich.WithMaxLeaseSeconds(c.MaxLeaseSeconds), sandboxwich.WithExecMaxOutput(c.ExecMaxOutputBytes),
+		sandboxwich.WithExecMaxOutputCeiling(c.ExecMaxOutputCeilingBytes),
 		sandboxwich.WithPoolOptions(pool.WithInterval(c.SweepInterval), pool.WithLockTTL(c.PoolLockTTL)), sandboxwich.WithSweepInterval(sweep),
 		sandboxwich.WithMaxPrepareAhead(c.MaxPrepareAhead), sandboxwich.WithClockSync(c.ClockSync),
 		sandboxwich.WithEventRetention(c.EventRetention))
@@ -139,10 +140,11 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 			TenantTokens: c.TenantTokens, SharedToken: c.APIToken, DefaultTenant: c.DefaultTenant,
 			OperatorToken: c.OperatorToken, Workers: c.Workers, AllowInsecureNoAuth: c.AllowInsecureNoAuth,
 		},
-		Logger:        log,
-		MetricsPublic: c.MetricsPublic,
-		StreamsDone:   streamsDone,
-		Collectors:    deliverer.Collectors(),
+		Logger:                  log,
+		MetricsPublic:           c.MetricsPublic,
+		StreamsDone:             streamsDone,
+		Collectors:              deliverer.Collectors(),
+		MaxRequestsPerPrincipal: c.MaxRequestsPerPrincipal,
 	})
 	if err != nil {
 		st.Close()
@@ -154,9 +156,10 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 
 // run serves until ctx ends, then shuts down in order: stop accepting, let
 // in-flight requests finish, stop the reconciler (a provider call cut short
-// stays recorded and is resumed at the next start), with a drainTimeout end
-// every pool cell, and close the store. It logs at shutdown the bound it
-// returns within.
+// stays recorded and is resumed at the next start), and close the store.
+// With a drainTimeout (dev) it ends every pool cell before it waits for the
+// requests in flight (shutdownDraining), and fails unless every cell ended
+// with proof. It logs at shutdown the bound it returns within.
 func (s *server) run(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           s.handler,
@@ -196,25 +199,30 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 			serveErr <- srv.Serve(ln)
 		}
 	}()
+	stopBackground := func() {
+		stopPlane()
+		<-planeDone
+		<-hooksDone
+	}
 	var err error
 	select {
 	case err = <-serveErr:
+		stopBackground()
+		if s.drainTimeout > 0 {
+			err = errors.Join(err, s.drain())
+		}
 	case <-ctx.Done():
 		if s.drainTimeout > 0 {
 			s.log.Info("shutting down: ending every cell, live leases included", "grace", s.cfg.ShutdownTimeout,
 				"drain_timeout", s.drainTimeout, "exit_within", s.cfg.ShutdownTimeout+s.drainTimeout)
+			err = s.shutdownDraining(srv, stopBackground)
 		} else {
 			s.log.Info("shutting down; cells are kept and reconciled at the next start", "grace", s.cfg.ShutdownTimeout)
+			sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+			err = srv.Shutdown(sctx)
+			cancel()
+			stopBackground()
 		}
-		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-		err = srv.Shutdown(sctx)
-		cancel()
-	}
-	stopPlane()
-	<-planeDone
-	<-hooksDone
-	if s.drainTimeout > 0 {
-		s.drain()
 	}
 	if cerr := s.store.Close(); err == nil {
 		err = cerr
@@ -223,6 +231,38 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		err = nil
 	}
 	return err
+}
+
+// shutdownDraining is the shutdown of a server that ends its cells (dev):
+// it stops accepting requests and, without waiting for those in flight,
+// ends every cell, live leases included, so that a command running in a
+// cell (a streamed exec) ends now with the release's reason instead of
+// holding the grace until it is cut. Requests still in flight then get the
+// grace to finish; after that they are cut, which is no failure once every
+// cell is proven gone: there is nothing left for them to act on. It
+// returns nil when every cell ended with proof of deletion, else why not.
+func (s *server) shutdownDraining(srv *http.Server, stopBackground func()) error {
+	sctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- srv.Shutdown(sctx) }()
+	stopBackground()
+	drainErr := s.drain()
+	var err error
+	select {
+	case err = <-shutdown:
+	case <-time.After(s.cfg.ShutdownTimeout):
+		cancel()
+		err = <-shutdown
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		_ = srv.Close()
+		if drainErr == nil {
+			s.log.Warn("requests still in flight after the grace were cut; every cell was already gone", "error", err)
+			err = nil
+		}
+	}
+	return errors.Join(drainErr, err)
 }
 
 func serve(ctx context.Context, e env, args []string) error {
@@ -266,22 +306,23 @@ func serve(ctx context.Context, e env, args []string) error {
 
 // drain ends every pool cell, leased ones included, with proof, within
 // drainTimeout; the plane must have stopped. Stops it could not finish stay
-// recorded and the next start resumes them.
-func (s *server) drain() {
+// recorded and the next start resumes them; it then returns why.
+func (s *server) drain() error {
 	r := s.plane.Pools()
 	if r == nil {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.drainTimeout)
 	defer cancel()
 	if err := r.Drain(ctx); err != nil {
 		s.log.Warn("cells not all ended in time; the next start resumes their stops", "error", err)
-		return
+		return fmt.Errorf("cells not all ended in time (the next start resumes their stops): %w", err)
 	}
 	s.log.Info("every cell ended, its deletion proven")
 	if s.drained != nil {
 		s.drained()
 	}
+	return nil
 }
 
 // redactURL drops a database URL's password for logs.
