@@ -226,13 +226,22 @@ def test_interrupted_run_then_inspect_sandbox_cleanup(server: Server, tmp_path: 
         assert c.lease(lease).state == "leased"
         records = list(state_dir.glob("*.json"))
         assert len(records) == 1
+        # Records that cannot be cleaned, sorted before the run's own: a
+        # server that is gone, and a file that is not a record. Each is
+        # reported and skipped; the rest are cleaned (issue 40).
+        stale = state_dir / "0-stale.json"
+        stale.write_text(json.dumps({"url": "http://127.0.0.1:1", "token_file": str(server.dir / "tenant-token"), "runner_session_id": "inspect-stale"}))
+        garbage = state_dir / "1-garbage.json"
+        garbage.write_text("{")
         out = subprocess.run([str(INSPECT), "sandbox", "cleanup", "sandboxwich"], env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert "revoked 1 orphaned lease" in out.stdout + out.stderr
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text
+        assert "revoked 1 orphaned lease" in text, text
+        assert "inspect-stale at http://127.0.0.1:1: not cleaned" in text and "1-garbage.json: not a readable run record" in text, text
         st = c.wait_provider_absent(lease, poll=0.2, timeout=90)
         assert st.provider_absent and st.state in ("quarantined", "destroyed")
         assert c.list_leases(workspace_id="hang_task", live=True).leases == []
-        assert list(state_dir.glob("*.json")) == []
+        assert sorted(state_dir.glob("*.json")) == [stale, garbage]  # kept, reported
 
 
 def _wait_live(c: Client, workspace: str, proc: subprocess.Popen[bytes]) -> str:

@@ -92,7 +92,7 @@ def test_sse_decoder() -> None:
     d = SSEDecoder("rid")
     evs = [d.feed(line) for line in [": keep-alive", "event: stdout", 'data: {"data_base64":"aGk="}', "", "event: exit"]]
     assert evs[3] == sandboxwich.OutputEvent("stdout", b"hi")
-    d.feed('data: {"ok":true,"exit_code":0,"truncated":false,"duration_ms":1,"timed_out":false,"signal":null,"reason":"exited"}')
+    d.feed('data: {"ok":true,"exit_code":0,"truncated":false,"max_output_bytes":1048576,"duration_ms":1,"timed_out":false,"signal":null,"reason":"exited"}')
     ev = d.feed("")
     assert isinstance(ev, sandboxwich.ExitEvent) and d.done
     d = SSEDecoder("rid")

@@ -27,6 +27,9 @@ OPERATOR_HEADER = "x-sandboxwich-operator-token"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_RETRY_AFTER = 60.0
 MAX_RESPONSE_BYTES = 8 << 20
+STORED_EXEC_OUTPUT_MAX = 1 << 20
+"""The most output per stream an exec with an Idempotency-Key may ask for
+(the server stores its answer capped at 1 MiB per stream; CONTRACT §25)."""
 CHUNK = 1 << 16
 
 __version__ = "0.4.0"
@@ -227,6 +230,7 @@ class Req:
     idempotency_key: str | None = None
     timeout: float | None = None
     content_type: str = "application/json"
+    max_response: int = MAX_RESPONSE_BYTES
 
 
 def encode(body: Mapping[str, Any]) -> bytes:
@@ -305,9 +309,19 @@ def exec_body(
     cwd: str | None,
     user: str | None,
     timeout: float | None,
+    max_output_bytes: int | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     if isinstance(argv, (str, bytes)):
         raise TypeError("argv is a list of strings")
+    if max_output_bytes is not None:
+        if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int) or max_output_bytes < 1:
+            raise ValueError("max_output_bytes is a positive number of bytes")
+        if idempotency_key and max_output_bytes > STORED_EXEC_OUTPUT_MAX:
+            raise ValueError(
+                f"max_output_bytes above {STORED_EXEC_OUTPUT_MAX} bytes cannot be combined with an idempotency_key"
+                " (the stored answer keeps at most 1 MiB per stream)"
+            )
     body = proof.body()
     body["argv"] = list(argv)
     if stdin:
@@ -319,12 +333,22 @@ def exec_body(
         body["cwd"] = cwd
     if user:
         body["user"] = user
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = max_output_bytes
     if timeout is not None:
         if timeout < 0:
             raise ValueError("negative command timeout")
         if timeout > 0:
             body["timeout_seconds"] = int(-(-timeout // 1))
     return body
+
+
+def exec_response_cap(max_output_bytes: int | None) -> int:
+    """The most bytes a JSON exec answer may take: both streams at their
+    cap, base64-encoded, plus the rest of the answer."""
+    if max_output_bytes is None:
+        return MAX_RESPONSE_BYTES
+    return max(MAX_RESPONSE_BYTES, 2 * (4 * -(-max_output_bytes // 3)) + (64 << 10))
 
 
 def exec_timeout(timeout: float | None, default: float) -> float:
@@ -347,6 +371,7 @@ def decode_exec(r: ExecResponse) -> ExecResult:
         signal=r.signal,
         reason=r.reason,
         duration_ms=r.duration_ms,
+        max_output_bytes=r.max_output_bytes,
     )
 
 

@@ -130,7 +130,7 @@ class AsyncClient:
         async def attempt() -> M:
             resp = await self._open(r)
             try:
-                data = await _aread_capped(resp)
+                data = await _aread_capped(resp, r.max_response)
             finally:
                 await resp.aclose()
             try:
@@ -246,14 +246,16 @@ class AsyncClient:
         user: User | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult:
-        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout)
+        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout, max_output_bytes, idempotency_key)
         r = Req(
             "POST",
             _core.lease_path(proof.lease_id, "/exec"),
             _core.encode(body),
             idempotency_key=idempotency_key,
             timeout=_core.exec_timeout(timeout, self._timeout),
+            max_response=_core.exec_response_cap(max_output_bytes),
         )
         return _core.decode_exec(await self._json(r, ExecResponse))
 
@@ -267,8 +269,9 @@ class AsyncClient:
         cwd: str | None = None,
         user: User | None = None,
         timeout: float | None = None,
+        max_output_bytes: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
-        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout)
+        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout, max_output_bytes)
         r = Req("POST", _core.lease_path(proof.lease_id, "/exec"), _core.encode(body), accept="text/event-stream", timeout=30.0)
         try:
             resp = await self._open(r)
@@ -403,10 +406,10 @@ class AsyncClient:
         return list((await self._json(Req("GET", "/pools", retry=True), PoolsResponse)).pools)
 
 
-async def _aread_capped(resp: httpx.Response) -> bytes:
+async def _aread_capped(resp: httpx.Response, limit: int = _core.MAX_RESPONSE_BYTES) -> bytes:
     buf = bytearray()
     async for chunk in resp.aiter_bytes():
         buf += chunk
-        if len(buf) > _core.MAX_RESPONSE_BYTES:
-            raise ProtocolError(f"response larger than {_core.MAX_RESPONSE_BYTES} bytes")
+        if len(buf) > limit:
+            raise ProtocolError(f"response larger than {limit} bytes")
     return bytes(buf)

@@ -154,7 +154,7 @@ class Client:
         def attempt() -> M:
             resp = self._open(r)
             try:
-                data = _read_capped(resp)
+                data = _read_capped(resp, r.max_response)
             finally:
                 resp.close()
             try:
@@ -309,16 +309,27 @@ class Client:
         user: User | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult:
         """Run a command in the cell and return its decoded result. Sent
-        once; with ``idempotency_key`` a repeat returns the first answer."""
-        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout)
+        once; with ``idempotency_key`` a repeat returns the first answer.
+
+        Each of stdout and stderr is cut at the server's cap (1 MiB unless
+        configured otherwise) and ``truncated`` set; ``max_output_bytes``
+        asks for another cap, up to the server's ceiling
+        (``SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES``, default 16 MiB; above
+        it the server answers ``InvalidRequestError``). More than 1 MiB
+        cannot be combined with ``idempotency_key`` (the stored answer keeps
+        at most 1 MiB per stream): that raises ``ValueError`` and nothing is
+        sent."""
+        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout, max_output_bytes, idempotency_key)
         r = Req(
             "POST",
             _core.lease_path(proof.lease_id, "/exec"),
             _core.encode(body),
             idempotency_key=idempotency_key,
             timeout=_core.exec_timeout(timeout, self._timeout),
+            max_response=_core.exec_response_cap(max_output_bytes),
         )
         return _core.decode_exec(self._json(r, ExecResponse))
 
@@ -332,13 +343,15 @@ class Client:
         cwd: str | None = None,
         user: User | None = None,
         timeout: float | None = None,
+        max_output_bytes: int | None = None,
     ) -> Iterator[StreamEvent]:
         """Run a command and yield its output as it comes: ``OutputEvent``
         chunks, then one ``ExitEvent``. A failure after the command started
         raises its typed exception; a stream that ends without an exit raises
         ``StreamIncompleteError``. Closing the iterator early closes the
-        stream (the server then stops the command). Sent once."""
-        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout)
+        stream (the server then stops the command). Sent once.
+        ``max_output_bytes`` as for :meth:`exec`."""
+        body = _core.exec_body(proof, argv, stdin, env, cwd, user, timeout, max_output_bytes)
         r = Req("POST", _core.lease_path(proof.lease_id, "/exec"), _core.encode(body), accept="text/event-stream", timeout=30.0)
         try:
             resp = self._open(r)
@@ -510,12 +523,12 @@ def _final(e: BaseException, n: int, claim_id: uuid.UUID | None) -> SandboxwichE
     return out
 
 
-def _read_capped(resp: httpx.Response) -> bytes:
+def _read_capped(resp: httpx.Response, limit: int = _core.MAX_RESPONSE_BYTES) -> bytes:
     buf = bytearray()
     for chunk in resp.iter_bytes():
         buf += chunk
-        if len(buf) > _core.MAX_RESPONSE_BYTES:
-            raise ProtocolError(f"response larger than {_core.MAX_RESPONSE_BYTES} bytes")
+        if len(buf) > limit:
+            raise ProtocolError(f"response larger than {limit} bytes")
     return bytes(buf)
 
 

@@ -217,6 +217,14 @@ class EventsExpiredError(APIError):
     code, default_status = "events_expired", 410
 
 
+class TooManyRequestsError(APIError):
+    """429 too_many_requests: the token has too many requests in flight
+    (SANDBOXWICH_MAX_REQUESTS_PER_PRINCIPAL); retried after Retry-After
+    like any 429 by the calls that retry."""
+
+    code, default_status = "too_many_requests", 429
+
+
 ERRORS: dict[str, type[APIError]] = {
     c.code: c
     for c in (
@@ -246,6 +254,7 @@ ERRORS: dict[str, type[APIError]] = {
         InsufficientStorageError,
         StoreUnavailableError,
         EventsExpiredError,
+        TooManyRequestsError,
     )
 }
 """The exception class of each wire code."""
@@ -260,6 +269,7 @@ _STATUS_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "invalid_request",
+    429: "too_many_requests",
     431: "request_header_too_large",
     507: "insufficient_storage",
 }

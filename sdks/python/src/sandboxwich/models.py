@@ -121,6 +121,9 @@ class ExecRequest(ValidateRequest):
     timeout_seconds: int | None = None
     cwd: str | None = None
     user: User | None = None
+    max_output_bytes: int | None = None
+    """Per-stream output cap asked for (CONTRACT §25): up to the server's
+    SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES; default its 1 MiB cap."""
 
 
 class ExecExit(_Model):
@@ -130,6 +133,8 @@ class ExecExit(_Model):
     ok: bool
     exit_code: int
     truncated: bool
+    max_output_bytes: int
+    """The cap of each of stdout and stderr that applied (CONTRACT §25)."""
     duration_ms: int
     timed_out: bool
     signal: str | None
@@ -264,6 +269,8 @@ class HealthComponent(_Model):
 class Health(_Model):
     ok: bool
     service: str
+    checked_at: datetime
+    """When the server checked (RFC 3339 UTC; CONTRACT §12)."""
     database: HealthComponent | None = None
     auth: HealthComponent | None = None
 
@@ -370,6 +377,8 @@ class ExecResult(_Model):
     signal: str | None
     reason: ExecReason
     duration_ms: int
+    max_output_bytes: int | None = None
+    """The cap of each of stdout and stderr that applied."""
 
 
 EventType = Literal[

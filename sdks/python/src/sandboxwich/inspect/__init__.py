@@ -6,6 +6,6 @@ Use it with ``sandbox=("sandboxwich", "config.json")`` or
 ``SandboxEnvironmentSpec("sandboxwich", SandboxwichConfig(...))``.
 """
 
-from ._provider import SandboxwichConfig, SandboxwichSandboxEnvironment
+from ._provider import SandboxwichConfig, SandboxwichConfigError, SandboxwichSandboxEnvironment
 
-__all__ = ["SandboxwichConfig", "SandboxwichSandboxEnvironment"]
+__all__ = ["SandboxwichConfig", "SandboxwichConfigError", "SandboxwichSandboxEnvironment"]

@@ -24,7 +24,7 @@ from inspect_ai.util import (
     SandboxUserUnsupportedError,
     sandboxenv,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import override
 
 from .. import errors
@@ -45,6 +45,24 @@ def _env(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
+try:  # Inspect prints a PrerequisiteError as its message alone, without a traceback.
+    from inspect_ai._util.error import PrerequisiteError as _Prerequisite
+except ImportError:  # pragma: no cover - another Inspect version
+    _Prerequisite = Exception  # type: ignore[assignment,misc]
+
+
+class SandboxwichConfigError(_Prerequisite, ValueError):
+    """A configuration of the ``sandboxwich`` sandbox that cannot be used:
+    one line saying what is wrong and what to do (never a value given)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        ValueError.__init__(self, message)
+
+    def __str__(self) -> str:
+        return str(self.message)
+
+
 class SandboxwichConfig(BaseModel):
     """Configuration of the ``sandboxwich`` sandbox (each field defaults to
     its ``SANDBOXWICH_*`` environment variable where it has one)."""
@@ -54,13 +72,18 @@ class SandboxwichConfig(BaseModel):
     url: str = Field(default_factory=lambda: _env("SANDBOXWICH_URL", "http://127.0.0.1:3217"))
     """The server's base URL."""
     token_file: str = Field(default_factory=lambda: _env("SANDBOXWICH_TOKEN_FILE"))
-    """A file holding the tenant token (never the token itself)."""
+    """A file holding the tenant token (never the token itself); default
+    SANDBOXWICH_TOKEN_FILE, else the token in SANDBOXWICH_TOKEN (as the
+    ``sandboxwich`` CLI reads it). A relative path in a config file is
+    relative to that file's directory."""
     release: Release | None = None
     """The pool's signed release; default from SANDBOXWICH_RELEASE_FILE (its JSON)."""
-    lease_seconds: int = 300
+    lease_seconds: int = Field(default=300, ge=1)
     """Requested lease length (the server clamps it to its maximum)."""
-    exec_output_cap: int | None = None
-    """Per-stream cap of exec output in bytes; default Inspect's limit."""
+    exec_output_cap: int | None = Field(default=None, ge=1)
+    """Per-stream cap of exec output in bytes, asked of the server as
+    ``max_output_bytes`` (at most its SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES,
+    default 16 MiB); default Inspect's limit (10 MiB)."""
     working_dir: str = "/home/cell"
     """Where relative paths and cwd resolve; default the cell's home."""
     organization_id: str = "inspect"
@@ -78,7 +101,21 @@ class SandboxwichConfig(BaseModel):
         f = _env("SANDBOXWICH_RELEASE_FILE")
         if not f:
             raise ValueError("sandboxwich: no release configured (config 'release' or SANDBOXWICH_RELEASE_FILE)")
-        return Release.model_validate_json(Path(f).read_text())
+        try:
+            return Release.model_validate_json(Path(f).read_text())
+        except OSError as e:
+            raise SandboxwichConfigError(f"sandboxwich: SANDBOXWICH_RELEASE_FILE {f}: {e.strerror or e}") from None
+        except ValidationError as e:
+            raise SandboxwichConfigError(f"sandboxwich: SANDBOXWICH_RELEASE_FILE {f} is not a release: {_first_error(e)}") from None
+
+    def token_source(self) -> tuple[str | None, str | None]:
+        """(token_file, None) or (None, the SANDBOXWICH_TOKEN env token)."""
+        if self.token_file:
+            return self.token_file, None
+        tok = _env("SANDBOXWICH_TOKEN").strip()
+        if tok:
+            return None, tok
+        raise SandboxwichConfigError("sandboxwich: no token configured: give token_file (a file holding the tenant token) or set SANDBOXWICH_TOKEN")
 
 
 def state_dir() -> Path:
@@ -101,11 +138,103 @@ class _Session:
         self.config = config
         self.release = config.resolved_release()
         self.runner_session_id = "inspect-" + str(uuid7())
-        if not config.token_file:
-            raise ValueError("sandboxwich: no token_file configured (config 'token_file' or SANDBOXWICH_TOKEN_FILE)")
-        self.client = AsyncClient(config.url, token_file=config.token_file)
+        token_file, token = config.token_source()
+        self.token_file = os.path.abspath(token_file) if token_file else None
+        try:
+            self.client = AsyncClient(config.url, token=token, token_file=self.token_file)
+        except OSError as e:
+            raise SandboxwichConfigError(f"sandboxwich: token_file {token_file}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise SandboxwichConfigError(f"sandboxwich: {e}") from None
         self.record = state_dir() / (self.runner_session_id + ".json")
-        self.record.write_text(json.dumps({"url": config.url, "token_file": config.token_file, "runner_session_id": self.runner_session_id}))
+        self.recorded = False
+        self.released: set[uuid.UUID] = set()
+        """Leases whose release the server accepted: task_cleanup leaves
+        them to finish (a revoke would contradict their disposition)."""
+
+    def write_record(self) -> None:
+        """Record the run for ``inspect sandbox cleanup`` once the server
+        answered (before that the run can hold no lease). The token itself
+        is never written: the record names its file, or SANDBOXWICH_TOKEN."""
+        if self.recorded:
+            return
+        rec: dict[str, str] = {"url": self.config.url, "runner_session_id": self.runner_session_id}
+        if self.token_file:
+            rec["token_file"] = self.token_file
+        else:
+            rec["token_env"] = "SANDBOXWICH_TOKEN"  # noqa: S105 - the variable's name, not a token
+        tmp = self.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec))
+        os.replace(tmp, self.record)
+        self.recorded = True
+
+
+_KNOWN = ", ".join(SandboxwichConfig.model_fields)
+_COMPOSE_NAMES = ("compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml", "Dockerfile")
+
+
+def _first_error(e: ValidationError) -> str:
+    """One validation error, by location and kind, never quoting the input
+    (it may be a secret)."""
+    err = e.errors(include_input=False, include_url=False)[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "value"
+    return f"{loc}: {err['msg']}"
+
+
+def _validate(data: Any, where: str) -> SandboxwichConfig:
+    """A SandboxwichConfig from a mapping, or one line saying what is wrong."""
+    if not isinstance(data, dict):
+        raise SandboxwichConfigError(f"sandboxwich: {where}: expected a mapping of config keys ({_KNOWN}), got {type(data).__name__}")
+    if "services" in data:
+        raise SandboxwichConfigError(
+            f"sandboxwich: {where} is a Docker Compose file; images per sample are not supported yet:"
+            f" cells run their pool's image. Give a sandboxwich config ({_KNOWN})"
+        )
+    if "token" in data:
+        raise SandboxwichConfigError(
+            f"sandboxwich: {where}: an inline 'token' is not accepted; put the token in a file and give token_file, or set SANDBOXWICH_TOKEN"
+        )
+    unknown = [str(k) for k in data if k not in SandboxwichConfig.model_fields]
+    if unknown:
+        raise SandboxwichConfigError(f"sandboxwich: {where}: unknown key {unknown[0]!r} (known: {_KNOWN})")
+    try:
+        return SandboxwichConfig.model_validate(data)
+    except ValidationError as e:
+        raise SandboxwichConfigError(f"sandboxwich: {where}: {_first_error(e)}") from None
+
+
+def _load_file(path: str) -> SandboxwichConfig:
+    where = f"config {path}"
+    name = os.path.basename(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SandboxwichConfigError(f"sandboxwich: {where}: {e.strerror or e}") from None
+    if name in _COMPOSE_NAMES:
+        raise SandboxwichConfigError(
+            f"sandboxwich: {where} is a Docker Compose file; images per sample are not supported yet:"
+            f" cells run their pool's image. Give a sandboxwich config ({_KNOWN})"
+        )
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml  # type: ignore[import-untyped]
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except ValueError as e:  # json.JSONDecodeError and yaml.YAMLError's line
+        raise SandboxwichConfigError(f"sandboxwich: {where} is not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: {_one_line(e)}") from None
+    except Exception as e:  # yaml.YAMLError is not a ValueError
+        raise SandboxwichConfigError(f"sandboxwich: {where} is not valid YAML: {_one_line(e)}") from None
+    cfg = _validate(data, where)
+    if cfg.token_file and not os.path.isabs(cfg.token_file):
+        # Relative to the config file, wherever Inspect runs the task from.
+        cfg = cfg.model_copy(update={"token_file": os.path.join(os.path.dirname(os.path.abspath(path)), cfg.token_file)})
+    return cfg
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
 
 
 def _resolve_config(config: SandboxEnvironmentConfigType | None) -> SandboxwichConfig:
@@ -114,15 +243,10 @@ def _resolve_config(config: SandboxEnvironmentConfigType | None) -> SandboxwichC
     if isinstance(config, SandboxwichConfig):
         return config
     if isinstance(config, str):
-        text = Path(config).read_text()
-        if config.endswith((".yaml", ".yml")):
-            import yaml  # type: ignore[import-untyped]
-
-            return SandboxwichConfig.model_validate(yaml.safe_load(text))
-        return SandboxwichConfig.model_validate_json(text)
+        return _load_file(config)
     if isinstance(config, BaseModel):
-        return SandboxwichConfig.model_validate(config.model_dump())
-    raise TypeError(f"sandboxwich: unsupported config {type(config).__name__}")
+        return _validate(config.model_dump(), f"config {type(config).__name__}")
+    raise SandboxwichConfigError(f"sandboxwich: unsupported config {type(config).__name__}: give a config file path or a SandboxwichConfig")
 
 
 def _user(user: str | None) -> User | None:
@@ -168,7 +292,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     @override
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
-        return SandboxwichConfig(**config)
+        return _validate(config, "config")
 
     @override
     @classmethod
@@ -196,6 +320,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
             inventory = await s.client.inventory()
         except errors.SandboxwichError as e:
             raise RuntimeError(f"sandboxwich: the server at {s.config.url} is not usable: {e}") from None
+        s.write_record()
         rel = s.release
         if not any(i.release_set_id == rel.release_set_id and i.runtime_class == rel.runtime_class and i.policy_digest == rel.policy_digest for i in inventory):
             have = ", ".join(f"{i.release_set_id}/{i.runtime_class}" for i in inventory) or "none"
@@ -206,6 +331,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     async def sample_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]) -> dict[str, SandboxEnvironment]:
         s = cls._session_for(config)
         claim = await cls._claim(s, _ident(s.config.workspace_id or task_name))
+        s.write_record()  # task_init wrote it already, unless the caller skipped task_init
         env = cls(s, claim)
         assert claim.lease is not None
         rel = claim.lease.release
@@ -276,10 +402,17 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
             self.metadata["evidence_error"] = ev.__class__.__name__
         else:
             self.metadata["evidence"] = ev.model_dump(mode="json")
+        # What the log records is what is known: "release_status" says how the
+        # lease was ended ("accepted": the server recorded the release;
+        # "revoked": ended without the attestation; "ended": it had ended
+        # already), and final_state / provider_absent appear only once the
+        # provider proved the cell gone, or the lease was read ended.
         try:
             if isinstance(rel, BaseException):
                 raise rel
             st = rel
+            self.metadata["release_status"] = "accepted"
+            self._session.released.add(lease_id)
         except errors.SandboxwichError as e:
             # Outcome unknown, or the lease ended already: read it, and end it
             # without the attestation if it is still live.
@@ -288,16 +421,22 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                 st = await c.lease(lease_id)
                 if st.state == "leased" and not st.disposition:
                     st = await c.revoke(lease_id)
+                    self.metadata["release_status"] = "revoked"
+                else:
+                    self.metadata["release_status"] = "ended" if st.state != "leased" else "accepted"
             except errors.SandboxwichError as e2:
                 self.metadata["cleanup_error"] = e2.__class__.__name__
                 _record(self)
                 return
+        if st.disposition:
+            self.metadata["disposition"] = st.disposition
         if wait:
             try:
                 st = await c.wait_provider_absent(lease_id, poll=0.1, timeout=self._session.config.deletion_timeout)
             except (TimeoutError, errors.SandboxwichError) as e:
                 self.metadata["cleanup_error"] = e.__class__.__name__
-        self.metadata.update({"final_state": st.state, "disposition": st.disposition, "provider_absent": st.provider_absent})
+        if st.provider_absent or st.state != "leased":
+            self.metadata.update({"final_state": st.state, "disposition": st.disposition, "provider_absent": st.provider_absent})
         _record(self)
 
     @override
@@ -307,8 +446,8 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
         if s is None:
             return
         try:
-            if cleanup:
-                await _revoke_orphans(s.client, s.runner_session_id)
+            if cleanup and s.recorded:  # unrecorded: the server never answered, so no lease exists
+                await _revoke_orphans(s.client, s.runner_session_id, skip=s.released)
                 s.record.unlink(missing_ok=True)
         finally:
             await s.client.aclose()
@@ -316,14 +455,38 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     @override
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:
+        """Revoke the live leases of every recorded run (or of runner
+        session ``id``). A record that cannot be cleaned (unreadable, its
+        server or token gone) is reported, kept and skipped; the rest are
+        cleaned and their records removed."""
+        skipped = 0
         for f in sorted(state_dir().glob("*.json")):
-            rec = json.loads(f.read_text())
-            if id is not None and rec["runner_session_id"] != id:
+            try:
+                rec = json.loads(f.read_text())
+                session = rec["runner_session_id"]
+                if not isinstance(session, str):
+                    raise TypeError("runner_session_id is not a string")
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                print(f"sandboxwich: {f}: not a readable run record ({_one_line(e)}); skipped")
+                skipped += 1
                 continue
-            async with AsyncClient(rec["url"], token_file=rec["token_file"]) as c:
-                n = await _revoke_orphans(c, rec["runner_session_id"])
-            print(f"sandboxwich: runner session {rec['runner_session_id']}: revoked {n} orphaned lease(s)")
+            if id is not None and session != id:
+                continue
+            try:
+                token_file = rec.get("token_file")
+                token = None if token_file else _env("SANDBOXWICH_TOKEN").strip() or None
+                if not token_file and not token:
+                    raise SandboxwichConfigError("no token_file recorded and SANDBOXWICH_TOKEN is not set")
+                async with AsyncClient(rec["url"], token=token, token_file=token_file) as c:
+                    n = await _revoke_orphans(c, session)
+            except (errors.SandboxwichError, OSError, ValueError, KeyError, TypeError) as e:
+                print(f"sandboxwich: runner session {session} at {rec.get('url')}: not cleaned ({e.__class__.__name__}: {_one_line(e)}); record kept: {f}")
+                skipped += 1
+                continue
+            print(f"sandboxwich: runner session {session}: revoked {n} orphaned lease(s)")
             f.unlink(missing_ok=True)
+        if skipped:
+            print(f"sandboxwich: {skipped} record(s) not cleaned (see above); delete a record that no longer matters")
 
     # Commands and files.
 
@@ -353,6 +516,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
 
         u = _user(user)
         c = self._session.client
+        cap = self._session.config.exec_output_cap or SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         argv = list(cmd)
         stdin = input.encode() if isinstance(input, str) else input
         staged = None
@@ -362,7 +526,16 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                 await c.write_file(self._proof, staged, stdin, mode=0o600, user=u)
                 argv = ["/bin/sh", "-c", 'exec 0<"$0" || exit 126; rm -f -- "$0"; exec "$@"', staged, *argv]
                 stdin = None
-            res = await c.exec(self._proof, argv, stdin=stdin, env=env, cwd=self._path(cwd or "."), user=u, timeout=timeout or self._remaining())
+            res = await c.exec(
+                self._proof,
+                argv,
+                stdin=stdin,
+                env=env,
+                cwd=self._path(cwd or "."),
+                user=u,
+                timeout=timeout or self._remaining(),
+                max_output_bytes=cap,
+            )
         except (errors.InvalidRequestError, errors.BadRequestError) as e:
             raise ValueError(f"sandboxwich: {e}") from None
         except errors.SandboxwichError as e:
@@ -371,12 +544,16 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
             raise TimeoutError(f"command timed out after {timeout} s" if timeout else "command outlived the lease")
         if res.reason in ("killed", "cell_lost"):
             raise SandboxUnavailableError(f"sandboxwich: the cell ended during the command ({res.reason})")
-        cap = self._session.config.exec_output_cap or SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        longest = max(len(res.stdout), len(res.stderr))
+        if res.truncated or longest > cap:
+            # The cap that applied: the answer's max_output_bytes, else (a
+            # server that does not say) the length it cut a stream at.
+            applied = res.max_output_bytes or (min(cap, longest) if res.truncated and longest else cap)
+            limit = _size(applied) if applied == cap else f"{_size(applied)} (the server's cap; {_size(cap)} was asked for)"
+            raw = res.stdout if len(res.stdout) >= len(res.stderr) else res.stderr
+            raise OutputLimitExceededError(limit, raw[:applied].decode("utf-8", errors="replace"))
         stdout = res.stdout.decode("utf-8", errors="replace")
         stderr = res.stderr.decode("utf-8", errors="replace")
-        for raw in (res.stdout, res.stderr):
-            if len(raw) > cap or res.truncated:
-                raise OutputLimitExceededError(_size(cap), raw[:cap].decode("utf-8", errors="replace"))
         if res.exit_code == 126 and "permission denied" in stderr.lower():
             raise PermissionError(f"permission denied executing {cmd[0]!r}: {stderr.strip()}")
         return ExecResult(success=res.exit_code == 0, returncode=res.exit_code, stdout=stdout, stderr=stderr)
@@ -422,8 +599,10 @@ def _retrieved(f: asyncio.Future[Evidence]) -> None:
 
 
 def _size(n: int) -> str:
-    if n == SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE:
-        return SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR
+    """A byte count as Inspect writes its limits: "10 MiB", "1 KiB", "1000 bytes"."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
     return f"{n} bytes"
 
 
@@ -439,12 +618,15 @@ def _record(env: SandboxwichSandboxEnvironment) -> None:
         state.metadata["sandboxwich"] = dict(env.metadata)
 
 
-async def _revoke_orphans(c: AsyncClient, runner_session_id: str) -> int:
+async def _revoke_orphans(c: AsyncClient, runner_session_id: str, skip: set[uuid.UUID] | None = None) -> int:
     """End every live lease of a runner session by revocation (its
-    attestations died with the run) and wait for the proof of deletion."""
+    attestations died with the run) and wait for the proof of deletion;
+    leases in ``skip`` (released already) are left to finish."""
     n = 0
     ended = []
     async for lz in c.iter_leases(runner_session_id=runner_session_id, live=True):
+        if skip and lz.lease_id in skip:
+            continue
         try:
             await c.revoke(lz.lease_id)
             ended.append(lz.lease_id)
