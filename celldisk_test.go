@@ -6,21 +6,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/client"
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/httpapi"
-	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -31,51 +25,12 @@ import (
 // insufficient_storage, and after both the lease is still live and its
 // cell still runs commands (issue 40: a full disk killed the cell).
 func TestFullCellDisk(t *testing.T) {
-	if gvisor.FindRunsc() == "" || os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runsc and root are required under CI=true (scripts/install-runsc.sh)")
-		}
-		t.Skip("needs runsc and root")
-	}
-	if testing.Short() {
-		t.Skip("starts a real gVisor sandbox")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "sbw-celldisk-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := filepath.Join(dir, "state")
 	const disk = 32 << 20 // /home/cell 12 MiB, /tmp 8 MiB
-	prov, err := gvisor.New(gvisor.Config{StateDir: state, BundleDir: filepath.Join(dir, "bundles"), Pool: "disk",
-		MemoryLimitBytes: 256 << 20, CellDiskBytes: disk,
-		Installation: driver.InstallationTag(dir), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := testenv.Keyring(t)
-	rel := testenv.Release(keys, lease.GVisorLowerRisk)
+	g := startGVisorPlane(t, ctx, "disk", gvisor.Config{MemoryLimitBytes: 256 << 20, CellDiskBytes: disk})
+	plane, rel := g.Plane, g.rel
 	quiet := slog.New(slog.DiscardHandler)
-	plane, err := sandboxwich.New(testenv.SQLite(t), keys, sandboxwich.WithLogger(quiet),
-		sandboxwich.WithPools(pool.Config{Name: "disk", TenantID: "acme", Release: rel, Target: 1, Provider: prov}),
-		sandboxwich.WithPoolOptions(pool.WithInterval(50*time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = plane.Run(runCtx) }()
-	t.Cleanup(func() {
-		_ = plane.Pools().SetTarget("disk", 0)
-		dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
-		defer dcancel()
-		_ = plane.Pools().Drain(dctx)
-		stop()
-		<-done
-		_ = gvisor.RemoveStateDir(state)
-		_ = os.RemoveAll(dir)
-	})
 	const token = "disk-tenant-token"
 	h, err := httpapi.New(httpapi.Config{Plane: plane, Logger: quiet, Auth: httpapi.Auth{TenantTokens: map[string]string{token: "acme"}}})
 	if err != nil {

@@ -3,9 +3,7 @@ package sandboxwich_test
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,11 +13,9 @@ import (
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/attest"
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/pool"
 )
 
 // TestNoSecretReachesARealCell leases a real gVisor cell through the
@@ -32,61 +28,14 @@ import (
 // attestation, its digest, any value of the binding tuple, the release
 // signature or the signing key.
 func TestNoSecretReachesARealCell(t *testing.T) {
-	if gvisor.FindRunsc() == "" || os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runsc and root are required under CI=true (scripts/install-runsc.sh)")
-		}
-		t.Skip("needs runsc and root")
-	}
-	if testing.Short() {
-		t.Skip("starts a real gVisor sandbox")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "sbw-cellsecrets-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := filepath.Join(dir, "state")
-	prov, err := gvisor.New(gvisor.Config{StateDir: state, BundleDir: filepath.Join(dir, "bundles"), Pool: "secrets",
-		Installation: driver.InstallationTag(dir), RecordAgentMessages: true, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := testenv.Keyring(t)
-	rel := testenv.Release(keys, lease.GVisorLowerRisk)
-	plane, err := sandboxwich.New(testenv.SQLite(t), keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
-		sandboxwich.WithPools(pool.Config{Name: "secrets", TenantID: "acme", Release: rel, Target: 1, Provider: prov}),
-		sandboxwich.WithPoolOptions(pool.WithInterval(50*time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = plane.Run(runCtx) }()
-	t.Cleanup(func() {
-		_ = plane.Pools().SetTarget("secrets", 0)
-		dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
-		defer dcancel()
-		_ = plane.Pools().Drain(dctx)
-		stop()
-		<-done
-		_ = gvisor.RemoveStateDir(state)
-		_ = os.RemoveAll(dir)
-	})
+	g := startGVisorPlane(t, ctx, "secrets", gvisor.Config{RecordAgentMessages: true})
+	plane, prov, rel := g.Plane, g.prov, g.rel
 
 	binding := lease.Binding{OrganizationID: "org-canary-5d1e", WorkspaceID: "ws-canary-8b2a",
 		ThreadID: "thread-canary-33f0", RunnerSessionID: "session-canary-c47d"}
-	var res sandboxwich.ClaimResult
-	for res.Lease == nil {
-		if ctx.Err() != nil {
-			t.Fatal("no cell became ready")
-		}
-		if res, err = plane.Claim(ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: rel, Binding: binding}); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	res := g.claim(ctx, t, binding)
 	pr, id := res.Proof(), res.Lease.ID
 	att := res.Attestation()
 	needles := map[string]string{

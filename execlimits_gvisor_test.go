@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,12 +14,9 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/errcode"
-	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/pool"
 )
 
 // TestExecLimitsInARealCell checks the exec limits and end reasons against
@@ -39,65 +34,12 @@ import (
 //   - a release (JSON exec) or revocation (streamed exec) during a command
 //     answers reason killed, and the cell ends destroyed, not quarantined.
 func TestExecLimitsInARealCell(t *testing.T) {
-	if gvisor.FindRunsc() == "" || os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runsc and root are required under CI=true (scripts/install-runsc.sh)")
-		}
-		t.Skip("needs runsc and root")
-	}
-	if testing.Short() {
-		t.Skip("starts real gVisor sandboxes")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "sbw-execlimits-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := filepath.Join(dir, "state")
-	prov, err := gvisor.New(gvisor.Config{StateDir: state, BundleDir: filepath.Join(dir, "bundles"), Pool: "limits",
-		Installation: driver.InstallationTag(dir), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := testenv.Keyring(t)
-	rel := testenv.Release(keys, lease.GVisorLowerRisk)
 	var logs logBuffer
-	plane, err := sandboxwich.New(testenv.SQLite(t), keys, sandboxwich.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
-		sandboxwich.WithPools(pool.Config{Name: "limits", TenantID: "acme", Release: rel, Target: 1, Provider: prov}),
-		sandboxwich.WithPoolOptions(pool.WithInterval(50*time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = plane.Run(runCtx) }()
-	t.Cleanup(func() {
-		_ = plane.Pools().SetTarget("limits", 0)
-		dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
-		defer dcancel()
-		_ = plane.Pools().Drain(dctx)
-		stop()
-		<-done
-		_ = gvisor.RemoveStateDir(state)
-		_ = os.RemoveAll(dir)
-	})
-	claim := func() sandboxwich.ClaimResult {
-		t.Helper()
-		for {
-			if ctx.Err() != nil {
-				t.Fatal("no cell became ready")
-			}
-			res, err := plane.Claim(ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: rel, Binding: binding})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Lease != nil {
-				return res
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	g := startGVisorPlane(t, ctx, "limits", gvisor.Config{}, sandboxwich.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	plane, prov := g.Plane, g.prov
+	claim := func() sandboxwich.ClaimResult { t.Helper(); return g.claim(ctx, t, binding) }
 
 	res := claim()
 	pr, id := res.Proof(), res.Lease.ID
