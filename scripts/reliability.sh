@@ -130,6 +130,12 @@ harness clock-skew 8m -postgres "$pg_admin" "${mode[@]}"
 # 5. Hostile input, security and provider faults: the Go tests of the
 #    other suites, one check. A fresh PostgreSQL database backs the tests
 #    that need one.
+#    scripts/test.sh runs every Go test (these included, with -race)
+#    just before, and says so with SANDBOXWICH_GO_TESTS_PASSED=1: then
+#    they are not run a second time.
+if [ "${SANDBOXWICH_GO_TESTS_PASSED:-}" = 1 ]; then
+	report SKIP "hostile: the Hostile|Security|ProviderFault tests passed in this run's go test -race ./... (scripts/test.sh); not run twice"
+else
 hostile_db="sbw_rel_hostile_$$"
 if psql -h 127.0.0.1 -U postgres -d test -qc "CREATE DATABASE $hostile_db" >/dev/null 2>&1; then
 	export SANDBOXWICH_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:5432/$hostile_db?sslmode=disable"
@@ -157,6 +163,7 @@ else
 fi
 psql -h 127.0.0.1 -U postgres -d test -qc "DROP DATABASE IF EXISTS $hostile_db WITH (FORCE)" >/dev/null 2>&1 || true
 unset SANDBOXWICH_TEST_POSTGRES_URL
+fi
 
 # 6. Fuzzing: every fuzz target, found now (they are written concurrently),
 #    gets its own `go test -fuzz` run. Quick runs share a budget for them:

@@ -102,6 +102,8 @@ export KUBEBUILDER_ASSETS
 
 step go "go test -race ./..."
 go test -race -count=1 ./...
+# The reliability profile's hostile check is a subset of these tests.
+export SANDBOXWICH_GO_TESTS_PASSED=1
 
 step python "the Python SDK and Inspect provider: fresh venv, pinned packages, ruff, mypy --strict, pytest against real gVisor cells"
 bash scripts/python-checks.sh
