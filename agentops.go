@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -164,7 +163,7 @@ func (p *Plane) WriteFile(ctx context.Context, tenantID string, leaseID uuid.UUI
 	if err := checkPath("path", req.Path); err != nil {
 		return FileInfo{}, err
 	}
-	if strings.HasSuffix(req.Path, "/") || strings.HasSuffix(req.Path, "/.") || strings.HasSuffix(req.Path, "/..") {
+	if agent.NamesDirectory(req.Path) {
 		return FileInfo{}, errcode.New(errcode.InvalidRequest, "path must name a file: it may not end in /, /. or /..")
 	}
 	if req.Mode&^fs.ModePerm != 0 {

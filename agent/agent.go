@@ -290,7 +290,7 @@ func (a *Agent) WriteFile(ctx context.Context, req WriteRequest, content io.Read
 	if err != nil {
 		return FileInfo{}, err
 	}
-	if path == "/" || namesDirectory(req.Path) {
+	if path == "/" || NamesDirectory(req.Path) {
 		return FileInfo{}, Errorf(CodeInvalid, "path names a directory (it ends in /, /. or /..), not a file")
 	}
 	if req.Mode&^0o777 != 0 {
@@ -499,10 +499,11 @@ func cleanPath(what, p string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
-// namesDirectory reports whether the path p, as sent, can only name a
+// NamesDirectory reports whether the path p, as sent, can only name a
 // directory: it ends in "/", "/." or "/..". Cleaning would turn it into a
-// file's path.
-func namesDirectory(p string) bool {
+// file's path, so a file write refuses it first (the plane, the agent and
+// the fake agent alike).
+func NamesDirectory(p string) bool {
 	return strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")
 }
 

@@ -12,7 +12,6 @@ import (
 	"io"
 	"path"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -474,7 +473,7 @@ func (a *cellAgent) WriteFile(ctx context.Context, req agent.WriteRequest, conte
 		return agent.FileInfo{}, err
 	}
 	switch {
-	case !path.IsAbs(req.Path) || strings.HasSuffix(req.Path, "/") || strings.HasSuffix(req.Path, "/.") || strings.HasSuffix(req.Path, "/.."):
+	case !path.IsAbs(req.Path) || agent.NamesDirectory(req.Path):
 		return agent.FileInfo{}, agent.Errorf(agent.CodeInvalid, "not an absolute file path")
 	case len(data) > agent.MaxFileBytes:
 		return agent.FileInfo{}, agent.Errorf(agent.CodeTooLarge, "more than 256 MiB")
