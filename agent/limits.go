@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Limits of a process's command line and environment (CONTRACT §14). The
@@ -45,4 +46,12 @@ func CheckArgs(argv []string, env map[string]string) error {
 		return Errorf(CodeInvalid, fmt.Sprintf("argv and env (KEY=value) together are longer than %d bytes", MaxArgsBytes))
 	}
 	return nil
+}
+
+// NamesDirectory reports whether the path p, as sent, can only name a
+// directory: it ends in "/", "/." or "/..". Cleaning would turn it into a
+// file's path, so a file write refuses it first (the plane, the agent and
+// the fake agent alike).
+func NamesDirectory(p string) bool {
+	return strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")
 }

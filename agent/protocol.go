@@ -1,48 +1,22 @@
-// Package agent is the cell agent: the credential-free launcher that runs
-// inside every cell of an agent-capable provider (CONTRACT §13), and the
-// protocol the control side speaks to it.
+// Package agent is the protocol the control side speaks to the cell agent
+// — the credential-free launcher that runs inside every cell of an
+// agent-capable provider (CONTRACT §13) — and its client.
 //
 // The agent holds no token, key or attestation and is never sent one. It
 // starts in state Waiting, is activated once with a sanitized Activation
 // (cell, lease, generation and expiry — nothing that authorises anything
 // outside the cell), serves exec, launch and files for that one fence, and
-// ends at expiry, killing every process of the cell. Its answers are
-// tenant-influenced data: the plane proves the boundary by the provider's
-// read-back, never by the agent's word.
+// ends at expiry, killing every process of the cell. [Gate] holds those
+// fence rules, pure. Its answers are tenant-influenced data: the plane
+// proves the boundary by the provider's read-back, never by the agent's
+// word.
 //
-// Three things implement [Conn]: [Agent] (the state machine itself, which
-// the agent binary serves), [Client] (the same calls over HTTP, on
-// whatever channel a driver opens to its cell), and anything a driver
-// author wraps around them or writes for tests (driver/fake keeps an
-// in-memory one). [NewHandler] serves a
-// Conn over HTTP; cmd/sandboxwich-agent is the static binary that serves
-// an Agent on a listener inside the cell.
-//
-// # Processes
-//
-// Every process the agent starts (a command, the launch, a file helper)
-// begins its own session, with a base environment (PATH, HOME, TERM=dumb)
-// plus the request's and nothing of the agent's own, as uid/gid 1000:1000
-// without supplementary groups or capabilities (user cell) or as root. One
-// reaper per process collects exit statuses on SIGCHLD: as PID 1 it reaps
-// every orphan of the cell (wait4(-1)), so a binary that creates an Agent
-// must not use os/exec's Wait beside it; otherwise it waits only for the
-// pids the agent started, and a host process keeps its own children. An
-// exec answers when its direct child exits (what the pipes hold then is
-// still read; processes left in the background keep running, their later
-// output dropped); a timeout stops, then kills, the command's session and
-// every descendant found through /proc, one that called setsid included.
-// At expiry or Release the agent kills every other process of its PID
-// namespace when it is PID 1 there (and /proc shows that namespace), else
-// only its own sessions and their descendants — never a host process.
-//
-// File operations and the launch run in a helper: the agent's executable
-// re-executed as the requesting user (see [HelperMain]), so the kernel
-// checks every path with that user's rights — a cell user cannot make the
-// root agent write through a symlink into /etc or read /root, and the
-// parents it creates are its own. The content streams through a pipe; a
-// write goes to a temporary file in the target directory, renamed into
-// place only once all of it arrived.
+// Things that implement [Conn]: the in-cell daemon (package
+// agent/cellagent, which the static binary cmd/sandboxwich-agent serves
+// inside the cell), [Client] (the same calls over HTTP, on whatever
+// channel a driver opens to its cell), and anything a driver author wraps
+// around them or writes for tests (driver/fake keeps an in-memory one).
+// [NewHandler] serves a Conn over HTTP.
 //
 // This package imports only the standard library.
 package agent
@@ -52,6 +26,24 @@ import (
 	"errors"
 	"io"
 	"time"
+)
+
+// The cell's home and the output caps of an exec (CONTRACT §14).
+const (
+	// DefaultHome is the cell user's home: an exec's default cwd and the
+	// parent of the launch's output directory.
+	DefaultHome = "/home/cell"
+	// DefaultMaxOutput caps each output stream of an exec whose MaxOutput
+	// is zero.
+	DefaultMaxOutput = 1 << 20
+	// MaxOutputLimit is the largest MaxOutput an exec may ask for.
+	MaxOutputLimit = 64 << 20
+)
+
+// The cell user's identity (CONTRACT §14).
+const (
+	CellUID = 1000
+	CellGID = 1000
 )
 
 // State is an agent's life-cycle state. No transition leads back to

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/agent/cellagent"
 )
 
 // A cell's channel over mutual TLS: the provider issues the cell's CA and
@@ -27,7 +28,7 @@ func ExampleNewCellPKI() {
 	}
 	home, _ := os.MkdirTemp("", "sbw-example-")
 	defer os.RemoveAll(home)
-	a, err := agent.New(agent.Config{CellID: cell, Digest: "sha256:" + fmt.Sprintf("%064d", 0), Home: home})
+	a, err := cellagent.New(cellagent.Config{CellID: cell, Digest: "sha256:" + fmt.Sprintf("%064d", 0), Home: home})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/agent/cellagent"
 )
 
 // leaf issues a certificate with the given URI SANs and extended key usage
@@ -74,7 +75,7 @@ func pool(t *testing.T, pki *agent.CellPKI) *x509.CertPool {
 // address.
 func serveTLS(t *testing.T, cellID string, cfg *tls.Config) string {
 	t.Helper()
-	a, err := agent.New(agent.Config{CellID: cellID, Digest: "sha256:" + strings.Repeat("a", 64), Home: t.TempDir()})
+	a, err := cellagent.New(cellagent.Config{CellID: cellID, Digest: "sha256:" + strings.Repeat("a", 64), Home: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func BenchmarkChannel(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{CellID: cell, Digest: "sha256:" + strings.Repeat("a", 64), Home: b.TempDir()})
+	a, err := cellagent.New(cellagent.Config{CellID: cell, Digest: "sha256:" + strings.Repeat("a", 64), Home: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
 	}

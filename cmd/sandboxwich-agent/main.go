@@ -1,8 +1,8 @@
 // Command sandboxwich-agent is the cell agent (CONTRACT §13): the
 // credential-free launcher that runs as PID 1 inside every cell and serves
-// package agent's protocol on a Unix socket the provider's control side
-// dials. It is a static binary of the standard library and package agent
-// only:
+// package agent's protocol (the daemon is package agent/cellagent) on a
+// Unix socket the provider's control side dials. It is a static binary of
+// the standard library and packages agent and agent/cellagent only:
 //
 //	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' ./cmd/sandboxwich-agent
 //
@@ -71,10 +71,11 @@ import (
 	"syscall"
 
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/agent/cellagent"
 )
 
 func main() {
-	agent.HelperMain()
+	cellagent.HelperMain()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "sandboxwich-agent:", err)
 		os.Exit(1)
@@ -123,7 +124,7 @@ func run() error {
 			return err
 		}
 	}
-	a, err := agent.New(agent.Config{CellID: *cellID, Digest: digest, Home: *home, Logger: log})
+	a, err := cellagent.New(cellagent.Config{CellID: *cellID, Digest: digest, Home: *home, Logger: log})
 	if err != nil {
 		return err
 	}

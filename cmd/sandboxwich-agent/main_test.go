@@ -26,7 +26,8 @@ import (
 )
 
 // TestStandardLibraryOnly: the agent links the standard library and
-// package agent, nothing else (no client-go, no store).
+// packages agent and agent/cellagent, nothing else (no client-go, no
+// store).
 func TestStandardLibraryOnly(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	testenv.Need(t, "go command", err)
@@ -35,7 +36,7 @@ func TestStandardLibraryOnly(t *testing.T) {
 		t.Fatalf("go list -deps: %v", err)
 	}
 	got := strings.Fields(string(out))
-	want := []string{"github.com/sandboxwich/sandboxwich/agent", "github.com/sandboxwich/sandboxwich/cmd/sandboxwich-agent"}
+	want := []string{"github.com/sandboxwich/sandboxwich/agent", "github.com/sandboxwich/sandboxwich/agent/cellagent", "github.com/sandboxwich/sandboxwich/cmd/sandboxwich-agent"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("non-standard dependencies %q, want only %q", got, want)
 	}

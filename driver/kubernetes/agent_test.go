@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/agent/cellagent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 	"github.com/sandboxwich/sandboxwich/internal/k8stest"
@@ -404,7 +405,7 @@ func TestAgentChannel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{CellID: cellID, Digest: testAgentDigest, Home: t.TempDir()})
+	a, err := cellagent.New(cellagent.Config{CellID: cellID, Digest: testAgentDigest, Home: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

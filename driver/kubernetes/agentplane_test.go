@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/agent/cellagent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 	"github.com/sandboxwich/sandboxwich/internal/k8stest"
@@ -80,7 +81,7 @@ func (k *kubeletAgent) playKubelet(ctx context.Context, cellID uuid.UUID) {
 			k.t.Error(err)
 			return
 		}
-		a, err := agent.New(agent.Config{CellID: cellID.String(), Digest: testAgentDigest, Home: k.t.TempDir()})
+		a, err := cellagent.New(cellagent.Config{CellID: cellID.String(), Digest: testAgentDigest, Home: k.t.TempDir()})
 		if err != nil {
 			k.t.Error(err)
 			return

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/agent/cellagent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 	"github.com/sandboxwich/sandboxwich/internal/k8stest"
@@ -24,7 +24,7 @@ import (
 // The in-process cell agents of the agent tests re-execute the test
 // binary as their helper.
 func TestMain(m *testing.M) {
-	agent.HelperMain()
+	cellagent.HelperMain()
 	os.Exit(k8stest.Main(m))
 }
 

@@ -1,4 +1,4 @@
-package agent
+package cellagent
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandboxwich/sandboxwich/agent"
 )
 
 // The process layer. Every child the agent starts goes through
@@ -160,7 +162,7 @@ func (t *procTable) spawn(path string, argv []string, attr *syscall.ProcAttr) (i
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.ending {
-		return 0, nil, Errorf(CodeExpired, "the lease ended")
+		return 0, nil, agent.Errorf(agent.CodeExpired, "the lease ended")
 	}
 	if attr.Sys == nil {
 		attr.Sys = &syscall.SysProcAttr{}
@@ -405,7 +407,7 @@ func canBecome(c cred) error {
 	if os.Geteuid() == 0 || (uint32(os.Geteuid()) == c.uid && uint32(os.Getegid()) == c.gid) {
 		return nil
 	}
-	return Errorf(CodeUserUnsupported, "the agent does not run as root, so it cannot switch to uid "+strconv.Itoa(int(c.uid)))
+	return agent.Errorf(agent.CodeUserUnsupported, "the agent does not run as root, so it cannot switch to uid "+strconv.Itoa(int(c.uid)))
 }
 
 // sys is the credential a child starts with: the uid and gid, no

@@ -1,4 +1,4 @@
-package agent
+package cellagent
 
 import (
 	"bufio"
@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/sandboxwich/sandboxwich/agent"
 )
 
 // File operations and the launch run in a helper: the agent's own
@@ -26,6 +28,32 @@ import (
 // pipes: requests and file content go in as length-prefixed frames on its
 // stdin (a zero-length frame commits a write; end of input without it
 // aborts), replies (one JSON line) and read content come back on fd 3.
+
+// Frames between the agent and its helper, the same form as a file
+// write's content on the wire (agent.NewHandler): a length prefix of
+// frameHeader bytes, big-endian, then at most maxFrame bytes; length 0
+// ends the content.
+const (
+	frameHeader = 4
+	maxFrame    = 1 << 20
+)
+
+// fill reads r into b until b is full (err nil) or r reports an error:
+// io.EOF, returned as it is, is the content's clean end; anything else —
+// io.ErrUnexpectedEOF from a body cut short included — is a failure. Unlike
+// io.ReadFull it never turns an end into success or a failure into an
+// end.
+func fill(r io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
 
 // helperArg is argv[1] of a helper process.
 const helperArg = "sandboxwich-agent-helper"
@@ -45,11 +73,11 @@ type helperReq struct {
 
 // helperReply is a helper's answer line.
 type helperReply struct {
-	OK    bool   `json:"ok"`
-	Size  int64  `json:"size,omitempty"`
-	Errno int    `json:"errno,omitempty"`
-	Code  Code   `json:"code,omitempty"` // a decided error without errno
-	Msg   string `json:"msg,omitempty"`
+	OK    bool       `json:"ok"`
+	Size  int64      `json:"size,omitempty"`
+	Errno int        `json:"errno,omitempty"`
+	Code  agent.Code `json:"code,omitempty"` // a decided error without errno
+	Msg   string     `json:"msg,omitempty"`
 }
 
 // HelperMain runs the agent's helper and exits when the process was
@@ -91,7 +119,7 @@ func answer(w io.Writer, rep helperReply, err error) int {
 	if err != nil {
 		rep = helperReply{Msg: err.Error()}
 		var errno syscall.Errno
-		var e *Error
+		var e *agent.Error
 		switch {
 		case errors.As(err, &e):
 			rep.Code, rep.Msg = e.Code, e.Message
@@ -139,7 +167,7 @@ func helperWrite(in *bufio.Reader, reply io.Writer, req helperReq) int {
 			break
 		}
 		if total += int64(len(b)); total > req.Max {
-			return fail(Errorf(CodeTooLarge, fmt.Sprintf("the content is larger than %d bytes", req.Max)))
+			return fail(agent.Errorf(agent.CodeTooLarge, fmt.Sprintf("the content is larger than %d bytes", req.Max)))
 		}
 		if _, err := f.Write(b); err != nil {
 			return fail(err)
@@ -166,7 +194,7 @@ const maxPseudoFile = 16 << 20
 
 // notRegular is the answer to a read of a socket, FIFO or device.
 func notRegular(path string) error {
-	return Errorf(CodeInvalid, path+" is not a regular file (a socket, FIFO or device)")
+	return agent.Errorf(agent.CodeInvalid, path+" is not a regular file (a socket, FIFO or device)")
 }
 
 func helperRead(reply io.Writer, req helperReq) int {
@@ -200,7 +228,7 @@ func helperRead(reply io.Writer, req helperReq) int {
 	case !fi.Mode().IsRegular():
 		return answer(reply, helperReply{}, notRegular(req.Path))
 	case fi.Size() > req.Max:
-		return answer(reply, helperReply{}, Errorf(CodeTooLarge, fmt.Sprintf("%s is larger than %d bytes", req.Path, req.Max)))
+		return answer(reply, helperReply{}, agent.Errorf(agent.CodeTooLarge, fmt.Sprintf("%s is larger than %d bytes", req.Path, req.Max)))
 	case fi.Size() == 0:
 		return helperReadUnsized(reply, f, req)
 	}
@@ -221,9 +249,9 @@ func helperReadUnsized(reply io.Writer, f *os.File, req helperReq) int {
 	case err != nil:
 		return answer(reply, helperReply{}, err)
 	case int64(len(b)) > req.Max:
-		return answer(reply, helperReply{}, Errorf(CodeTooLarge, fmt.Sprintf("%s is larger than %d bytes", req.Path, req.Max)))
+		return answer(reply, helperReply{}, agent.Errorf(agent.CodeTooLarge, fmt.Sprintf("%s is larger than %d bytes", req.Path, req.Max)))
 	case int64(len(b)) > limit:
-		return answer(reply, helperReply{}, Errorf(CodeTooLarge, fmt.Sprintf("%s reports no size and holds more than %d bytes", req.Path, limit)))
+		return answer(reply, helperReply{}, agent.Errorf(agent.CodeTooLarge, fmt.Sprintf("%s reports no size and holds more than %d bytes", req.Path, limit)))
 	}
 	answer(reply, helperReply{Size: int64(len(b))}, nil)
 	if _, err := reply.Write(b); err != nil {
@@ -349,7 +377,7 @@ func (a *Agent) startHelper(c cred, req helperReq) (*helper, error) {
 	if err != nil {
 		inW.Close()
 		repR.Close()
-		if IsAnswer(err) {
+		if agent.IsAnswer(err) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("agent: start helper %s: %w", a.cfg.Helper, err)
@@ -405,24 +433,24 @@ func (h *helper) close() exitStatus {
 // fileError maps a helper's failure to the protocol's errors.
 func fileError(path string, rep helperReply) error {
 	if rep.Code != "" {
-		return Errorf(rep.Code, rep.Msg)
+		return agent.Errorf(rep.Code, rep.Msg)
 	}
 	errno := syscall.Errno(rep.Errno)
 	msg := fmt.Sprintf("%s: %s", path, errno.Error())
 	switch errno {
 	case syscall.ENOENT:
-		return Errorf(CodeNotFound, msg)
+		return agent.Errorf(agent.CodeNotFound, msg)
 	case syscall.EISDIR, syscall.ENOTDIR, syscall.ELOOP, syscall.ENAMETOOLONG, syscall.EINVAL, syscall.EEXIST, syscall.ENOTEMPTY:
-		return Errorf(CodeInvalid, msg)
+		return agent.Errorf(agent.CodeInvalid, msg)
 	case syscall.ENXIO, syscall.ENODEV, syscall.EOPNOTSUPP:
 		// Opening a socket, or a device without a driver: not a file.
-		return Errorf(CodeInvalid, path+" is not a regular file (a socket, FIFO or device)")
+		return agent.Errorf(agent.CodeInvalid, path+" is not a regular file (a socket, FIFO or device)")
 	case syscall.EACCES, syscall.EPERM, syscall.EROFS, syscall.ETXTBSY:
-		return Errorf(CodeAccessDenied, msg)
+		return agent.Errorf(agent.CodeAccessDenied, msg)
 	case syscall.ENOSPC, syscall.EDQUOT:
-		return Errorf(CodeNoSpace, msg)
+		return agent.Errorf(agent.CodeNoSpace, msg)
 	case syscall.EFBIG:
-		return Errorf(CodeTooLarge, msg)
+		return agent.Errorf(agent.CodeTooLarge, msg)
 	case 0:
 		return fmt.Errorf("agent: helper for %s failed: %s", path, rep.Msg)
 	}
@@ -430,14 +458,14 @@ func fileError(path string, rep helperReply) error {
 }
 
 // writeFile streams content to a helper running as c; see Conn.WriteFile.
-func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32, content io.Reader) (FileInfo, error) {
-	h, err := a.startHelper(c, helperReq{Op: "write", Path: path, Mode: mode, Max: MaxFileBytes})
+func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32, content io.Reader) (agent.FileInfo, error) {
+	h, err := a.startHelper(c, helperReq{Op: "write", Path: path, Mode: mode, Max: agent.MaxFileBytes})
 	if err != nil {
-		return FileInfo{}, err
+		return agent.FileInfo{}, err
 	}
 	defer h.close()
 	if _, err := h.answer(path); err != nil {
-		return FileInfo{}, err
+		return agent.FileInfo{}, err
 	}
 	hash := sha256.New()
 	var size int64
@@ -447,24 +475,24 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 	frame := make([]byte, frameHeader+maxFrame)
 	for {
 		if err := ctx.Err(); err != nil {
-			return FileInfo{}, err
+			return agent.FileInfo{}, err
 		}
 		n, rerr := fill(content, frame[frameHeader:])
 		if rerr != nil && rerr != io.EOF { //nolint:errorlint // only the reader's own EOF is a complete content
 			h.close() // aborts: the helper removes its temporary file
-			if IsAnswer(rerr) {
-				return FileInfo{}, rerr
+			if agent.IsAnswer(rerr) {
+				return agent.FileInfo{}, rerr
 			}
-			return FileInfo{}, fmt.Errorf("agent: write %s: reading the content: %w; nothing was written", path, rerr)
+			return agent.FileInfo{}, fmt.Errorf("agent: write %s: reading the content: %w; nothing was written", path, rerr)
 		}
 		if n > 0 {
-			if size += int64(n); size > MaxFileBytes {
+			if size += int64(n); size > agent.MaxFileBytes {
 				h.close() // aborts: the helper removes its temporary file
-				return FileInfo{}, Errorf(CodeTooLarge, fmt.Sprintf("the content is larger than %d bytes; nothing was written", MaxFileBytes))
+				return agent.FileInfo{}, agent.Errorf(agent.CodeTooLarge, fmt.Sprintf("the content is larger than %d bytes; nothing was written", agent.MaxFileBytes))
 			}
 			hash.Write(frame[frameHeader : frameHeader+n])
 			if err := writeFramed(h.in, frame[:frameHeader+n]); err != nil {
-				return FileInfo{}, a.endedOr(h.failure(path, err)) // the helper gave up: its answer says why
+				return agent.FileInfo{}, a.endedOr(h.failure(path, err)) // the helper gave up: its answer says why
 			}
 		}
 		if rerr == io.EOF { //nolint:errorlint // see above
@@ -472,12 +500,12 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 		}
 	}
 	if err := writeFrame(h.in, nil); err != nil {
-		return FileInfo{}, a.endedOr(h.failure(path, err))
+		return agent.FileInfo{}, a.endedOr(h.failure(path, err))
 	}
 	if _, err := h.answer(path); err != nil {
-		return FileInfo{}, a.endedOr(err)
+		return agent.FileInfo{}, a.endedOr(err)
 	}
-	return FileInfo{Path: path, Size: size, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+	return agent.FileInfo{Path: path, Size: size, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
 }
 
 // endedOr is ErrExpired when the agent ended (killing the helper), err
@@ -485,8 +513,8 @@ func (a *Agent) writeFile(ctx context.Context, c cred, path string, mode uint32,
 func (a *Agent) endedOr(err error) error {
 	select {
 	case <-a.ended:
-		if !IsAnswer(err) {
-			return Errorf(CodeExpired, "the lease ended during the operation")
+		if !agent.IsAnswer(err) {
+			return agent.Errorf(agent.CodeExpired, "the lease ended during the operation")
 		}
 	default:
 	}
@@ -552,7 +580,7 @@ func (a *Agent) startLaunch(sp spec) (int, <-chan exitStatus, error) {
 	}
 	path, ok := lookPath(sp.argv[0], sp.cwd, envValue(sp.env, "PATH"))
 	if !ok {
-		return 0, nil, Errorf(CodeInvalid, fmt.Sprintf("argv[0] %q: command not found", sp.argv[0]))
+		return 0, nil, agent.Errorf(agent.CodeInvalid, fmt.Sprintf("argv[0] %q: command not found", sp.argv[0]))
 	}
 	h, err := a.startHelper(sp.cred, helperReq{Op: "launch", Path: path, Argv: sp.argv, Env: sp.env, Cwd: sp.cwd, OutDir: filepath.Join(a.cfg.Home, ".launch")})
 	if err != nil {

@@ -1,4 +1,4 @@
-package agent
+package cellagent
 
 import (
 	"bytes"
@@ -16,10 +16,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxwich/sandboxwich/agent"
 )
 
 // The agent's tests run real processes as root on the host: the agent is
@@ -34,13 +35,13 @@ func TestMain(m *testing.M) {
 
 const testCell = "cell-1"
 
-var testFence = Fence{CellID: testCell, LeaseID: "lease-1", Generation: 3}
+var testFence = agent.Fence{CellID: testCell, LeaseID: "lease-1", Generation: 3}
 
 // env is one scenario's agent, the Conn under test and the cell's home.
 type env struct {
 	t    *testing.T
-	a    *Agent // the agent itself, for what only the cell can see
-	c    Conn   // the agent, or a Client talking to it over HTTP
+	a    *Agent     // the agent itself, for what only the cell can see
+	c    agent.Conn // the agent, or a Client talking to it over HTTP
 	home string
 	ctx  context.Context
 }
@@ -67,7 +68,7 @@ func newHome(t *testing.T) string {
 	if err := os.Chmod(home, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chown(home, CellUID, CellGID); err != nil {
+	if err := os.Chown(home, agent.CellUID, agent.CellGID); err != nil {
 		t.Fatal(err)
 	}
 	return home
@@ -85,13 +86,13 @@ func newAgent(t *testing.T) (*Agent, string) {
 }
 
 // serve serves a over HTTP on a Unix socket and returns a Client for it.
-func serve(t *testing.T, a Conn) *Client {
+func serve(t *testing.T, a agent.Conn) *agent.Client {
 	t.Helper()
-	return serveHandler(t, NewHandler(a))
+	return serveHandler(t, agent.NewHandler(a))
 }
 
 // serveHandler serves h on a Unix socket and returns a Client for it.
-func serveHandler(t *testing.T, h http.Handler) *Client {
+func serveHandler(t *testing.T, h http.Handler) *agent.Client {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "sbw-sock-") // short: a socket path has ≤ 107 bytes
 	if err != nil {
@@ -106,7 +107,7 @@ func serveHandler(t *testing.T, h http.Handler) *Client {
 	srv := &http.Server{Handler: h}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -129,7 +130,7 @@ func TestScenarios(t *testing.T) {
 				t.Run(sc.name, func(t *testing.T) {
 					t.Parallel()
 					a, home := newAgent(t)
-					var c Conn = a
+					var c agent.Conn = a
 					if mode == "http" {
 						c = serve(t, a)
 					}
@@ -149,9 +150,9 @@ func (e *env) activate(ttl time.Duration) {
 	}
 }
 
-func activation(ttl time.Duration) Activation {
-	return Activation{
-		Version:   ProtocolVersion,
+func activation(ttl time.Duration) agent.Activation {
+	return agent.Activation{
+		Version:   agent.ProtocolVersion,
 		Fence:     testFence,
 		ExpiresAt: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC),
 		TTLMillis: ttl.Milliseconds(),
@@ -159,7 +160,7 @@ func activation(ttl time.Duration) Activation {
 }
 
 // exec runs argv with the bound fence and collected output.
-func (e *env) exec(req ExecRequest) ExecResult {
+func (e *env) exec(req agent.ExecRequest) agent.ExecResult {
 	e.t.Helper()
 	req.Fence = testFence
 	res, err := e.c.Exec(e.ctx, req, nil)
@@ -173,11 +174,11 @@ func sh(script string) []string { return []string{"sh", "-c", script} }
 
 // stream runs req with an output callback that sends every chunk to the
 // returned channel; the result arrives on the other.
-func (e *env) stream(req ExecRequest) (<-chan Output, <-chan execAnswer) {
+func (e *env) stream(req agent.ExecRequest) (<-chan agent.Output, <-chan execAnswer) {
 	req.Fence = testFence
-	outs, done := make(chan Output, 1024), make(chan execAnswer, 1)
+	outs, done := make(chan agent.Output, 1024), make(chan execAnswer, 1)
 	go func() {
-		res, err := e.c.Exec(e.ctx, req, func(o Output) error { outs <- o; return nil })
+		res, err := e.c.Exec(e.ctx, req, func(o agent.Output) error { outs <- o; return nil })
 		close(outs)
 		done <- execAnswer{res, err}
 	}()
@@ -185,16 +186,16 @@ func (e *env) stream(req ExecRequest) (<-chan Output, <-chan execAnswer) {
 }
 
 type execAnswer struct {
-	res ExecResult
+	res agent.ExecResult
 	err error
 }
 
 // firstLine reads outputs until a full stdout line arrived.
-func (e *env) firstLine(outs <-chan Output) string {
+func (e *env) firstLine(outs <-chan agent.Output) string {
 	e.t.Helper()
 	var b []byte
 	for o := range outs {
-		if o.Stream == Stdout {
+		if o.Stream == agent.Stdout {
 			b = append(b, o.Data...)
 		}
 		if i := bytes.IndexByte(b, '\n'); i >= 0 {
@@ -232,7 +233,7 @@ func wantCode(t *testing.T, what string, err error, want error) {
 	if !errors.Is(err, want) {
 		t.Fatalf("%s: got %v, want %v", what, err, want)
 	}
-	if !IsAnswer(err) {
+	if !agent.IsAnswer(err) {
 		t.Fatalf("%s: %v is not an answer", what, err)
 	}
 }
@@ -281,12 +282,12 @@ func sha(r io.Reader) (string, int64) {
 	return hex.EncodeToString(h.Sum(nil)), n
 }
 
-func (e *env) write(path string, user User, body io.Reader) (FileInfo, error) {
-	return e.c.WriteFile(e.ctx, WriteRequest{Fence: testFence, Path: path, User: user}, body)
+func (e *env) write(path string, user agent.User, body io.Reader) (agent.FileInfo, error) {
+	return e.c.WriteFile(e.ctx, agent.WriteRequest{Fence: testFence, Path: path, User: user}, body)
 }
 
-func (e *env) read(path string, user User) ([]byte, error) {
-	rc, n, err := e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: path, User: user})
+func (e *env) read(path string, user agent.User) ([]byte, error) {
+	rc, n, err := e.c.ReadFile(e.ctx, agent.ReadRequest{Fence: testFence, Path: path, User: user})
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +335,7 @@ var scenarios = []scenario{
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		want := Status{State: Waiting, Activations: 0, CellID: testCell, Digest: "sha256:" + strings.Repeat("ab", 32)}
+		want := agent.Status{State: agent.Waiting, Activations: 0, CellID: testCell, Digest: "sha256:" + strings.Repeat("ab", 32)}
 		if st != want {
 			e.t.Fatalf("status %+v, want %+v", st, want)
 		}
@@ -343,13 +344,13 @@ var scenarios = []scenario{
 		// Refused while waiting: nothing changes.
 		other := activation(time.Minute)
 		other.CellID = "cell-2"
-		wantCode(e.t, "another cell", e.c.Activate(e.ctx, other), ErrFenceRefused)
+		wantCode(e.t, "another cell", e.c.Activate(e.ctx, other), agent.ErrFenceRefused)
 		v2 := activation(time.Minute)
 		v2.Version = 2
-		wantCode(e.t, "version 2", e.c.Activate(e.ctx, v2), ErrInvalid)
+		wantCode(e.t, "version 2", e.c.Activate(e.ctx, v2), agent.ErrInvalid)
 		zero := activation(0)
-		wantCode(e.t, "ttl 0", e.c.Activate(e.ctx, zero), ErrInvalid)
-		if st, _ := e.c.Status(e.ctx); st.State != Waiting || st.Activations != 0 {
+		wantCode(e.t, "ttl 0", e.c.Activate(e.ctx, zero), agent.ErrInvalid)
+		if st, _ := e.c.Status(e.ctx); st.State != agent.Waiting || st.Activations != 0 {
 			e.t.Fatalf("after refusals: %+v", st)
 		}
 
@@ -358,23 +359,23 @@ var scenarios = []scenario{
 		if err := e.c.Activate(e.ctx, replay); err != nil {
 			e.t.Fatalf("exact replay: %v", err)
 		}
-		for name, mut := range map[string]func(*Activation){
-			"lease":      func(a *Activation) { a.LeaseID = "lease-2" },
-			"generation": func(a *Activation) { a.Generation++ },
-			"expires_at": func(a *Activation) { a.ExpiresAt = a.ExpiresAt.Add(time.Second) },
-			"cell":       func(a *Activation) { a.CellID = "cell-2" },
+		for name, mut := range map[string]func(*agent.Activation){
+			"lease":      func(a *agent.Activation) { a.LeaseID = "lease-2" },
+			"generation": func(a *agent.Activation) { a.Generation++ },
+			"expires_at": func(a *agent.Activation) { a.ExpiresAt = a.ExpiresAt.Add(time.Second) },
+			"cell":       func(a *agent.Activation) { a.CellID = "cell-2" },
 		} {
 			a := activation(time.Minute)
 			mut(&a)
-			wantCode(e.t, "second fence, other "+name, e.c.Activate(e.ctx, a), ErrFenceRefused)
+			wantCode(e.t, "second fence, other "+name, e.c.Activate(e.ctx, a), agent.ErrFenceRefused)
 		}
 		st, err := e.c.Status(e.ctx)
-		if err != nil || st.State != Active || st.Activations != 1 {
+		if err != nil || st.State != agent.Active || st.Activations != 1 {
 			e.t.Fatalf("after replay and refusals: %+v %v", st, err)
 		}
 		// The bound fence still works, and the 1 s TTL of the replay was
 		// ignored (the agent stays active past it: checked by the exec).
-		if res := e.exec(ExecRequest{Argv: []string{"true"}}); res.ExitCode != 0 {
+		if res := e.exec(agent.ExecRequest{Argv: []string{"true"}}); res.ExitCode != 0 {
 			e.t.Fatalf("exec after replay: %+v", res)
 		}
 	}},
@@ -384,76 +385,76 @@ var scenarios = []scenario{
 		// activated or run.
 		mismatched := activation(time.Minute)
 		mismatched.LeaseID = "lease-2"
-		_, err := e.c.Exec(e.ctx, ExecRequest{Fence: testFence, Activation: &mismatched, Argv: sh("touch " + marker)}, nil)
-		wantCode(e.t, "activation of another fence", err, ErrInvalid)
-		if st, _ := e.c.Status(e.ctx); st.State != Waiting || exists(marker) {
+		_, err := e.c.Exec(e.ctx, agent.ExecRequest{Fence: testFence, Activation: &mismatched, Argv: sh("touch " + marker)}, nil)
+		wantCode(e.t, "activation of another fence", err, agent.ErrInvalid)
+		if st, _ := e.c.Status(e.ctx); st.State != agent.Waiting || exists(marker) {
 			e.t.Fatalf("after a mismatched activation: %+v, marker %v", st, exists(marker))
 		}
 		// The first request activates, the later ones replay (ttl_ms may
 		// differ), and the activation counts once.
 		act := activation(time.Minute)
-		res, err := e.c.Exec(e.ctx, ExecRequest{Fence: testFence, Activation: &act, Argv: sh("touch " + marker)}, nil)
+		res, err := e.c.Exec(e.ctx, agent.ExecRequest{Fence: testFence, Activation: &act, Argv: sh("touch " + marker)}, nil)
 		if err != nil || res.ExitCode != 0 || !exists(marker) {
 			e.t.Fatalf("exec carrying the activation: %+v %v", res, err)
 		}
 		replay := activation(time.Second)
-		if _, err := e.c.WriteFile(e.ctx, WriteRequest{Fence: testFence, Activation: &replay, Path: marker + "2"}, strings.NewReader("x")); err != nil {
+		if _, err := e.c.WriteFile(e.ctx, agent.WriteRequest{Fence: testFence, Activation: &replay, Path: marker + "2"}, strings.NewReader("x")); err != nil {
 			e.t.Fatalf("write carrying the replay: %v", err)
 		}
-		if st, _ := e.c.Status(e.ctx); st.State != Active || st.Activations != 1 {
+		if st, _ := e.c.Status(e.ctx); st.State != agent.Active || st.Activations != 1 {
 			e.t.Fatalf("after two carried activations: %+v", st)
 		}
 		// Another lease's activation on a later request is a refused fence.
 		other := activation(time.Minute)
 		other.LeaseID, other.Generation = "lease-2", 4
-		_, err = e.c.Exec(e.ctx, ExecRequest{Fence: other.Fence, Activation: &other, Argv: []string{"true"}}, nil)
-		wantCode(e.t, "another lease's activation", err, ErrFenceRefused)
+		_, err = e.c.Exec(e.ctx, agent.ExecRequest{Fence: other.Fence, Activation: &other, Argv: []string{"true"}}, nil)
+		wantCode(e.t, "another lease's activation", err, agent.ErrFenceRefused)
 	}},
 	{"no_operation_before_activation", func(e *env) {
 		marker := filepath.Join(e.home, "marker")
-		_, err := e.c.Exec(e.ctx, ExecRequest{Fence: testFence, Argv: sh("touch " + marker)}, nil)
-		wantCode(e.t, "exec", err, ErrNotActive)
-		_, err = e.c.Launch(e.ctx, LaunchRequest{Fence: testFence, Argv: sh("touch " + marker)})
-		wantCode(e.t, "launch", err, ErrNotActive)
+		_, err := e.c.Exec(e.ctx, agent.ExecRequest{Fence: testFence, Argv: sh("touch " + marker)}, nil)
+		wantCode(e.t, "exec", err, agent.ErrNotActive)
+		_, err = e.c.Launch(e.ctx, agent.LaunchRequest{Fence: testFence, Argv: sh("touch " + marker)})
+		wantCode(e.t, "launch", err, agent.ErrNotActive)
 		_, err = e.c.LaunchStatus(e.ctx, testFence)
-		wantCode(e.t, "launch status", err, ErrNotActive)
+		wantCode(e.t, "launch status", err, agent.ErrNotActive)
 		_, err = e.write(marker, "", strings.NewReader("x"))
-		wantCode(e.t, "write", err, ErrNotActive)
+		wantCode(e.t, "write", err, agent.ErrNotActive)
 		_, err = e.read("/etc/hostname", "")
-		wantCode(e.t, "read", err, ErrNotActive)
-		wantCode(e.t, "release", e.c.Release(e.ctx, testFence), ErrNotActive)
+		wantCode(e.t, "read", err, agent.ErrNotActive)
+		wantCode(e.t, "release", e.c.Release(e.ctx, testFence), agent.ErrNotActive)
 		if exists(marker) {
 			e.t.Fatal("something ran or was written before activation")
 		}
-		if st, _ := e.c.Status(e.ctx); st.State != Waiting {
+		if st, _ := e.c.Status(e.ctx); st.State != agent.Waiting {
 			e.t.Fatalf("state %s", st.State)
 		}
 	}},
 	{"fence_refused_after_activation", func(e *env) {
 		e.activate(time.Minute)
 		marker := filepath.Join(e.home, "marker")
-		for _, f := range []Fence{
+		for _, f := range []agent.Fence{
 			{CellID: testCell, LeaseID: "lease-2", Generation: testFence.Generation},
 			{CellID: testCell, LeaseID: testFence.LeaseID, Generation: testFence.Generation + 1},
 			{CellID: "cell-2", LeaseID: testFence.LeaseID, Generation: testFence.Generation},
 			{},
 		} {
-			_, err := e.c.Exec(e.ctx, ExecRequest{Fence: f, Argv: sh("touch " + marker)}, nil)
-			wantCode(e.t, "exec", err, ErrFenceRefused)
-			_, err = e.c.Launch(e.ctx, LaunchRequest{Fence: f, Argv: sh("touch " + marker)})
-			wantCode(e.t, "launch", err, ErrFenceRefused)
+			_, err := e.c.Exec(e.ctx, agent.ExecRequest{Fence: f, Argv: sh("touch " + marker)}, nil)
+			wantCode(e.t, "exec", err, agent.ErrFenceRefused)
+			_, err = e.c.Launch(e.ctx, agent.LaunchRequest{Fence: f, Argv: sh("touch " + marker)})
+			wantCode(e.t, "launch", err, agent.ErrFenceRefused)
 			_, err = e.c.LaunchStatus(e.ctx, f)
-			wantCode(e.t, "launch status", err, ErrFenceRefused)
-			_, err = e.c.WriteFile(e.ctx, WriteRequest{Fence: f, Path: marker}, strings.NewReader("x"))
-			wantCode(e.t, "write", err, ErrFenceRefused)
-			_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: f, Path: "/etc/hostname"})
-			wantCode(e.t, "read", err, ErrFenceRefused)
-			wantCode(e.t, "release", e.c.Release(e.ctx, f), ErrFenceRefused)
+			wantCode(e.t, "launch status", err, agent.ErrFenceRefused)
+			_, err = e.c.WriteFile(e.ctx, agent.WriteRequest{Fence: f, Path: marker}, strings.NewReader("x"))
+			wantCode(e.t, "write", err, agent.ErrFenceRefused)
+			_, _, err = e.c.ReadFile(e.ctx, agent.ReadRequest{Fence: f, Path: "/etc/hostname"})
+			wantCode(e.t, "read", err, agent.ErrFenceRefused)
+			wantCode(e.t, "release", e.c.Release(e.ctx, f), agent.ErrFenceRefused)
 		}
 		if exists(marker) {
 			e.t.Fatal("a request with another fence ran or wrote something")
 		}
-		if st, _ := e.c.Status(e.ctx); st.State != Active {
+		if st, _ := e.c.Status(e.ctx); st.State != agent.Active {
 			e.t.Fatalf("state %s", st.State)
 		}
 	}},
@@ -461,18 +462,18 @@ var scenarios = []scenario{
 		e.activate(3 * time.Second)
 		// A command that leaves a process in the background, and one that
 		// is still running when the lease expires.
-		res := e.exec(ExecRequest{Argv: sh("sleep 1000 & echo $!")})
+		res := e.exec(agent.ExecRequest{Argv: sh("sleep 1000 & echo $!")})
 		bg := mustPid(e.t, string(res.Stdout))
 		if !alive(bg) {
 			e.t.Fatalf("the background sleep %d is not running", bg)
 		}
-		outs, done := e.stream(ExecRequest{Argv: sh("echo $$; exec sleep 1000")})
+		outs, done := e.stream(agent.ExecRequest{Argv: sh("echo $$; exec sleep 1000")})
 		running := mustPid(e.t, e.firstLine(outs))
 		ans := <-done // ends at expiry
 		if ans.err != nil {
 			e.t.Fatalf("exec across expiry: %v", ans.err)
 		}
-		if ans.res.Reason != Killed || ans.res.ExitCode != 137 || ans.res.Signal != "KILL" {
+		if ans.res.Reason != agent.Killed || ans.res.ExitCode != 137 || ans.res.Signal != "KILL" {
 			e.t.Fatalf("exec across expiry: %+v, want killed 137 KILL", ans.res)
 		}
 		e.eventually("the background process is killed", func() bool { return !alive(bg) })
@@ -480,17 +481,17 @@ var scenarios = []scenario{
 			e.t.Fatalf("the running command %d survived", running)
 		}
 		st, err := e.c.Status(e.ctx)
-		if err != nil || st.State != Ended || st.Activations != 1 {
+		if err != nil || st.State != agent.Ended || st.Activations != 1 {
 			e.t.Fatalf("status after expiry: %+v %v", st, err)
 		}
-		_, err = e.c.Exec(e.ctx, ExecRequest{Fence: testFence, Argv: []string{"true"}}, nil)
-		wantCode(e.t, "exec after expiry", err, ErrExpired)
+		_, err = e.c.Exec(e.ctx, agent.ExecRequest{Fence: testFence, Argv: []string{"true"}}, nil)
+		wantCode(e.t, "exec after expiry", err, agent.ErrExpired)
 		_, err = e.write(filepath.Join(e.home, "late"), "", strings.NewReader("x"))
-		wantCode(e.t, "write after expiry", err, ErrExpired)
-		wantCode(e.t, "replayed activation after expiry", e.c.Activate(e.ctx, activation(time.Minute)), ErrExpired)
+		wantCode(e.t, "write after expiry", err, agent.ErrExpired)
+		wantCode(e.t, "replayed activation after expiry", e.c.Activate(e.ctx, activation(time.Minute)), agent.ErrExpired)
 		other := activation(time.Minute)
 		other.LeaseID = "lease-2"
-		wantCode(e.t, "new activation after expiry", e.c.Activate(e.ctx, other), ErrFenceRefused)
+		wantCode(e.t, "new activation after expiry", e.c.Activate(e.ctx, other), agent.ErrFenceRefused)
 		if exists(filepath.Join(e.home, "late")) {
 			e.t.Fatal("written after expiry")
 		}
@@ -498,11 +499,11 @@ var scenarios = []scenario{
 	{"release_kills_and_ends", func(e *env) {
 		e.activate(time.Minute)
 		fifo := e.mkfifo("never")
-		st, err := e.c.Launch(e.ctx, LaunchRequest{Fence: testFence, Argv: sh("cat " + fifo)})
-		if err != nil || st.Phase != Running || st.PID == nil {
+		st, err := e.c.Launch(e.ctx, agent.LaunchRequest{Fence: testFence, Argv: sh("cat " + fifo)})
+		if err != nil || st.Phase != agent.Running || st.PID == nil {
 			e.t.Fatalf("launch: %+v %v", st, err)
 		}
-		res := e.exec(ExecRequest{Argv: sh("sleep 1000 & echo $!")})
+		res := e.exec(agent.ExecRequest{Argv: sh("sleep 1000 & echo $!")})
 		bg := mustPid(e.t, string(res.Stdout))
 		if err := e.c.Release(e.ctx, testFence); err != nil {
 			e.t.Fatalf("release: %v", err)
@@ -515,54 +516,54 @@ var scenarios = []scenario{
 			e.a.mu.Lock()
 			defer e.a.mu.Unlock()
 			ls := e.a.launch.status
-			return ls.Phase == Terminal && *ls.Reason == Killed && *ls.Signal == "KILL" && *ls.ExitCode == 137
+			return ls.Phase == agent.Terminal && *ls.Reason == agent.Killed && *ls.Signal == "KILL" && *ls.ExitCode == 137
 		})
 		if alive(*st.PID) {
 			e.t.Fatalf("the launched process %d survived", *st.PID)
 		}
 		_, err = e.c.LaunchStatus(e.ctx, testFence)
-		wantCode(e.t, "launch status after release", err, ErrExpired)
+		wantCode(e.t, "launch status after release", err, agent.ErrExpired)
 	}},
 	{"exec_io_env_cwd_user", func(e *env) {
 		e.activate(time.Minute)
-		if res := e.exec(ExecRequest{Argv: []string{"echo", "hello", "world"}}); string(res.Stdout) != "hello world\n" || res.ExitCode != 0 || res.Reason != Exited || res.Truncated {
+		if res := e.exec(agent.ExecRequest{Argv: []string{"echo", "hello", "world"}}); string(res.Stdout) != "hello world\n" || res.ExitCode != 0 || res.Reason != agent.Exited || res.Truncated {
 			e.t.Fatalf("echo: %+v", res)
 		}
-		if res := e.exec(ExecRequest{Argv: []string{"cat"}, Stdin: []byte("from stdin\x00\xff")}); string(res.Stdout) != "from stdin\x00\xff" {
+		if res := e.exec(agent.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("from stdin\x00\xff")}); string(res.Stdout) != "from stdin\x00\xff" {
 			e.t.Fatalf("cat: %q", res.Stdout)
 		}
-		if res := e.exec(ExecRequest{Argv: sh("wc -c"), Stdin: bytes.Repeat([]byte{0xff}, MaxStdin)}); strings.TrimSpace(string(res.Stdout)) != strconv.Itoa(MaxStdin) {
+		if res := e.exec(agent.ExecRequest{Argv: sh("wc -c"), Stdin: bytes.Repeat([]byte{0xff}, agent.MaxStdin)}); strings.TrimSpace(string(res.Stdout)) != strconv.Itoa(agent.MaxStdin) {
 			e.t.Fatalf("1 MiB of stdin: %q", res.Stdout)
 		}
-		if res := e.exec(ExecRequest{Argv: sh("echo out; echo err >&2")}); string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
+		if res := e.exec(agent.ExecRequest{Argv: sh("echo out; echo err >&2")}); string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
 			e.t.Fatalf("streams: %q %q", res.Stdout, res.Stderr)
 		}
 		// The environment is the fixed base plus the request's, nothing of
 		// the agent's own.
 		os.Setenv("SBW_AGENT_OWN", "leak")
 		defer os.Unsetenv("SBW_AGENT_OWN")
-		res := e.exec(ExecRequest{Argv: []string{"env"}, Env: map[string]string{"FOO": "bar baz", "TERM": "xterm"}})
+		res := e.exec(agent.ExecRequest{Argv: []string{"env"}, Env: map[string]string{"FOO": "bar baz", "TERM": "xterm"}})
 		want := "FOO=bar baz\nHOME=" + e.home + "\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nTERM=xterm\n"
 		if got := sortedLines(string(res.Stdout)); got != want {
 			e.t.Fatalf("env:\n%s\nwant:\n%s", got, want)
 		}
-		res = e.exec(ExecRequest{Argv: []string{"env"}, User: UserRoot})
+		res = e.exec(agent.ExecRequest{Argv: []string{"env"}, User: agent.UserRoot})
 		if got := sortedLines(string(res.Stdout)); got != "HOME=/root\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nTERM=dumb\n" {
 			e.t.Fatalf("root env:\n%s", got)
 		}
 		// cwd: the home by default, or the one asked for.
-		if res := e.exec(ExecRequest{Argv: []string{"pwd"}}); string(res.Stdout) != e.home+"\n" {
+		if res := e.exec(agent.ExecRequest{Argv: []string{"pwd"}}); string(res.Stdout) != e.home+"\n" {
 			e.t.Fatalf("default cwd: %q", res.Stdout)
 		}
-		if res := e.exec(ExecRequest{Argv: []string{"pwd"}, Cwd: "/tmp/"}); string(res.Stdout) != "/tmp\n" {
+		if res := e.exec(agent.ExecRequest{Argv: []string{"pwd"}, Cwd: "/tmp/"}); string(res.Stdout) != "/tmp\n" {
 			e.t.Fatalf("cwd /tmp: %q", res.Stdout)
 		}
 		// Users: cell is 1000:1000 without supplementary groups or
 		// capabilities; root is 0.
-		if res := e.exec(ExecRequest{Argv: sh("id -u; id -g; id -G; grep CapEff /proc/self/status")}); string(res.Stdout) != "1000\n1000\n1000\nCapEff:\t0000000000000000\n" {
+		if res := e.exec(agent.ExecRequest{Argv: sh("id -u; id -g; id -G; grep CapEff /proc/self/status")}); string(res.Stdout) != "1000\n1000\n1000\nCapEff:\t0000000000000000\n" {
 			e.t.Fatalf("cell user: %q", res.Stdout)
 		}
-		if res := e.exec(ExecRequest{Argv: sh("id -u; id -G"), User: UserRoot}); string(res.Stdout) != "0\n0\n" {
+		if res := e.exec(agent.ExecRequest{Argv: sh("id -u; id -G"), User: agent.UserRoot}); string(res.Stdout) != "0\n0\n" {
 			e.t.Fatalf("root: %q", res.Stdout)
 		}
 	}},
@@ -585,21 +586,21 @@ var scenarios = []scenario{
 		}
 		for _, c := range []struct {
 			name string
-			req  ExecRequest
+			req  agent.ExecRequest
 			code int
 		}{
-			{"not found", ExecRequest{Argv: []string{"no-such-command-sbw"}}, 127},
-			{"not found by path", ExecRequest{Argv: []string{"/no/such/program"}}, 127},
-			{"not executable by the cell user", ExecRequest{Argv: []string{rootOnly}}, 126},
-			{"no executable format", ExecRequest{Argv: []string{garbage}}, 126},
-			{"cwd the cell user cannot enter", ExecRequest{Argv: []string{"true"}, Cwd: private}, 126},
+			{"not found", agent.ExecRequest{Argv: []string{"no-such-command-sbw"}}, 127},
+			{"not found by path", agent.ExecRequest{Argv: []string{"/no/such/program"}}, 127},
+			{"not executable by the cell user", agent.ExecRequest{Argv: []string{rootOnly}}, 126},
+			{"no executable format", agent.ExecRequest{Argv: []string{garbage}}, 126},
+			{"cwd the cell user cannot enter", agent.ExecRequest{Argv: []string{"true"}, Cwd: private}, 126},
 		} {
 			res := e.exec(c.req)
-			if res.ExitCode != c.code || res.Reason != Exited || !strings.HasPrefix(string(res.Stderr), "sandboxwich-agent: ") || len(res.Stdout) != 0 {
+			if res.ExitCode != c.code || res.Reason != agent.Exited || !strings.HasPrefix(string(res.Stderr), "sandboxwich-agent: ") || len(res.Stdout) != 0 {
 				e.t.Errorf("%s: %+v %q, want %d", c.name, res, res.Stderr, c.code)
 			}
 		}
-		if res := e.exec(ExecRequest{Argv: []string{rootOnly}, User: UserRoot}); string(res.Stdout) != "ran\n" {
+		if res := e.exec(agent.ExecRequest{Argv: []string{rootOnly}, User: agent.UserRoot}); string(res.Stdout) != "ran\n" {
 			e.t.Fatalf("root runs its own script: %+v", res)
 		}
 	}},
@@ -617,8 +618,8 @@ var scenarios = []scenario{
 			{"kill -KILL $$", 137, "KILL"},
 			{"kill -SEGV $$", 139, "SEGV"},
 		} {
-			res := e.exec(ExecRequest{Argv: sh(c.script)})
-			if res.ExitCode != c.code || res.Signal != c.signal || res.Reason != Exited {
+			res := e.exec(agent.ExecRequest{Argv: sh(c.script)})
+			if res.ExitCode != c.code || res.Signal != c.signal || res.Reason != agent.Exited {
 				e.t.Errorf("%s: %+v, want %d %q exited", c.script, res, c.code, c.signal)
 			}
 		}
@@ -627,7 +628,7 @@ var scenarios = []scenario{
 		e.activate(time.Minute)
 		// The grandchild leaves the command's session and group (setsid):
 		// only its parent links it to the command.
-		outs, done := e.stream(ExecRequest{
+		outs, done := e.stream(agent.ExecRequest{
 			Argv:          sh(`setsid sh -c 'echo $$; exec sleep 1000' & sleep 1000`),
 			TimeoutMillis: 1500,
 		})
@@ -643,12 +644,12 @@ var scenarios = []scenario{
 		if ans.err != nil {
 			e.t.Fatal(ans.err)
 		}
-		if r := ans.res; r.Reason != TimedOut || r.ExitCode != 137 || r.Signal != "KILL" {
+		if r := ans.res; r.Reason != agent.TimedOut || r.ExitCode != 137 || r.Signal != "KILL" {
 			e.t.Fatalf("timeout: %+v", r)
 		}
 		e.eventually("the grandchild that left the session is killed", func() bool { return !alive(gc) })
 		// The agent stays active.
-		if res := e.exec(ExecRequest{Argv: []string{"true"}}); res.ExitCode != 0 {
+		if res := e.exec(agent.ExecRequest{Argv: []string{"true"}}); res.ExitCode != 0 {
 			e.t.Fatalf("exec after a timeout: %+v", res)
 		}
 	}},
@@ -656,7 +657,7 @@ var scenarios = []scenario{
 		e.activate(time.Minute)
 		// The background sleep holds stdout and stderr; the exec still
 		// ends with its direct child, and the sleep keeps running.
-		res := e.exec(ExecRequest{Argv: sh("sleep 1000 & echo $!; echo done >&2")})
+		res := e.exec(agent.ExecRequest{Argv: sh("sleep 1000 & echo $!; echo done >&2")})
 		bg := mustPid(e.t, string(res.Stdout))
 		if string(res.Stderr) != "done\n" || res.ExitCode != 0 {
 			e.t.Fatalf("%+v %q", res, res.Stderr)
@@ -671,7 +672,7 @@ var scenarios = []scenario{
 		// does only after the first line arrived: the order is proven
 		// without timing.
 		fifo := e.mkfifo("gate")
-		outs, done := e.stream(ExecRequest{Argv: sh("echo a; read x < " + fifo + "; echo b; echo c >&2")})
+		outs, done := e.stream(agent.ExecRequest{Argv: sh("echo a; read x < " + fifo + "; echo b; echo c >&2")})
 		if l := e.firstLine(outs); l != "a" {
 			e.t.Fatalf("first line %q", l)
 		}
@@ -684,9 +685,9 @@ var scenarios = []scenario{
 		var stdout, stderr []byte
 		for o := range outs {
 			switch o.Stream {
-			case Stdout:
+			case agent.Stdout:
 				stdout = append(stdout, o.Data...)
-			case Stderr:
+			case agent.Stderr:
 				stderr = append(stderr, o.Data...)
 			}
 		}
@@ -701,25 +702,25 @@ var scenarios = []scenario{
 	{"output_caps", func(e *env) {
 		e.activate(time.Minute)
 		script := "head -c 3000000 /dev/zero; head -c 5000 /dev/zero >&2"
-		res := e.exec(ExecRequest{Argv: sh(script), MaxOutput: 1000})
+		res := e.exec(agent.ExecRequest{Argv: sh(script), MaxOutput: 1000})
 		if len(res.Stdout) != 1000 || len(res.Stderr) != 1000 || !res.Truncated || res.ExitCode != 0 {
 			e.t.Fatalf("collected: %d %d %+v", len(res.Stdout), len(res.Stderr), res.Truncated)
 		}
-		outs, done := e.stream(ExecRequest{Argv: sh(script), MaxOutput: 1000})
-		n := map[Stream]int{}
+		outs, done := e.stream(agent.ExecRequest{Argv: sh(script), MaxOutput: 1000})
+		n := map[agent.Stream]int{}
 		for o := range outs {
 			n[o.Stream] += len(o.Data)
 		}
 		ans := <-done
-		if ans.err != nil || !ans.res.Truncated || n[Stdout] != 1000 || n[Stderr] != 1000 {
+		if ans.err != nil || !ans.res.Truncated || n[agent.Stdout] != 1000 || n[agent.Stderr] != 1000 {
 			e.t.Fatalf("streamed: %v %+v %v", n, ans.res, ans.err)
 		}
 		// The default cap is 1 MiB per stream.
-		res = e.exec(ExecRequest{Argv: sh("head -c 1048577 /dev/zero")})
+		res = e.exec(agent.ExecRequest{Argv: sh("head -c 1048577 /dev/zero")})
 		if len(res.Stdout) != 1<<20 || !res.Truncated {
 			e.t.Fatalf("default cap: %d %v", len(res.Stdout), res.Truncated)
 		}
-		res = e.exec(ExecRequest{Argv: sh("head -c 1048576 /dev/zero")})
+		res = e.exec(agent.ExecRequest{Argv: sh("head -c 1048576 /dev/zero")})
 		if len(res.Stdout) != 1<<20 || res.Truncated {
 			e.t.Fatalf("exactly the cap: %d %v", len(res.Stdout), res.Truncated)
 		}
@@ -737,14 +738,14 @@ var scenarios = []scenario{
 			e.t.Fatalf("written %+v, want %d %s", fi, size, want)
 		}
 		for _, p := range []string{path, filepath.Dir(path), filepath.Dir(filepath.Dir(path))} {
-			if u := owner(e.t, p); u != CellUID {
+			if u := owner(e.t, p); u != agent.CellUID {
 				e.t.Fatalf("%s is owned by %d, not the cell user", p, u)
 			}
 		}
 		if st, _ := os.Stat(path); st.Mode().Perm() != 0o644 {
 			e.t.Fatalf("mode %v", st.Mode())
 		}
-		rc, n, err := e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: path})
+		rc, n, err := e.c.ReadFile(e.ctx, agent.ReadRequest{Fence: testFence, Path: path})
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -755,7 +756,7 @@ var scenarios = []scenario{
 		}
 		// A replacement is atomic and takes the mode asked for; a small
 		// limit refuses the large file.
-		if _, err := e.c.WriteFile(e.ctx, WriteRequest{Fence: testFence, Path: path, Mode: 0o600}, strings.NewReader("small")); err != nil {
+		if _, err := e.c.WriteFile(e.ctx, agent.WriteRequest{Fence: testFence, Path: path, Mode: 0o600}, strings.NewReader("small")); err != nil {
 			e.t.Fatal(err)
 		}
 		if b, err := os.ReadFile(path); err != nil || string(b) != "small" {
@@ -764,8 +765,8 @@ var scenarios = []scenario{
 		if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
 			e.t.Fatalf("mode %v", st.Mode())
 		}
-		_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: path, MaxBytes: 4})
-		wantCode(e.t, "read over max_bytes", err, ErrTooLarge)
+		_, _, err = e.c.ReadFile(e.ctx, agent.ReadRequest{Fence: testFence, Path: path, MaxBytes: 4})
+		wantCode(e.t, "read over max_bytes", err, agent.ErrTooLarge)
 		if names := dirNames(e.t, filepath.Dir(path)); names != "data.bin" {
 			e.t.Fatalf("the directory holds %q", names)
 		}
@@ -773,8 +774,8 @@ var scenarios = []scenario{
 	{"file_write_over_256MiB_refused", func(e *env) {
 		e.activate(time.Minute)
 		path := filepath.Join(e.home, "big", "file")
-		_, err := e.write(path, "", content(MaxFileBytes+1<<20, 2))
-		wantCode(e.t, "257 MiB", err, ErrTooLarge)
+		_, err := e.write(path, "", content(agent.MaxFileBytes+1<<20, 2))
+		wantCode(e.t, "257 MiB", err, agent.ErrTooLarge)
 		if exists(path) {
 			e.t.Fatal("the refused file exists")
 		}
@@ -786,46 +787,46 @@ var scenarios = []scenario{
 		e.activate(time.Minute)
 		dir, secret := e.rootDir()
 		// A root-owned directory: the cell user cannot write into it.
-		_, err := e.write(filepath.Join(dir, "x"), UserCell, strings.NewReader("x"))
-		wantCode(e.t, "cell write into a root dir", err, ErrAccessDenied)
+		_, err := e.write(filepath.Join(dir, "x"), agent.UserCell, strings.NewReader("x"))
+		wantCode(e.t, "cell write into a root dir", err, agent.ErrAccessDenied)
 		// Refused before the content is read: the answer still arrives
 		// while the client is sending a large body.
-		_, err = e.write(filepath.Join(dir, "x"), UserCell, content(32<<20, 3))
-		wantCode(e.t, "cell write of 32 MiB into a root dir", err, ErrAccessDenied)
+		_, err = e.write(filepath.Join(dir, "x"), agent.UserCell, content(32<<20, 3))
+		wantCode(e.t, "cell write of 32 MiB into a root dir", err, agent.ErrAccessDenied)
 		// A symlink to the root directory: the same.
 		link := filepath.Join(e.home, "link-to-root-dir")
 		if err := os.Symlink(dir, link); err != nil {
 			e.t.Fatal(err)
 		}
-		_, err = e.write(filepath.Join(link, "y"), UserCell, strings.NewReader("y"))
-		wantCode(e.t, "cell write through a symlinked dir", err, ErrAccessDenied)
+		_, err = e.write(filepath.Join(link, "y"), agent.UserCell, strings.NewReader("y"))
+		wantCode(e.t, "cell write through a symlinked dir", err, agent.ErrAccessDenied)
 		// A symlink to a root-only file: it cannot be read, and writing
 		// its path replaces the link, never the file.
 		flink := filepath.Join(e.home, "link-to-secret")
 		if err := os.Symlink(secret, flink); err != nil {
 			e.t.Fatal(err)
 		}
-		_, err = e.read(flink, UserCell)
-		wantCode(e.t, "cell read through a symlink", err, ErrAccessDenied)
-		_, err = e.read(secret, UserCell)
-		wantCode(e.t, "cell read of a root-only file", err, ErrAccessDenied)
-		if _, err := e.write(flink, UserCell, strings.NewReader("replaced")); err != nil {
+		_, err = e.read(flink, agent.UserCell)
+		wantCode(e.t, "cell read through a symlink", err, agent.ErrAccessDenied)
+		_, err = e.read(secret, agent.UserCell)
+		wantCode(e.t, "cell read of a root-only file", err, agent.ErrAccessDenied)
+		if _, err := e.write(flink, agent.UserCell, strings.NewReader("replaced")); err != nil {
 			e.t.Fatalf("cell write over its own symlink: %v", err)
 		}
 		if b, _ := os.ReadFile(secret); string(b) != "root's" {
 			e.t.Fatalf("the root file changed: %q", b)
 		}
-		if fi, _ := os.Lstat(flink); !fi.Mode().IsRegular() || owner(e.t, flink) != CellUID {
+		if fi, _ := os.Lstat(flink); !fi.Mode().IsRegular() || owner(e.t, flink) != agent.CellUID {
 			e.t.Fatalf("the link was not replaced by the cell's file: %v", fi.Mode())
 		}
 		if names := dirNames(e.t, dir); names != "secret" {
 			e.t.Fatalf("the root dir holds %q", names)
 		}
 		// Root may.
-		if _, err := e.write(filepath.Join(dir, "z"), UserRoot, strings.NewReader("z")); err != nil {
+		if _, err := e.write(filepath.Join(dir, "z"), agent.UserRoot, strings.NewReader("z")); err != nil {
 			e.t.Fatalf("root write: %v", err)
 		}
-		if b, err := e.read(secret, UserRoot); err != nil || string(b) != "root's" {
+		if b, err := e.read(secret, agent.UserRoot); err != nil || string(b) != "root's" {
 			e.t.Fatalf("root read: %q %v", b, err)
 		}
 		if u := owner(e.t, filepath.Join(dir, "z")); u != 0 {
@@ -833,44 +834,44 @@ var scenarios = []scenario{
 		}
 		// Errors of the file system, mapped.
 		_, err = e.read(filepath.Join(e.home, "missing"), "")
-		wantCode(e.t, "missing", err, ErrNotFound)
+		wantCode(e.t, "missing", err, agent.ErrNotFound)
 		_, err = e.read(e.home, "")
-		wantCode(e.t, "a directory", err, ErrInvalid)
-		_, err = e.read(filepath.Join(secret, "below-a-file"), UserRoot)
-		wantCode(e.t, "below a file", err, ErrInvalid)
+		wantCode(e.t, "a directory", err, agent.ErrInvalid)
+		_, err = e.read(filepath.Join(secret, "below-a-file"), agent.UserRoot)
+		wantCode(e.t, "below a file", err, agent.ErrInvalid)
 		_, err = e.write(e.home, "", strings.NewReader("x"))
-		wantCode(e.t, "write over a directory", err, ErrInvalid)
+		wantCode(e.t, "write over a directory", err, agent.ErrInvalid)
 		_, err = e.read(e.mkfifo("fifo"), "")
-		wantCode(e.t, "a FIFO", err, ErrInvalid)
+		wantCode(e.t, "a FIFO", err, agent.ErrInvalid)
 	}},
 	{"bad_input_runs_nothing", func(e *env) {
 		e.activate(time.Minute)
 		marker := filepath.Join(e.home, "marker")
 		touch := sh("touch " + marker)
-		long := "/" + strings.Repeat("a", MaxPath)
+		long := "/" + strings.Repeat("a", agent.MaxPath)
 		for _, c := range []struct {
 			name string
-			req  ExecRequest
+			req  agent.ExecRequest
 			want error
 			msg  string
 		}{
-			{"no argv", ExecRequest{}, ErrInvalid, "argv[0]"},
-			{"empty argv[0]", ExecRequest{Argv: []string{"", "-c", "touch " + marker}}, ErrInvalid, "argv[0]"},
-			{"NUL in argv", ExecRequest{Argv: sh("touch " + marker + "\x00")}, ErrInvalid, "NUL"},
-			{"NUL in an env value", ExecRequest{Argv: touch, Env: map[string]string{"A": "x\x00"}}, ErrInvalid, "NUL"},
-			{"env key with a dash", ExecRequest{Argv: touch, Env: map[string]string{"A-B": "x"}}, ErrInvalid, "env key"},
-			{"env key with a digit first", ExecRequest{Argv: touch, Env: map[string]string{"1A": "x"}}, ErrInvalid, "env key"},
-			{"empty env key", ExecRequest{Argv: touch, Env: map[string]string{"": "x"}}, ErrInvalid, "env key"},
-			{"env key with =", ExecRequest{Argv: touch, Env: map[string]string{"A=B": "x"}}, ErrInvalid, "env key"},
-			{"relative cwd", ExecRequest{Argv: touch, Cwd: "tmp"}, ErrInvalid, "absolute"},
-			{"long cwd", ExecRequest{Argv: touch, Cwd: long}, ErrInvalid, "longer"},
-			{"NUL in cwd", ExecRequest{Argv: touch, Cwd: "/tmp\x00"}, ErrInvalid, "NUL"},
-			{"missing cwd", ExecRequest{Argv: touch, Cwd: "/no/such/dir"}, ErrInvalid, "does not exist"},
-			{"cwd a file", ExecRequest{Argv: touch, Cwd: "/etc/passwd"}, ErrInvalid, "not a directory"},
-			{"unknown user", ExecRequest{Argv: touch, User: "nobody"}, ErrUserUnsupported, "nobody"},
-			{"stdin over 1 MiB", ExecRequest{Argv: touch, Stdin: make([]byte, MaxStdin+1)}, ErrTooLarge, "stdin"},
-			{"negative timeout", ExecRequest{Argv: touch, TimeoutMillis: -1}, ErrInvalid, "timeout"},
-			{"max_output over the limit", ExecRequest{Argv: touch, MaxOutput: MaxOutputLimit + 1}, ErrInvalid, "max_output"},
+			{"no argv", agent.ExecRequest{}, agent.ErrInvalid, "argv[0]"},
+			{"empty argv[0]", agent.ExecRequest{Argv: []string{"", "-c", "touch " + marker}}, agent.ErrInvalid, "argv[0]"},
+			{"NUL in argv", agent.ExecRequest{Argv: sh("touch " + marker + "\x00")}, agent.ErrInvalid, "NUL"},
+			{"NUL in an env value", agent.ExecRequest{Argv: touch, Env: map[string]string{"A": "x\x00"}}, agent.ErrInvalid, "NUL"},
+			{"env key with a dash", agent.ExecRequest{Argv: touch, Env: map[string]string{"A-B": "x"}}, agent.ErrInvalid, "env key"},
+			{"env key with a digit first", agent.ExecRequest{Argv: touch, Env: map[string]string{"1A": "x"}}, agent.ErrInvalid, "env key"},
+			{"empty env key", agent.ExecRequest{Argv: touch, Env: map[string]string{"": "x"}}, agent.ErrInvalid, "env key"},
+			{"env key with =", agent.ExecRequest{Argv: touch, Env: map[string]string{"A=B": "x"}}, agent.ErrInvalid, "env key"},
+			{"relative cwd", agent.ExecRequest{Argv: touch, Cwd: "tmp"}, agent.ErrInvalid, "absolute"},
+			{"long cwd", agent.ExecRequest{Argv: touch, Cwd: long}, agent.ErrInvalid, "longer"},
+			{"NUL in cwd", agent.ExecRequest{Argv: touch, Cwd: "/tmp\x00"}, agent.ErrInvalid, "NUL"},
+			{"missing cwd", agent.ExecRequest{Argv: touch, Cwd: "/no/such/dir"}, agent.ErrInvalid, "does not exist"},
+			{"cwd a file", agent.ExecRequest{Argv: touch, Cwd: "/etc/passwd"}, agent.ErrInvalid, "not a directory"},
+			{"unknown user", agent.ExecRequest{Argv: touch, User: "nobody"}, agent.ErrUserUnsupported, "nobody"},
+			{"stdin over 1 MiB", agent.ExecRequest{Argv: touch, Stdin: make([]byte, agent.MaxStdin+1)}, agent.ErrTooLarge, "stdin"},
+			{"negative timeout", agent.ExecRequest{Argv: touch, TimeoutMillis: -1}, agent.ErrInvalid, "timeout"},
+			{"max_output over the limit", agent.ExecRequest{Argv: touch, MaxOutput: agent.MaxOutputLimit + 1}, agent.ErrInvalid, "max_output"},
 		} {
 			c.req.Fence = testFence
 			_, err := e.c.Exec(e.ctx, c.req, nil)
@@ -879,40 +880,40 @@ var scenarios = []scenario{
 				e.t.Errorf("exec: %s: %q does not say %q", c.name, err, c.msg)
 			}
 			if c.req.Stdin == nil && c.req.TimeoutMillis == 0 && c.req.MaxOutput == 0 { // the launch has the rest
-				_, err = e.c.Launch(e.ctx, LaunchRequest{Fence: testFence, Argv: c.req.Argv, Env: c.req.Env, Cwd: c.req.Cwd, User: c.req.User})
+				_, err = e.c.Launch(e.ctx, agent.LaunchRequest{Fence: testFence, Argv: c.req.Argv, Env: c.req.Env, Cwd: c.req.Cwd, User: c.req.User})
 				wantCode(e.t, "launch: "+c.name, err, c.want)
 			}
 		}
-		_, err := e.c.Launch(e.ctx, LaunchRequest{Fence: testFence, Argv: []string{"no-such-command-sbw"}})
-		wantCode(e.t, "launch of an unknown command", err, ErrInvalid)
+		_, err := e.c.Launch(e.ctx, agent.LaunchRequest{Fence: testFence, Argv: []string{"no-such-command-sbw"}})
+		wantCode(e.t, "launch of an unknown command", err, agent.ErrInvalid)
 		_, err = e.c.LaunchStatus(e.ctx, testFence)
-		wantCode(e.t, "nothing was launched", err, ErrNotLaunched)
+		wantCode(e.t, "nothing was launched", err, agent.ErrNotLaunched)
 
 		for _, c := range []struct {
 			name string
-			req  WriteRequest
+			req  agent.WriteRequest
 			want error
 		}{
-			{"relative path", WriteRequest{Path: "marker"}, ErrInvalid},
-			{"empty path", WriteRequest{}, ErrInvalid},
-			{"NUL in path", WriteRequest{Path: marker + "\x00"}, ErrInvalid},
-			{"long path", WriteRequest{Path: long}, ErrInvalid},
-			{"the root", WriteRequest{Path: "/"}, ErrInvalid},
-			{"mode beyond 0777", WriteRequest{Path: marker, Mode: 0o4755}, ErrInvalid},
-			{"unknown user", WriteRequest{Path: marker, User: "nobody"}, ErrUserUnsupported},
+			{"relative path", agent.WriteRequest{Path: "marker"}, agent.ErrInvalid},
+			{"empty path", agent.WriteRequest{}, agent.ErrInvalid},
+			{"NUL in path", agent.WriteRequest{Path: marker + "\x00"}, agent.ErrInvalid},
+			{"long path", agent.WriteRequest{Path: long}, agent.ErrInvalid},
+			{"the root", agent.WriteRequest{Path: "/"}, agent.ErrInvalid},
+			{"mode beyond 0777", agent.WriteRequest{Path: marker, Mode: 0o4755}, agent.ErrInvalid},
+			{"unknown user", agent.WriteRequest{Path: marker, User: "nobody"}, agent.ErrUserUnsupported},
 		} {
 			c.req.Fence = testFence
 			_, err := e.c.WriteFile(e.ctx, c.req, strings.NewReader("x"))
 			wantCode(e.t, "write: "+c.name, err, c.want)
-			_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: c.req.Path, User: c.req.User})
+			_, _, err = e.c.ReadFile(e.ctx, agent.ReadRequest{Fence: testFence, Path: c.req.Path, User: c.req.User})
 			if c.name != "the root" && c.name != "mode beyond 0777" {
 				wantCode(e.t, "read: "+c.name, err, c.want)
 			}
 		}
-		_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: -1})
-		wantCode(e.t, "read: negative max_bytes", err, ErrInvalid)
-		_, _, err = e.c.ReadFile(e.ctx, ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: MaxFileBytes + 1})
-		wantCode(e.t, "read: max_bytes over 256 MiB", err, ErrInvalid)
+		_, _, err = e.c.ReadFile(e.ctx, agent.ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: -1})
+		wantCode(e.t, "read: negative max_bytes", err, agent.ErrInvalid)
+		_, _, err = e.c.ReadFile(e.ctx, agent.ReadRequest{Fence: testFence, Path: "/etc/hostname", MaxBytes: agent.MaxFileBytes + 1})
+		wantCode(e.t, "read: max_bytes over 256 MiB", err, agent.ErrInvalid)
 		if exists(marker) {
 			e.t.Fatal("bad input ran or wrote something")
 		}
@@ -920,45 +921,45 @@ var scenarios = []scenario{
 	{"launch_phases_replay_conflict", func(e *env) {
 		e.activate(time.Minute)
 		_, err := e.c.LaunchStatus(e.ctx, testFence)
-		wantCode(e.t, "before the launch", err, ErrNotLaunched)
+		wantCode(e.t, "before the launch", err, agent.ErrNotLaunched)
 		fifo := e.mkfifo("gate")
-		req := LaunchRequest{Fence: testFence, Argv: sh("echo out; id -u >&2; read x < " + fifo + "; exit 7"), Env: map[string]string{"A": "1"}}
+		req := agent.LaunchRequest{Fence: testFence, Argv: sh("echo out; id -u >&2; read x < " + fifo + "; exit 7"), Env: map[string]string{"A": "1"}}
 		st, err := e.c.Launch(e.ctx, req)
-		if err != nil || st.Phase != Running || st.PID == nil || st.Replay || st.ExitCode != nil || st.Reason != nil || st.Signal != nil {
+		if err != nil || st.Phase != agent.Running || st.PID == nil || st.Replay || st.ExitCode != nil || st.Reason != nil || st.Signal != nil {
 			e.t.Fatalf("launch: %+v %v", st, err)
 		}
 		pid := *st.PID
 		again, err := e.c.Launch(e.ctx, req)
-		if err != nil || !again.Replay || again.PID == nil || *again.PID != pid || again.Phase != Running {
+		if err != nil || !again.Replay || again.PID == nil || *again.PID != pid || again.Phase != agent.Running {
 			e.t.Fatalf("replay: %+v %v", again, err)
 		}
 		// The defaults are part of the spec: naming them is the same launch.
 		same := req
-		same.Cwd, same.User = e.home, UserCell
+		same.Cwd, same.User = e.home, agent.UserCell
 		if again, err := e.c.Launch(e.ctx, same); err != nil || !again.Replay {
 			e.t.Fatalf("replay with the defaults spelled out: %+v %v", again, err)
 		}
-		for name, mut := range map[string]func(*LaunchRequest){
-			"argv": func(r *LaunchRequest) { r.Argv = []string{"true"} },
-			"env":  func(r *LaunchRequest) { r.Env = map[string]string{"A": "2"} },
-			"cwd":  func(r *LaunchRequest) { r.Cwd = "/tmp" },
-			"user": func(r *LaunchRequest) { r.User = UserRoot },
+		for name, mut := range map[string]func(*agent.LaunchRequest){
+			"argv": func(r *agent.LaunchRequest) { r.Argv = []string{"true"} },
+			"env":  func(r *agent.LaunchRequest) { r.Env = map[string]string{"A": "2"} },
+			"cwd":  func(r *agent.LaunchRequest) { r.Cwd = "/tmp" },
+			"user": func(r *agent.LaunchRequest) { r.User = agent.UserRoot },
 		} {
 			other := req
 			mut(&other)
 			_, err := e.c.Launch(e.ctx, other)
-			wantCode(e.t, "another launch, other "+name, err, ErrConflict)
+			wantCode(e.t, "another launch, other "+name, err, agent.ErrConflict)
 		}
-		if st, err := e.c.LaunchStatus(e.ctx, testFence); err != nil || st.Phase != Running || *st.PID != pid || st.Replay {
+		if st, err := e.c.LaunchStatus(e.ctx, testFence); err != nil || st.Phase != agent.Running || *st.PID != pid || st.Replay {
 			e.t.Fatalf("status while running: %+v %v", st, err)
 		}
 		release(e.t, fifo)
 		e.eventually("the launch is terminal", func() bool {
 			st, err := e.c.LaunchStatus(e.ctx, testFence)
-			return err == nil && st.Phase == Terminal
+			return err == nil && st.Phase == agent.Terminal
 		})
 		st, _ = e.c.LaunchStatus(e.ctx, testFence)
-		if *st.ExitCode != 7 || *st.Reason != Exited || st.Signal != nil || *st.PID != pid {
+		if *st.ExitCode != 7 || *st.Reason != agent.Exited || st.Signal != nil || *st.PID != pid {
 			e.t.Fatalf("terminal: %+v", st)
 		}
 		out := filepath.Join(e.home, ".launch")
@@ -969,12 +970,12 @@ var scenarios = []scenario{
 			e.t.Fatalf("stderr %q", b)
 		}
 		for _, p := range []string{out, filepath.Join(out, "stdout")} {
-			if u := owner(e.t, p); u != CellUID {
+			if u := owner(e.t, p); u != agent.CellUID {
 				e.t.Fatalf("%s is owned by %d", p, u)
 			}
 		}
 		// Terminal: a replay still reports it, anything else conflicts.
-		if st, err := e.c.Launch(e.ctx, req); err != nil || !st.Replay || st.Phase != Terminal {
+		if st, err := e.c.Launch(e.ctx, req); err != nil || !st.Replay || st.Phase != agent.Terminal {
 			e.t.Fatalf("replay after the end: %+v %v", st, err)
 		}
 	}},
@@ -997,87 +998,4 @@ func dirNames(t *testing.T, dir string) string {
 		names = append(names, e.Name())
 	}
 	return strings.Join(names, ",")
-}
-
-// TestClientDeadSocket: a Client whose agent cannot be reached gets an
-// error that is not an answer.
-func TestClientDeadSocket(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "dead.sock")
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
-	ctx := context.Background()
-	if _, err := c.Status(ctx); err == nil || IsAnswer(err) {
-		t.Fatalf("status of a dead socket: %v", err)
-	}
-	if err := c.Activate(ctx, activation(time.Minute)); err == nil || IsAnswer(err) {
-		t.Fatalf("activate on a dead socket: %v", err)
-	}
-	if _, err := c.Exec(ctx, ExecRequest{Fence: testFence, Argv: []string{"true"}}, nil); err == nil || IsAnswer(err) {
-		t.Fatalf("exec on a dead socket: %v", err)
-	}
-}
-
-// TestClientBrokenAnswers: an answer cut short, or an agent failure that
-// is no decision, is not an *Error.
-func TestClientBrokenAnswers(t *testing.T) {
-	var mu sync.Mutex
-	answer := func(w http.ResponseWriter, r *http.Request) {}
-	srv := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		f := answer
-		mu.Unlock()
-		f(w, r)
-	})
-	c := serveHandler(t, srv)
-	ctx := context.Background()
-	set := func(f func(w http.ResponseWriter, r *http.Request)) {
-		mu.Lock()
-		answer = f
-		mu.Unlock()
-	}
-	// An exec stream that ends without a result.
-	set(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusOK)
-		fmt.Fprintln(w, `{"stream":"stdout","data":"YQo="}`)
-	})
-	var got []Output
-	_, err := c.Exec(ctx, ExecRequest{Fence: testFence, Argv: []string{"x"}}, func(o Output) error { got = append(got, o); return nil })
-	if err == nil || IsAnswer(err) || len(got) != 1 || string(got[0].Data) != "a\n" {
-		t.Fatalf("cut stream: %v %v", err, got)
-	}
-	// A file read cut short of its Content-Length.
-	set(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", "10")
-		w.WriteHeader(http.StatusOK)
-		w.Write([]byte("abc"))
-	})
-	rc, n, err := c.ReadFile(ctx, ReadRequest{Fence: testFence, Path: "/x"})
-	if err != nil || n != 10 {
-		t.Fatalf("read: %v %d", err, n)
-	}
-	if _, err := io.ReadAll(rc); err == nil || IsAnswer(err) {
-		t.Fatalf("short read: %v", err)
-	}
-	rc.Close()
-	// An internal failure, and a refusal with an unknown code.
-	for _, body := range []string{`{"code":"internal","message":"fork: resource temporarily unavailable"}`, `{"code":"whatever"}`, `not json`} {
-		set(func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(http.StatusInternalServerError)
-			fmt.Fprint(w, body)
-		})
-		if _, err := c.Status(ctx); err == nil || IsAnswer(err) {
-			t.Fatalf("%s: %v", body, err)
-		}
-	}
-	// A decided refusal is an *Error.
-	set(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusGone)
-		fmt.Fprint(w, `{"code":"expired","message":"the lease ended"}`)
-	})
-	if _, err := c.Status(ctx); !errors.Is(err, ErrExpired) {
-		t.Fatalf("refusal: %v", err)
-	}
 }

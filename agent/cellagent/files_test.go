@@ -1,4 +1,4 @@
-package agent
+package cellagent
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxwich/sandboxwich/agent"
 )
 
 // The hostile-input findings on files (issue 40): a write lands only when
@@ -49,7 +51,7 @@ func init() {
 			e.activate(time.Minute)
 			for _, p := range []string{filepath.Join(e.home, "new") + "/", filepath.Join(e.home, "d", "x") + "/."} {
 				_, err := e.write(p, "", strings.NewReader("x"))
-				wantCode(e.t, "write to "+p, err, ErrInvalid)
+				wantCode(e.t, "write to "+p, err, agent.ErrInvalid)
 			}
 			if names := dirNames(e.t, e.home); names != "" {
 				e.t.Fatalf("refused writes left %q in the home", names)
@@ -66,7 +68,7 @@ func init() {
 				if err != nil || len(want) == 0 {
 					continue // unreadable or empty on this host
 				}
-				got, err := e.read(p, UserRoot)
+				got, err := e.read(p, agent.UserRoot)
 				if err != nil || len(got) == 0 {
 					e.t.Fatalf("read %s: %d bytes, %v; want its content", p, len(got), err)
 				}
@@ -84,9 +86,9 @@ func init() {
 				e.t.Fatal(err)
 			}
 			_, err = e.read(sock, "")
-			wantCode(e.t, "a Unix socket", err, ErrInvalid)
-			_, err = e.read(sock, UserRoot)
-			wantCode(e.t, "a Unix socket as root", err, ErrInvalid)
+			wantCode(e.t, "a Unix socket", err, agent.ErrInvalid)
+			_, err = e.read(sock, agent.UserRoot)
+			wantCode(e.t, "a Unix socket as root", err, agent.ErrInvalid)
 			// The agent still serves the lease.
 			if _, err := e.write(filepath.Join(e.home, "after"), "", strings.NewReader("x")); err != nil {
 				e.t.Fatalf("a write after the refused read: %v", err)
@@ -117,10 +119,10 @@ func TestWriteNeedsCompletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: NewHandler(a)}
+	srv := &http.Server{Handler: agent.NewHandler(a)}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -130,21 +132,26 @@ func TestWriteNeedsCompletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := filepath.Join(home, "f")
-	if _, err := c.WriteFile(ctx, WriteRequest{Fence: testFence, Path: p}, strings.NewReader("old")); err != nil {
+	if _, err := c.WriteFile(ctx, agent.WriteRequest{Fence: testFence, Path: p}, strings.NewReader("old")); err != nil {
 		t.Fatal(err)
 	}
-	hdr, err := json.Marshal(WriteRequest{Fence: testFence, Path: p})
+	hdr, err := json.Marshal(agent.WriteRequest{Fence: testFence, Path: p})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hdr = append(hdr, '\n')
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	t.Cleanup(hc.CloseIdleConnections)
 	send := func(parts ...[]byte) int {
 		t.Helper()
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://cell/v1/files/write", bytes.NewReader(bytes.Join(append([][]byte{hdr}, parts...), nil)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := c.hc.Do(req)
+		res, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

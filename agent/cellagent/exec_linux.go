@@ -1,4 +1,4 @@
-package agent
+package cellagent
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandboxwich/sandboxwich/agent"
 )
 
 // drainLimit bounds how long Exec keeps reading output after the direct
@@ -18,10 +20,10 @@ import (
 const drainLimit = 100 * time.Millisecond
 
 // exec runs sp and waits for its direct child; see Conn.Exec.
-func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Duration, maxOut int, out func(Output) error) (ExecResult, error) {
+func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Duration, maxOut int, out func(agent.Output) error) (agent.ExecResult, error) {
 	s := &sink{max: maxOut, out: out, failed: make(chan error, 1)}
 	if err := checkDir(sp.cwd); err != nil {
-		return ExecResult{}, err
+		return agent.ExecResult{}, err
 	}
 	path, ok := lookPath(sp.argv[0], sp.cwd, envValue(sp.env, "PATH"))
 	if !ok {
@@ -29,20 +31,20 @@ func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Du
 	}
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
-		return ExecResult{}, fmt.Errorf("agent: exec: %w", err)
+		return agent.ExecResult{}, fmt.Errorf("agent: exec: %w", err)
 	}
 	defer stdinW.Close()
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		stdinR.Close()
-		return ExecResult{}, fmt.Errorf("agent: exec: %w", err)
+		return agent.ExecResult{}, fmt.Errorf("agent: exec: %w", err)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		stdinR.Close()
 		outR.Close()
 		outW.Close()
-		return ExecResult{}, fmt.Errorf("agent: exec: %w", err)
+		return agent.ExecResult{}, fmt.Errorf("agent: exec: %w", err)
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   sp.cwd,
@@ -59,8 +61,8 @@ func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Du
 		outR.Close()
 		errR.Close()
 		switch {
-		case IsAnswer(err):
-			return ExecResult{}, err
+		case agent.IsAnswer(err):
+			return agent.ExecResult{}, err
 		case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
 			return s.refused(126, "cannot enter "+sp.cwd+" or execute "+sp.argv[0]+": permission denied")
 		case errors.Is(err, syscall.ENOEXEC):
@@ -72,9 +74,9 @@ func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Du
 			// kernel still refuses is the request's fault, not the cell's.
 			// (Linux says E2BIG; gVisor ENAMETOOLONG for a string over
 			// MAX_ARG_STRLEN.)
-			return ExecResult{}, Errorf(CodeInvalid, "the kernel refused the program's path, argv or env as too long ("+err.Error()+")")
+			return agent.ExecResult{}, agent.Errorf(agent.CodeInvalid, "the kernel refused the program's path, argv or env as too long ("+err.Error()+")")
 		}
-		return ExecResult{}, fmt.Errorf("agent: exec: start: %w", err)
+		return agent.ExecResult{}, fmt.Errorf("agent: exec: start: %w", err)
 	}
 	go func() {
 		_, _ = stdinW.Write(stdin)
@@ -82,8 +84,8 @@ func (a *Agent) exec(ctx context.Context, sp spec, stdin []byte, timeout time.Du
 	}()
 	var pumps sync.WaitGroup
 	pumps.Add(2)
-	go s.pump(&pumps, Stdout, outR)
-	go s.pump(&pumps, Stderr, errR)
+	go s.pump(&pumps, agent.Stdout, outR)
+	go s.pump(&pumps, agent.Stderr, errR)
 
 	var timerC <-chan time.Time
 	if timeout > 0 {
@@ -126,18 +128,18 @@ wait:
 		failure = s.err()
 	}
 	if failure != nil {
-		return ExecResult{}, failure
+		return agent.ExecResult{}, failure
 	}
-	res := ExecResult{ExitCode: es.code, Signal: es.signal, Reason: Exited, DurationMillis: dur.Milliseconds()}
+	res := agent.ExecResult{ExitCode: es.code, Signal: es.signal, Reason: agent.Exited, DurationMillis: dur.Milliseconds()}
 	select {
 	case <-a.ended:
-		res.Reason = Killed
+		res.Reason = agent.Killed
 	default:
 		switch {
 		case timedOut:
-			res.Reason = TimedOut
+			res.Reason = agent.TimedOut
 		case es.lost:
-			res.Reason = CellLost
+			res.Reason = agent.CellLost
 		}
 	}
 	res.Truncated = s.finish(&res)
@@ -148,7 +150,7 @@ wait:
 // at max bytes and hands it to out, or collects it when out is nil.
 type sink struct {
 	max    int
-	out    func(Output) error
+	out    func(agent.Output) error
 	failed chan error // the error of out, once
 
 	mu        sync.Mutex
@@ -158,15 +160,15 @@ type sink struct {
 	outErr    error
 }
 
-func streamIndex(st Stream) int {
-	if st == Stderr {
+func streamIndex(st agent.Stream) int {
+	if st == agent.Stderr {
 		return 1
 	}
 	return 0
 }
 
 // write takes one chunk of stream st.
-func (s *sink) write(st Stream, p []byte) {
+func (s *sink) write(st agent.Stream, p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i := streamIndex(st)
@@ -182,7 +184,7 @@ func (s *sink) write(st Stream, p []byte) {
 		s.buf[i] = append(s.buf[i], p...)
 		return
 	}
-	if err := s.out(Output{Stream: st, Data: append([]byte(nil), p...)}); err != nil {
+	if err := s.out(agent.Output{Stream: st, Data: append([]byte(nil), p...)}); err != nil {
 		s.outErr = err
 		s.failed <- err
 	}
@@ -195,7 +197,7 @@ func (s *sink) err() error {
 }
 
 // finish puts the collected output into res and reports truncation.
-func (s *sink) finish(res *ExecResult) bool {
+func (s *sink) finish(res *agent.ExecResult) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.out == nil {
@@ -206,19 +208,19 @@ func (s *sink) finish(res *ExecResult) bool {
 
 // refused is the result of a command that could not be started (as a
 // shell reports it: 126 not executable, 127 not found), msg on stderr.
-func (s *sink) refused(code int, msg string) (ExecResult, error) {
-	s.write(Stderr, []byte("sandboxwich-agent: "+msg+"\n"))
+func (s *sink) refused(code int, msg string) (agent.ExecResult, error) {
+	s.write(agent.Stderr, []byte("sandboxwich-agent: "+msg+"\n"))
 	if err := s.err(); err != nil {
-		return ExecResult{}, err
+		return agent.ExecResult{}, err
 	}
-	res := ExecResult{ExitCode: code, Reason: Exited}
+	res := agent.ExecResult{ExitCode: code, Reason: agent.Exited}
 	res.Truncated = s.finish(&res)
 	return res, nil
 }
 
 // pump reads stream st from f until EOF, or until the read deadline set
 // at the child's exit; then it drains what is buffered without waiting.
-func (s *sink) pump(wg *sync.WaitGroup, st Stream, f *os.File) {
+func (s *sink) pump(wg *sync.WaitGroup, st agent.Stream, f *os.File) {
 	defer wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
@@ -238,7 +240,7 @@ func (s *sink) pump(wg *sync.WaitGroup, st Stream, f *os.File) {
 
 // drain reads what f holds now, without waiting for more, for at most
 // drainLimit.
-func (s *sink) drain(st Stream, f *os.File, buf []byte) {
+func (s *sink) drain(st agent.Stream, f *os.File, buf []byte) {
 	if f.SetReadDeadline(time.Time{}) != nil {
 		return
 	}
@@ -265,11 +267,11 @@ func checkDir(dir string) error {
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return Errorf(CodeInvalid, fmt.Sprintf("cwd %s does not exist", dir))
+		return agent.Errorf(agent.CodeInvalid, fmt.Sprintf("cwd %s does not exist", dir))
 	case err != nil:
-		return Errorf(CodeInvalid, fmt.Sprintf("cwd %s: %v", dir, errors.Unwrap(err)))
+		return agent.Errorf(agent.CodeInvalid, fmt.Sprintf("cwd %s: %v", dir, errors.Unwrap(err)))
 	case !fi.IsDir():
-		return Errorf(CodeInvalid, fmt.Sprintf("cwd %s is not a directory", dir))
+		return agent.Errorf(agent.CodeInvalid, fmt.Sprintf("cwd %s is not a directory", dir))
 	}
 	return nil
 }
