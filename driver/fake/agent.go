@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -26,10 +25,11 @@ import (
 const AgentDigest = "sha256:a018173cf37e8c7b43c6cc6425a7c1c03c7ad007396a0e5b4bc936837d8c1c75"
 
 // AgentProvider is a Provider whose objects each run an in-memory cell
-// agent: it implements driver.AgentHost as well. The agent keeps the
-// protocol's states (waiting, active, ended), accepts one fence and its
-// exact replays, ends at its activation's TTL by the Config.Now clock, runs
-// a few builtin commands and keeps files in memory:
+// agent: it implements driver.AgentHost as well. The agent applies the
+// real agent's fence rules (an agent.Gate) by the Config.Now clock —
+// waiting, active for one fence and its exact replays, ended at its
+// activation's TTL or release — runs a few builtin commands and keeps
+// files in memory:
 //
 //   - echo ARG…   writes the arguments to stdout, one chunk each
 //   - cat         copies stdin to stdout
@@ -111,14 +111,10 @@ type cellAgent struct {
 	cellID uuid.UUID
 	dead   chan struct{} // closed when the object dies
 
-	mu          sync.Mutex
-	state       agent.State
-	activations int
-	fence       agent.Fence
-	expiresAt   time.Time // the activation's, compared in a replay
-	expires     time.Time // by p.cfg.Now
-	files       map[string][]byte
-	launch      *launched
+	mu     sync.Mutex
+	gate   *agent.Gate // the fence rules, by p.cfg.Now
+	files  map[string][]byte
+	launch *launched
 }
 
 type launched struct {
@@ -127,7 +123,7 @@ type launched struct {
 }
 
 func newCellAgent(p *Provider, cellID uuid.UUID) *cellAgent {
-	return &cellAgent{p: p, cellID: cellID, dead: make(chan struct{}), state: agent.Waiting, files: map[string][]byte{}}
+	return &cellAgent{p: p, cellID: cellID, dead: make(chan struct{}), gate: agent.NewGate(cellID.String()), files: map[string][]byte{}}
 }
 
 var errLost = fmt.Errorf("fake: the cell agent is gone: %w", driver.ErrCellLost)
@@ -165,16 +161,19 @@ func (a *cellAgent) receive(ctx context.Context, op string, req any, data []byte
 	return f, nil
 }
 
-// expire ends an active agent whose TTL passed; the caller holds a.mu.
-func (a *cellAgent) expire() {
-	if a.state == agent.Active && !a.p.cfg.Now().Before(a.expires) {
+// state is the agent's state now; at the end (the TTL passed) the
+// launched workload is killed. The caller holds a.mu.
+func (a *cellAgent) state() agent.State {
+	st := a.gate.State(a.p.cfg.Now())
+	if st == agent.Ended {
 		a.end()
 	}
+	return st
 }
 
-// end ends the agent, killing the launched workload; the caller holds a.mu.
+// end kills the launched workload, if it still runs; the caller holds
+// a.mu.
 func (a *cellAgent) end() {
-	a.state = agent.Ended
 	if l := a.launch; l != nil && l.status.Phase != agent.Terminal {
 		l.status = terminal(137, "KILL", agent.Killed, l.status.PID)
 	}
@@ -189,23 +188,22 @@ func (a *cellAgent) Release(ctx context.Context, fence agent.Fence) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.fenced(f, fence); err != nil && !(errors.Is(err, agent.ErrExpired) && fence == a.fence) {
+	if a.state() == agent.Active && a.gate.Admit(a.p.cfg.Now(), fence) == nil && f.Answer != nil {
+		return f.Answer // the fault, as for every fenced request
+	}
+	if err := a.gate.Release(fence); err != nil {
 		return err
 	}
 	a.end()
 	return nil
 }
 
-// fenced admits a fenced request; the caller holds a.mu.
+// fenced admits a fenced request by the gate, then answers the Answer
+// fault; the caller holds a.mu.
 func (a *cellAgent) fenced(f AgentFaults, fence agent.Fence) error {
-	a.expire()
-	switch {
-	case a.state == agent.Waiting:
-		return agent.Errorf(agent.CodeNotActive, "not activated")
-	case fence != a.fence:
-		return agent.Errorf(agent.CodeFenceRefused, "another fence")
-	case a.state == agent.Ended:
-		return agent.Errorf(agent.CodeExpired, "the lease expired")
+	a.state()
+	if err := a.gate.Admit(a.p.cfg.Now(), fence); err != nil {
+		return err
 	}
 	return f.Answer
 }
@@ -217,9 +215,11 @@ func (a *cellAgent) Status(ctx context.Context) (agent.Status, error) {
 		return agent.Status{}, err
 	}
 	a.mu.Lock()
-	a.expire()
-	st := agent.Status{State: a.state, Activations: a.activations, CellID: a.cellID.String(), Digest: AgentDigest}
+	st := agent.Status{State: a.state(), CellID: a.cellID.String(), Digest: AgentDigest}
 	a.mu.Unlock()
+	if st.State != agent.Waiting {
+		st.Activations = 1
+	}
 	if f.Status != nil {
 		st = f.Status(st)
 	}
@@ -244,23 +244,14 @@ func (a *cellAgent) Activate(ctx context.Context, act agent.Activation) error {
 	if err != nil {
 		return err
 	}
+	if f.RefuseFence {
+		return agent.Errorf(agent.CodeFenceRefused, "bound to another fence")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.expire()
-	switch {
-	case act.Version != agent.ProtocolVersion || act.LeaseID == "" || act.Generation < 1 || act.TTLMillis <= 0:
-		return agent.Errorf(agent.CodeInvalid, "malformed activation")
-	case f.RefuseFence, act.CellID != a.cellID.String(),
-		a.state != agent.Waiting && (act.Fence != a.fence || !act.ExpiresAt.Equal(a.expiresAt)):
-		return agent.Errorf(agent.CodeFenceRefused, "bound to another fence")
-	case a.state == agent.Ended:
-		return agent.Errorf(agent.CodeExpired, "the lease expired")
-	case a.state == agent.Active: // an exact replay
-		return nil
-	}
-	a.state, a.activations, a.fence, a.expiresAt = agent.Active, 1, act.Fence, act.ExpiresAt
-	a.expires = a.p.cfg.Now().Add(time.Duration(act.TTLMillis) * time.Millisecond)
-	return nil
+	a.state()
+	_, err = a.gate.Activate(a.p.cfg.Now(), act)
+	return err
 }
 
 // Exec implements agent.Conn.
@@ -283,7 +274,7 @@ func (a *cellAgent) Exec(ctx context.Context, req agent.ExecRequest, out func(ag
 	}
 	maxOut := req.MaxOutput
 	if maxOut <= 0 {
-		maxOut = 1 << 20
+		maxOut = agent.DefaultMaxOutput
 	}
 	var res agent.ExecResult
 	left := map[agent.Stream]int{agent.Stdout: maxOut, agent.Stderr: maxOut}
