@@ -208,15 +208,13 @@ type ExecRequest struct {
 	// non-zero exit code. Zero means DefaultExecTimeout.
 	Timeout time.Duration
 	// MaxOutput caps each of stdout and stderr, in bytes; zero means
-	// DefaultMaxOutput.
+	// agent.DefaultMaxOutput.
 	MaxOutput int
 }
 
-// Defaults of an ExecRequest's zero Timeout and MaxOutput.
-const (
-	DefaultExecTimeout = 60 * time.Second
-	DefaultMaxOutput   = 1 << 20
-)
+// DefaultExecTimeout is the timeout of an ExecRequest whose Timeout is
+// zero. (The default output cap is agent.DefaultMaxOutput.)
+const DefaultExecTimeout = 60 * time.Second
 
 // Limits returns the request's timeout and output cap, defaults applied.
 func (r ExecRequest) Limits() (time.Duration, int) {
@@ -225,7 +223,7 @@ func (r ExecRequest) Limits() (time.Duration, int) {
 		timeout = DefaultExecTimeout
 	}
 	if maxOut <= 0 {
-		maxOut = DefaultMaxOutput
+		maxOut = agent.DefaultMaxOutput
 	}
 	return timeout, maxOut
 }

@@ -10,12 +10,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
-// Exec defaults, used when an ExecRequest leaves Timeout or MaxOutput zero.
-const (
-	DefaultExecTimeout = driver.DefaultExecTimeout
-	DefaultMaxOutput   = driver.DefaultMaxOutput
-)
-
 // Exec implements driver.Execer through the API server's pods/exec
 // subresource (WebSocket, falling back to SPDY, as kubectl does), as the
 // kubernetes driver does.
@@ -35,8 +29,8 @@ const (
 // log: never put secrets in them (use Stdin). When req.Timeout expires,
 // the driver kills the command's process tree with a second exec and
 // reports TimedOut; when ctx ends first it does the same and returns ctx's
-// error. Zero Timeout and MaxOutput mean DefaultExecTimeout and
-// DefaultMaxOutput.
+// error. Zero Timeout and MaxOutput mean driver.DefaultExecTimeout and
+// agent.DefaultMaxOutput.
 func (p *Provider) Exec(ctx context.Context, obj driver.Object, req driver.ExecRequest) (driver.ExecResult, error) {
 	name := ClaimName(obj.CellID)
 	fail := func(err error) (driver.ExecResult, error) {

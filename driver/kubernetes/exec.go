@@ -13,12 +13,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
-// Exec defaults, used when an ExecRequest leaves Timeout or MaxOutput zero.
-const (
-	DefaultExecTimeout = driver.DefaultExecTimeout
-	DefaultMaxOutput   = driver.DefaultMaxOutput
-)
-
 // Exec implements driver.Execer through the API server's pods/exec
 // subresource (WebSocket, falling back to SPDY, as kubectl does).
 //
@@ -39,7 +33,7 @@ const (
 // and reports TimedOut; when ctx ends first it does the same and returns
 // ctx's error. Stdout and stderr are each kept up to req.MaxOutput bytes
 // and drained beyond it (Truncated). Zero Timeout and MaxOutput mean
-// DefaultExecTimeout and DefaultMaxOutput.
+// driver.DefaultExecTimeout and agent.DefaultMaxOutput.
 func (p *Provider) Exec(ctx context.Context, obj driver.Object, req driver.ExecRequest) (driver.ExecResult, error) {
 	name := PodName(obj.CellID)
 	fail := func(err error) (driver.ExecResult, error) {

@@ -107,7 +107,7 @@ type Runner struct {
 // and reports TimedOut; when ctx ends first it does the same and returns
 // ctx's error. Stdout and stderr are each kept up to req.MaxOutput bytes and
 // drained beyond it (Truncated). Zero Timeout and MaxOutput mean
-// driver.DefaultExecTimeout and driver.DefaultMaxOutput. Argv and Env
+// driver.DefaultExecTimeout and agent.DefaultMaxOutput. Argv and Env
 // travel in the exec request's URL and so reach the API server's audit log.
 func (r *Runner) Run(ctx context.Context, pod, container string, req driver.ExecRequest) (driver.ExecResult, error) {
 	if err := Check(req); err != nil {
