@@ -9,8 +9,8 @@ import (
 )
 
 // TestLightImport keeps `go get` cheap: a harness that imports the root
-// package, store/sqlite and client links no Kubernetes, Cloudflare or
-// test-harness code. If this ever cannot hold, split modules instead of
+// package, store/sqlite and client (and, in its tests, planetest) links no
+// Kubernetes, Cloudflare or test-harness code. If this ever cannot hold, split modules instead of
 // weakening the test.
 func TestLightImport(t *testing.T) {
 	goBin, err := exec.LookPath("go")
@@ -23,7 +23,8 @@ func TestLightImport(t *testing.T) {
 	out, err := exec.Command(goBin, "list", "-deps",
 		"github.com/sandboxwich/sandboxwich",
 		"github.com/sandboxwich/sandboxwich/store/sqlite",
-		"github.com/sandboxwich/sandboxwich/client").Output()
+		"github.com/sandboxwich/sandboxwich/client",
+		"github.com/sandboxwich/sandboxwich/planetest").Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
