@@ -3,9 +3,12 @@ package sandboxwich_test
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // TestLightImport keeps `go get` cheap: a harness that imports the root
@@ -217,4 +220,81 @@ func TestDependencyDirection(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestDocLinks keeps the documentation's relative links working: every
+// link of README.md and docs/*.md that is not a URL names a file of the
+// repository, and its #anchor, if any, a heading of that file.
+func TestDocLinks(t *testing.T) {
+	files, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, "README.md")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	checked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, anchor, _ := strings.Cut(target, "#")
+			resolved := f
+			if path != "" {
+				resolved = filepath.Join(filepath.Dir(f), path)
+				if _, err := os.Stat(resolved); err != nil {
+					t.Errorf("%s links %s: no such file", f, target)
+					continue
+				}
+			}
+			checked++
+			if anchor == "" {
+				continue
+			}
+			doc, err := os.ReadFile(resolved)
+			if err != nil {
+				t.Errorf("%s links %s: %v", f, target, err)
+				continue
+			}
+			if !slices.Contains(headingAnchors(string(doc)), anchor) {
+				t.Errorf("%s links %s: %s has no heading #%s", f, target, resolved, anchor)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no relative link found: the pattern is wrong")
+	}
+}
+
+// headingAnchors returns the anchors GitHub gives the Markdown headings of
+// doc: lower case, spaces as hyphens, punctuation other than hyphens and
+// underscores dropped.
+func headingAnchors(doc string) []string {
+	var anchors []string
+	inCode := false
+	for _, line := range strings.Split(doc, "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		if inCode || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		title := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(title) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		anchors = append(anchors, b.String())
+	}
+	return anchors
 }
