@@ -8,7 +8,7 @@
 #   bash scripts/test.sh        every check, as CI runs it (.ci/run calls it)
 #
 # Once everything is installed, `go test ./...` (with the environment the
-# README's "Test it" gives) is the fast loop.
+# docs/operations.md gives) is the fast loop.
 #
 # Steps, overlapped where neither needs the other (a cold build of the
 # Kubernetes binaries takes most of a cold run on 2 cores):
