@@ -66,8 +66,8 @@ var embedded embed.FS
 var Migrations, _ = fs.Sub(embedded, "migrations")
 
 // Store is the PostgreSQL implementation of store.Store, with the optional
-// abilities store.Webhooks and store.IdempotencyStore and store.Clock. Each method's
-// contract is the doc comment of the interface that declares it.
+// abilities store.Webhooks, store.IdempotencyStore and store.Clock. Each
+// method's contract is the doc comment of the interface that declares it.
 type Store struct {
 	s *sqlstore.Store
 }

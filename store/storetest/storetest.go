@@ -1,7 +1,8 @@
 // Package storetest is the conformance suite of store.Store: every rule of
 // CONTRACT.md that lives in the store (cells, claims and their fences, the
-// lease fence, worker routes, pool memberships, executor locks, expiry and
-// idempotency records), checked through the interface alone.
+// lease fence, worker routes, pool memberships, executor locks, the event
+// log, expiry, webhook deliveries and idempotency records), checked through
+// the interfaces alone.
 //
 // A backend runs it from its own tests:
 //
@@ -14,6 +15,14 @@
 //			return s
 //		})
 //	}
+//
+// Run runs the scenarios of every role of store.Store and those of each
+// optional ability the store implements (the others are skipped). Each role
+// and ability also has a suite of its own — [RunLeases], [RunWorkers],
+// [RunPools], [RunEventLog], [RunWebhooks], [RunIdempotency] — which takes
+// a fresh store and the implementation of the role under test: the store
+// itself, or a decorator of one of its roles (Example_customStore), while
+// the store's other roles set each scenario up.
 //
 // Every scenario is a subtest of its own with a fresh store from newStore,
 // and the subtests run in parallel (t.Parallel; Run returns after all of
