@@ -228,7 +228,8 @@ type poolState struct {
 	jobErrs       []error // of jobs ended since the last pass
 }
 
-// New returns a Reconciler for the pools. Pool names must be unique.
+// New returns a Reconciler for the pools over st, the pools' role of a
+// store (every store.Store is one). Pool names must be unique.
 func New(st store.Pools, pools []Config, opts ...Option) (*Reconciler, error) {
 	var o options
 	for _, opt := range opts {
