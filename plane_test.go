@@ -376,7 +376,7 @@ func TestPlaneServingSurface(t *testing.T) {
 	if err != nil || !rec.Created {
 		t.Fatalf("begin idempotent: %+v, %v", rec, err)
 	}
-	if rec, err = e.st.BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
+	if rec, err = e.st.(store.IdempotencyStore).BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
 		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)}); err != nil || rec.Created {
 		t.Fatalf("the record is not in the plane's store: %+v, %v", rec, err)
 	}

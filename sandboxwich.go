@@ -295,8 +295,12 @@ func (p *Plane) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 }
 
 // Idempotency returns the store of the HTTP API's Idempotency-Key records:
-// the plane's own store.
-func (p *Plane) Idempotency() store.IdempotencyStore { return p.store }
+// the plane's own store, when it implements store.IdempotencyStore (both
+// shipped stores do); nil otherwise.
+func (p *Plane) Idempotency() store.IdempotencyStore {
+	s, _ := p.store.(store.IdempotencyStore)
+	return s
+}
 
 // Now returns the plane's current time, truncated to microseconds: its clock
 // (WithClock) plus its measured offset from the database's (SyncClock).
@@ -695,8 +699,13 @@ func (p *Plane) LastEventID(ctx context.Context) (uint64, error) {
 	return p.store.LastEventID(ctx)
 }
 
-// Deliveries lists webhook deliveries (store.Store.Deliveries); the caller
-// scopes them (q.TenantID).
+// Deliveries lists webhook deliveries (store.Webhooks.Deliveries); the
+// caller scopes them (q.TenantID). Over a store without the store.Webhooks
+// ability it returns an error wrapping errors.ErrUnsupported.
 func (p *Plane) Deliveries(ctx context.Context, q store.DeliveryQuery) ([]store.Delivery, error) {
-	return p.store.Deliveries(ctx, q)
+	w, ok := p.store.(store.Webhooks)
+	if !ok {
+		return nil, fmt.Errorf("sandboxwich: the store keeps no webhook deliveries: %w", errors.ErrUnsupported)
+	}
+	return w.Deliveries(ctx, q)
 }

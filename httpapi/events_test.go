@@ -311,18 +311,18 @@ func TestWebhookDeliveriesRoute(t *testing.T) {
 		e.prepare(worker1, tokWorker1, lease.KataMicroVM)
 		e.prepare(worker3, tokWorker3, lease.KataMicroVM)
 		for _, tenant := range []string{"acme", "globex"} {
-			if _, err := e.st.EnqueueDeliveries(ctx, store.DeliveryEnqueue{Endpoint: "wh-" + tenant, TenantID: tenant, Limit: 10, Now: time.Now()}); err != nil {
+			if _, err := e.st.(store.Webhooks).EnqueueDeliveries(ctx, store.DeliveryEnqueue{Endpoint: "wh-" + tenant, TenantID: tenant, Limit: 10, Now: time.Now()}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		now := time.Now()
-		ds, err := e.st.LeaseDeliveries(ctx, store.DeliveryLease{Owner: "o", Now: now, Until: now.Add(time.Minute), Limit: 10})
+		ds, err := e.st.(store.Webhooks).LeaseDeliveries(ctx, store.DeliveryLease{Owner: "o", Now: now, Until: now.Add(time.Minute), Limit: 10})
 		if err != nil || len(ds) != 2 {
 			t.Fatalf("LeaseDeliveries = %d, %v", len(ds), err)
 		}
 		for _, d := range ds {
 			if d.TenantID == "acme" {
-				if err := e.st.FinishDelivery(ctx, store.DeliveryOutcome{Endpoint: d.Endpoint, EventID: d.EventID, Owner: "o",
+				if err := e.st.(store.Webhooks).FinishDelivery(ctx, store.DeliveryOutcome{Endpoint: d.Endpoint, EventID: d.EventID, Owner: "o",
 					Status: store.DeliveryFailed, HTTPStatus: 500, Error: "HTTP 500", Now: now}); err != nil {
 					t.Fatal(err)
 				}

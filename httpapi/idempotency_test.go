@@ -121,7 +121,7 @@ func TestIdempotencyKeys(t *testing.T) {
 		req := httptest.NewRequest("POST", "/sterile-cells/claim", bytes.NewReader(raw))
 		req.Header.Set("Content-Type", "application/json")
 		now := time.Now()
-		rec, err := e.st.BeginIdempotent(context.Background(), store.IdempotencyParams{TenantID: "acme", Key: "busy",
+		rec, err := e.st.(store.IdempotencyStore).BeginIdempotent(context.Background(), store.IdempotencyParams{TenantID: "acme", Key: "busy",
 			Fingerprint: fingerprint(req, raw), Now: now, InFlightUntil: now.Add(time.Minute)})
 		if err != nil || !rec.Created {
 			t.Fatalf("begin: %+v %v", rec, err)
@@ -144,7 +144,7 @@ func TestIdempotencyInFlightExpiry(t *testing.T) {
 		raw := mustJSON(t, e.claimBody(nil, lease.KataMicroVM))
 		req := httptest.NewRequest("POST", "/v1/sterile-cells/claim", bytes.NewReader(raw))
 		req.Header.Set("Content-Type", "application/json")
-		_, err := e.st.BeginIdempotent(context.Background(), store.IdempotencyParams{TenantID: "acme", Key: "crashed",
+		_, err := e.st.(store.IdempotencyStore).BeginIdempotent(context.Background(), store.IdempotencyParams{TenantID: "acme", Key: "crashed",
 			Fingerprint: fingerprint(req, raw), Now: clock, InFlightUntil: clock.Add(idempotencyInFlight)})
 		if err != nil {
 			t.Fatal(err)

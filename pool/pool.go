@@ -206,7 +206,7 @@ func (o options) withDefaults() options {
 
 // Reconciler runs the pools. It is safe for concurrent use.
 type Reconciler struct {
-	store   store.Store
+	store   store.Pools
 	opt     options
 	trigger chan struct{}
 	slots   chan struct{} // one per member action in flight (Parallelism)
@@ -228,8 +228,9 @@ type poolState struct {
 	jobErrs       []error // of jobs ended since the last pass
 }
 
-// New returns a Reconciler for the pools. Pool names must be unique.
-func New(st store.Store, pools []Config, opts ...Option) (*Reconciler, error) {
+// New returns a Reconciler for the pools over st, the pools' role of a
+// store (every store.Store is one). Pool names must be unique.
+func New(st store.Pools, pools []Config, opts ...Option) (*Reconciler, error) {
 	var o options
 	for _, opt := range opts {
 		opt(&o)

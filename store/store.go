@@ -2,11 +2,17 @@
 // interface that every backend implements, its parameter types, and the
 // errors it returns.
 //
-// Start with [Store]: each method's doc comment is its contract, and each
-// takes a parameter struct (ClaimParams, PrepareParams, …) whose fields the
-// caller fills, the current time included. [IdempotencyStore] is the part
-// an HTTP handler needs. store/storetest's Example_customStore is a custom
-// Store proven by storetest.Run.
+// Start with [Store]: a few base methods and four roles, each an interface
+// of its own — [Leases] (the tenant's claims and leases), [Workers]
+// (external workers' cells), [Pools] (the pools' memberships, package
+// pool's whole need) and [EventLog]. Each method's doc comment is its
+// contract, and each takes a parameter struct (ClaimParams, PrepareParams,
+// …) whose fields the caller fills, the current time included. Optional
+// abilities are interfaces a Store may also implement, detected by type
+// assertion as database/sql/driver detects its optional interfaces:
+// [Webhooks], [IdempotencyStore] and [Clock]. store/storetest's
+// Example_customStore decorates one role of a real Store and proves it with
+// that role's suite.
 //
 // A Store is where the invariants of sterile cells live. Every method that
 // changes state runs one transaction and decides inside it, from the rows it
@@ -26,18 +32,18 @@
 //
 // # Stability
 //
-// The Store interface grows while the project adds capabilities (this wave
-// added Installation and CountReady, then lease listing, revocation,
-// inventory and evidence; wave 4 added the event log: Events,
-// LastEventID and PruneEvents).
+// The Store interface and its roles grow while the project adds
+// capabilities.
 // A method is added, never changed in meaning without an entry in the
 // README's changelog, and never removed without a replacement named there.
 // An outside implementation keeps up the way the shipped ones do: it
-// implements the interface itself, embedding no other Store (an embedded
-// Store would answer a new method outside the implementation's own
-// transactions), and runs storetest.Run against every release it upgrades
-// to. A missing method then fails to compile, and a wrong one fails the
-// suite.
+// implements the interfaces itself, embedding no other Store or role (an
+// embedded one would answer a new method outside the implementation's own
+// transactions), and runs storetest.Run (or the suite of each role it
+// implements) against every release it upgrades to. A missing method then
+// fails to compile, and a wrong one fails the suite. A new optional ability
+// is never required: a Store without it keeps working, and its users say
+// the ability is missing.
 package store
 
 import (
@@ -49,9 +55,16 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
-// Store is the persistence contract. Implementations must be safe for
+// Store is the persistence contract: the base methods below and every role
+// (Leases, Workers, Pools, EventLog). Implementations must be safe for
 // concurrent use by many goroutines and, for shared databases, by many
 // processes.
+//
+// A Store may also implement optional abilities, which their users detect
+// by type assertion: [Webhooks] (webhook deliveries), [IdempotencyStore]
+// (the HTTP API's Idempotency-Key records) and [Clock] (the database's
+// clock). Both shipped stores implement Webhooks and IdempotencyStore;
+// store/postgres implements Clock too.
 type Store interface {
 	// Ping reports whether the database is reachable and migrated.
 	Ping(ctx context.Context) error
@@ -65,7 +78,19 @@ type Store interface {
 	Installation(ctx context.Context) (string, error)
 	// Close releases the store's connections.
 	Close() error
+	// CellCounts returns the number of cells by state.
+	CellCounts(ctx context.Context) (map[lease.State]int, error)
 
+	Leases
+	Workers
+	Pools
+	EventLog
+}
+
+// Leases is the tenant's side of cells: claims, leases and their fence,
+// the listing, revocation and inventory of a tenant's leases, and the
+// expiry of cells without a pool. The plane calls it.
+type Leases interface {
 	// Claim runs one fenced or unfenced claim (CONTRACT §5) in one
 	// transaction, retrying internally on contention. A nil Lease in the
 	// result means no cell was available (and, when fenced, that this claim
@@ -96,6 +121,56 @@ type Store interface {
 	// errcode.ErrNotFound (after the fence).
 	Release(ctx context.Context, p ReleaseParams) (LeaseRecord, error)
 
+	// ListLeases returns a page of the tenant's leases, newest first
+	// (CONTRACT §14 listing): the cells that hold one, terminal ones
+	// included, with their membership. Leases are ordered by lease ID, a
+	// UUIDv7, so by the time they were made; p.Before continues after the
+	// last lease of the previous page (keyset pagination: a lease made
+	// meanwhile sorts before the page and never shifts the rest). Another
+	// tenant's leases are never listed. It changes nothing.
+	ListLeases(ctx context.Context, p ListLeasesParams) ([]LeaseRecord, error)
+
+	// Revoke ends a live lease of the tenant without its attestation
+	// (CONTRACT §14 revocation). A pool cell's stop is recorded as Release
+	// records it: membership leased → stopping with p.Disposition (an exact
+	// repeat while stopping changes nothing; another disposition is the
+	// cleanup fence mismatch: cleanup_pending, the cell quarantined,
+	// committed, and a conflict); the cell stays leased until the provider
+	// confirms. A cell prepared by an external worker is quarantined at
+	// once. A lease no longer live is a conflict wrapping lease.ErrNotLive
+	// (one found expired while still leased is quarantined first,
+	// committed); unknown and foreign leases are errcode.ErrNotFound.
+	Revoke(ctx context.Context, p RevokeParams) (LeaseRecord, error)
+
+	// Inventory counts the tenant's claimable cells by release (set,
+	// runtime class and policy digest): ready cells whose ready deadline is
+	// later than p.After, and the latest of those deadlines. It changes
+	// nothing.
+	Inventory(ctx context.Context, p InventoryParams) ([]InventoryEntry, error)
+
+	// CountReady counts the ready cells of a tenant's inventory for exactly
+	// a release, whatever their pool's ready floor: all of them, and those
+	// whose ready deadline is later than p.After. It changes nothing; the
+	// plane runs it only after an empty claim, to say why it was empty.
+	CountReady(ctx context.Context, p CountReadyParams) (ReadyCount, error)
+
+	// Evidence returns what was read back from the provider (and agent) of
+	// the cell holding leaseID within the tenant, at admission and at its
+	// last verification (CONTRACT §15). Unknown and foreign leases are both
+	// errcode.ErrNotFound; a cell prepared by an external worker has no
+	// membership, hence an Evidence with an empty Pool.
+	Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID) (Evidence, error)
+
+	// ExpireUnmanaged quarantines ready and leased cells without membership
+	// whose ready deadline or lease expiry is at or before now, and removes
+	// expired idempotency records. It returns the number of cells changed.
+	ExpireUnmanaged(ctx context.Context, now time.Time) (int, error)
+}
+
+// Workers is the side of external workers (CONTRACT §7, §11): the cells a
+// worker prepares, and their retirement and destruction. The plane calls
+// it.
+type Workers interface {
 	// Prepare inserts a ready cell for an external worker. A reused cell ID
 	// (any earlier cell) or a reused (worker, provider cell ID) is
 	// errcode.ErrConflict.
@@ -113,12 +188,14 @@ type Store interface {
 	// (CONTRACT §7 destroy). A cell not leased, or leased under another lease
 	// or generation, is quarantined (committed) and a conflict returned.
 	Destroy(ctx context.Context, p DestroyParams) (lease.Cell, error)
+}
 
-	// ExpireUnmanaged quarantines ready and leased cells without membership
-	// whose ready deadline or lease expiry is at or before now, and removes
-	// expired idempotency records. It returns the number of cells changed.
-	ExpireUnmanaged(ctx context.Context, now time.Time) (int, error)
-
+// Pools is the pools' side of cells: memberships (the pool's record of
+// each provider object) from the intent to provision to the proven stop,
+// their verification evidence, and the executor locks that let one process
+// at a time act on a provider object. The reconciler (package pool) calls
+// it, and the plane for the stop of a pool cell.
+type Pools interface {
 	// CreateMember records a new membership in provisioning: the intent to
 	// create a provider object for a cell ID, before the provider is called.
 	CreateMember(ctx context.Context, p CreateMemberParams) (Member, error)
@@ -162,49 +239,6 @@ type Store interface {
 	// that has any.
 	MemberCounts(ctx context.Context) (map[string]map[lease.MemberState]int, error)
 
-	// CellCounts returns the number of cells by state.
-	CellCounts(ctx context.Context) (map[lease.State]int, error)
-
-	// CountReady counts the ready cells of a tenant's inventory for exactly
-	// a release, whatever their pool's ready floor: all of them, and those
-	// whose ready deadline is later than p.After. It changes nothing; the
-	// plane runs it only after an empty claim, to say why it was empty.
-	CountReady(ctx context.Context, p CountReadyParams) (ReadyCount, error)
-
-	// ListLeases returns a page of the tenant's leases, newest first
-	// (CONTRACT §14 listing): the cells that hold one, terminal ones
-	// included, with their membership. Leases are ordered by lease ID, a
-	// UUIDv7, so by the time they were made; p.Before continues after the
-	// last lease of the previous page (keyset pagination: a lease made
-	// meanwhile sorts before the page and never shifts the rest). Another
-	// tenant's leases are never listed. It changes nothing.
-	ListLeases(ctx context.Context, p ListLeasesParams) ([]LeaseRecord, error)
-
-	// Revoke ends a live lease of the tenant without its attestation
-	// (CONTRACT §14 revocation). A pool cell's stop is recorded as Release
-	// records it: membership leased → stopping with p.Disposition (an exact
-	// repeat while stopping changes nothing; another disposition is the
-	// cleanup fence mismatch: cleanup_pending, the cell quarantined,
-	// committed, and a conflict); the cell stays leased until the provider
-	// confirms. A cell prepared by an external worker is quarantined at
-	// once. A lease no longer live is a conflict wrapping lease.ErrNotLive
-	// (one found expired while still leased is quarantined first,
-	// committed); unknown and foreign leases are errcode.ErrNotFound.
-	Revoke(ctx context.Context, p RevokeParams) (LeaseRecord, error)
-
-	// Inventory counts the tenant's claimable cells by release (set,
-	// runtime class and policy digest): ready cells whose ready deadline is
-	// later than p.After, and the latest of those deadlines. It changes
-	// nothing.
-	Inventory(ctx context.Context, p InventoryParams) ([]InventoryEntry, error)
-
-	// Evidence returns what was read back from the provider (and agent) of
-	// the cell holding leaseID within the tenant, at admission and at its
-	// last verification (CONTRACT §15). Unknown and foreign leases are both
-	// errcode.ErrNotFound; a cell prepared by an external worker has no
-	// membership, hence an Evidence with an empty Pool.
-	Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID) (Evidence, error)
-
 	// RecordVerification records what a periodic verification of a live
 	// member read back from its provider (and agent), and when. A member
 	// no longer ready or leased is left as it is, without an error.
@@ -218,7 +252,12 @@ type Store interface {
 
 	// UnlockMember releases owner's executor lock, if it still holds it.
 	UnlockMember(ctx context.Context, cellID uuid.UUID, owner string) error
+}
 
+// EventLog is the event log (CONTRACT §16): every change of state of a
+// cell or a pool member appends its events in the transaction that makes
+// the change; readers follow it by id.
+type EventLog interface {
 	// Events returns, oldest first, up to q.Limit events of the log
 	// (CONTRACT §16) whose id is above q.After and that match q. Every
 	// change of state of a cell or a pool member appends its events in the
@@ -237,7 +276,12 @@ type Store interface {
 	// handed out twice), and the webhook deliveries of the events it
 	// deletes. It returns how many events it deleted.
 	PruneEvents(ctx context.Context, before time.Time) (int, error)
+}
 
+// Webhooks is the optional ability of a Store to keep webhook deliveries
+// beside its event log: a Store may also implement Webhooks, and package
+// webhook needs it. Both shipped stores do.
+type Webhooks interface {
 	// EnqueueDeliveries follows the log for one webhook endpoint: in one
 	// transaction, serialized with every other for the endpoint (on every
 	// replica), it reads up to p.Limit events after the endpoint's cursor
@@ -263,12 +307,12 @@ type Store interface {
 	// DeliveryCounts returns the number of deliveries by endpoint and
 	// status.
 	DeliveryCounts(ctx context.Context) (map[string]map[string]int, error)
-
-	IdempotencyStore
 }
 
 // IdempotencyStore keeps the Idempotency-Key records of the HTTP API
-// (CONTRACT §10.4). Every Store is one.
+// (CONTRACT §10.4). A Store may also implement IdempotencyStore, as both
+// shipped stores do (a Plane over a Store without one has no
+// Idempotency).
 type IdempotencyStore interface {
 	// BeginIdempotent looks up (tenant, key). When absent or expired it
 	// records a new in-flight entry that expires at p.InFlightUntil and

@@ -34,9 +34,17 @@ const (
 	BackoffMax  = time.Hour
 )
 
+// Store is what a Deliverer needs of a store: its event log and the
+// optional ability to keep webhook deliveries (both shipped stores have it;
+// a store.Store without it cannot deliver webhooks).
+type Store interface {
+	store.EventLog
+	store.Webhooks
+}
+
 // Config configures a Deliverer.
 type Config struct {
-	Store     store.Store
+	Store     Store
 	Endpoints []Endpoint
 	// Owner names this deliverer in delivery leases (default a new UUID).
 	Owner string

@@ -4,9 +4,9 @@
 //
 // A [Deliverer] runs beside the plane on every replica with the same
 // endpoints. Each pass it follows the log for every endpoint
-// (store.Store.EnqueueDeliveries: a delivery row per event, from the
+// (store.Webhooks.EnqueueDeliveries: a delivery row per event, from the
 // endpoint's cursor, in one transaction per endpoint on every replica),
-// then leases the deliveries that are due (store.Store.LeaseDeliveries: a
+// then leases the deliveries that are due (store.Webhooks.LeaseDeliveries: a
 // lock with a TTL, so a deliverer that dies leaves its deliveries to
 // another once the lock expires) and sends each: POST of the event JSON,
 // headers webhook-id (the event id), webhook-timestamp and

@@ -353,7 +353,11 @@ func buildWebhooks(c *config, st store.Store, log *slog.Logger) (*webhook.Delive
 		}
 		eps = append(eps, webhook.Endpoint{TenantID: w.TenantID, URL: w.URL, Types: w.Types, Secrets: secrets})
 	}
-	d, err := webhook.New(webhook.Config{Store: st, Endpoints: eps, Logger: log})
+	ws, ok := st.(webhook.Store)
+	if !ok {
+		return nil, fmt.Errorf("webhooks: the store (%T) keeps no webhook deliveries (store.Webhooks)", st)
+	}
+	d, err := webhook.New(webhook.Config{Store: ws, Endpoints: eps, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("invalid webhooks: %w", err)
 	}

@@ -65,14 +65,18 @@ var embedded embed.FS
 // Migrations holds the versioned PostgreSQL migrations (goose format).
 var Migrations, _ = fs.Sub(embedded, "migrations")
 
-// Store is the PostgreSQL implementation of store.Store.
+// Store is the PostgreSQL implementation of store.Store, with the optional
+// abilities store.Webhooks, store.IdempotencyStore and store.Clock. Each
+// method's contract is the doc comment of the interface that declares it.
 type Store struct {
-	*sqlstore.Store
+	s *sqlstore.Store
 }
 
 var (
-	_ store.Store = (*Store)(nil)
-	_ store.Clock = (*Store)(nil)
+	_ store.Store            = (*Store)(nil)
+	_ store.Webhooks         = (*Store)(nil)
+	_ store.IdempotencyStore = (*Store)(nil)
+	_ store.Clock            = (*Store)(nil)
 )
 
 // DatabaseTime implements store.Clock: the server's clock_timestamp(),
@@ -131,7 +135,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 		return nil, err
 	}
 	x := sqlx.NewDb(db, "postgres")
-	return &Store{sqlstore.New(x, x, sqlstore.Dialect{
+	return &Store{s: sqlstore.New(x, x, sqlstore.Dialect{
 		Name:            "postgres",
 		Bind:            sqlx.DOLLAR,
 		Lock:            `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"sync"
@@ -205,7 +206,14 @@ func BenchmarkClaim(b *testing.B) {
 func BenchmarkClaimWithoutEvents(b *testing.B) {
 	s := newStore(b)
 	defer s.Close()
-	storetest.BenchmarkClaimWithoutEvents(b, s, s.DB(), "DROP TRIGGER cells_event_update ON cells", "DROP TRIGGER cells_event_insert ON cells")
+	storetest.BenchmarkClaimWithoutEvents(b, s, func(ctx context.Context) error {
+		for _, q := range []string{"DROP TRIGGER cells_event_update ON cells", "DROP TRIGGER cells_event_insert ON cells"} {
+			if _, err := s.DB().ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func BenchmarkClaimParallel(b *testing.B) {

@@ -46,12 +46,18 @@ var embedded embed.FS
 // Migrations holds the versioned SQLite migrations (goose format).
 var Migrations, _ = fs.Sub(embedded, "migrations")
 
-// Store is the SQLite implementation of store.Store.
+// Store is the SQLite implementation of store.Store, with the optional
+// abilities store.Webhooks and store.IdempotencyStore. Each method's
+// contract is the doc comment of the interface that declares it.
 type Store struct {
-	*sqlstore.Store
+	s *sqlstore.Store
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store            = (*Store)(nil)
+	_ store.Webhooks         = (*Store)(nil)
+	_ store.IdempotencyStore = (*Store)(nil)
+)
 
 // Options tunes Open. The zero value is the recommended configuration.
 type Options struct {
@@ -107,7 +113,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	r.SetMaxOpenConns(n)
 	r.SetMaxIdleConns(n)
-	return &Store{sqlstore.New(w, r, sqlstore.Dialect{
+	return &Store{s: sqlstore.New(w, r, sqlstore.Dialect{
 		Name:            "sqlite",
 		Bind:            sqlx.QUESTION,
 		Retryable:       retryable,

@@ -1,6 +1,7 @@
 package sqlite_test
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
 
@@ -63,7 +64,14 @@ func BenchmarkClaim(b *testing.B) {
 func BenchmarkClaimWithoutEvents(b *testing.B) {
 	s := newStore(b)
 	defer s.Close()
-	storetest.BenchmarkClaimWithoutEvents(b, s, s.DB(), "DROP TRIGGER cells_event_update", "DROP TRIGGER cells_event_insert")
+	storetest.BenchmarkClaimWithoutEvents(b, s, func(ctx context.Context) error {
+		for _, q := range []string{"DROP TRIGGER cells_event_update", "DROP TRIGGER cells_event_insert"} {
+			if _, err := s.DB().ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func BenchmarkClaimParallel(b *testing.B) {

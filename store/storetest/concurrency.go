@@ -30,7 +30,6 @@ var concurrencyScenarios = []scenario{
 	{"Concurrency/ClaimsRaceStops", testConcurrentStops},
 	{"Concurrency/Release", testConcurrentRelease},
 	{"Concurrency/CompleteStop", testConcurrentComplete},
-	{"Concurrency/Idempotency", testConcurrentIdempotency},
 }
 
 // parallel runs fn(i) for i in [0, n) at once.

@@ -12,6 +12,8 @@ var idempotencyScenarios = []scenario{
 	{"Idempotency/Drop", testIdemDrop},
 	{"Idempotency/Expired", testIdemExpired},
 	{"Idempotency/TenantScope", testIdemTenants},
+	{"Concurrency/Idempotency", testConcurrentIdempotency},
+	{"ExpireUnmanaged/IdempotencyRecords", testExpireIdempotency},
 }
 
 func (e *env) begin(tenant, key, fp string, now time.Time) store.IdempotencyRecord {

@@ -11,7 +11,7 @@ import (
 func checkInstallation(t *testing.T, newStore func(t *testing.T) store.Store) {
 	var ids [2]string
 	for i := range ids {
-		e := newEnv(t, newStore)
+		e := newEnv(t, newStore(t))
 		ids[i] = installationOf(t, e.s)
 		if again := installationOf(t, e.s); again != ids[i] {
 			t.Errorf("Installation changed from %q to %q", ids[i], again)

@@ -29,6 +29,10 @@ import (
 //     recorded.
 type tracker struct {
 	store.Store
+	// The optional abilities, nil when the store has none (their
+	// scenarios do not run then).
+	store.Webhooks
+	store.IdempotencyStore
 	t reporter
 
 	mu      sync.Mutex
@@ -68,13 +72,17 @@ type memberHistory struct {
 }
 
 func newTracker(t reporter, s store.Store) *tracker {
+	w, _ := s.(store.Webhooks)
+	i, _ := s.(store.IdempotencyStore)
 	return &tracker{
-		Store:    s,
-		t:        t,
-		cells:    map[uuid.UUID]*cellHistory{},
-		leases:   map[uuid.UUID]leaseOwner{},
-		members:  map[uuid.UUID]*memberHistory{},
-		reported: map[string]bool{},
+		Store:            s,
+		Webhooks:         w,
+		IdempotencyStore: i,
+		t:                t,
+		cells:            map[uuid.UUID]*cellHistory{},
+		leases:           map[uuid.UUID]leaseOwner{},
+		members:          map[uuid.UUID]*memberHistory{},
+		reported:         map[string]bool{},
 	}
 }
 

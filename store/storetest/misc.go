@@ -7,10 +7,12 @@ import (
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
-var miscScenarios = []scenario{
+var lockScenarios = []scenario{
 	{"LockMember", testLockMember},
+}
+
+var expireScenarios = []scenario{
 	{"ExpireUnmanaged/Cells", testExpireCells},
-	{"ExpireUnmanaged/IdempotencyRecords", testExpireIdempotency},
 }
 
 func testLockMember(e *env) {

@@ -1,7 +1,8 @@
 // Package storetest is the conformance suite of store.Store: every rule of
 // CONTRACT.md that lives in the store (cells, claims and their fences, the
-// lease fence, worker routes, pool memberships, executor locks, expiry and
-// idempotency records), checked through the interface alone.
+// lease fence, worker routes, pool memberships, executor locks, the event
+// log, expiry, webhook deliveries and idempotency records), checked through
+// the interfaces alone.
 //
 // A backend runs it from its own tests:
 //
@@ -14,6 +15,14 @@
 //			return s
 //		})
 //	}
+//
+// Run runs the scenarios of every role of store.Store and those of each
+// optional ability the store implements (the others are skipped). Each role
+// and ability also has a suite of its own — [RunLeases], [RunWorkers],
+// [RunPools], [RunEventLog], [RunWebhooks], [RunIdempotency] — which takes
+// a fresh store and the implementation of the role under test: the store
+// itself, or a decorator of one of its roles (Example_customStore), while
+// the store's other roles set each scenario up.
 //
 // Every scenario is a subtest of its own with a fresh store from newStore,
 // and the subtests run in parallel (t.Parallel; Run returns after all of
@@ -40,6 +49,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,45 +63,169 @@ import (
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
-// Run runs the conformance suite against stores made by newStore. Each
+// Run runs the conformance suite against stores made by newStore: the
+// scenarios of every role, and those of each optional ability
+// (store.Webhooks, store.IdempotencyStore) the store implements. Each
 // subtest calls newStore for a fresh, empty, migrated store (the store is
 // closed by the suite via t.Cleanup).
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Helper()
-	// One group, so that Run returns only after its parallel subtests.
-	t.Run("Conformance", func(t *testing.T) {
-		for _, group := range [][]scenario{
-			basicScenarios,
-			claimScenarios,
-			fencedScenarios,
-			floorScenarios,
-			leaseScenarios,
-			releaseScenarios,
-			workerScenarios,
-			memberScenarios,
-			replenishScenarios,
-			stopScenarios,
-			miscScenarios,
-			idempotencyScenarios,
-			concurrencyScenarios,
-			badInputScenarios,
-			listScenarios, revokeScenarios, inventoryScenarios,
-			eventScenarios, deliveryScenarios,
-		} {
+	groups := slices.Concat(leasesSuite, workersSuite, membersSuite, eventLogSuite,
+		[][]scenario{concurrencyScenarios, badInputScenarios},
+		ability(webhooksSuite, "store.Webhooks", func(k *tracker) bool { return k.Webhooks != nil }),
+		ability(idempotencySuite, "store.IdempotencyStore", func(k *tracker) bool { return k.IdempotencyStore != nil }))
+	run(t, "Conformance", groups, func(t *testing.T) *env { return newEnv(t, newStore(t)) }, func(t *testing.T) {
+		checkInstallation(t, newStore)
+	})
+}
+
+// The scenarios of each role and ability.
+var (
+	leasesSuite = [][]scenario{claimScenarios, fencedScenarios, floorScenarios, leaseScenarios, releaseScenarios,
+		listScenarios, revokeScenarios, inventoryScenarios, expireScenarios}
+	workersSuite     = [][]scenario{basicScenarios, workerScenarios}
+	membersSuite     = [][]scenario{memberScenarios, replenishScenarios, stopScenarios, lockScenarios}
+	eventLogSuite    = [][]scenario{eventScenarios}
+	webhooksSuite    = [][]scenario{deliveryScenarios}
+	idempotencySuite = [][]scenario{idempotencyScenarios}
+)
+
+// RunLeases runs the scenarios of the store.Leases role. newStore returns
+// a fresh store, whose other roles set each scenario up, and the Leases
+// under test: the store itself, or a decorator of its Leases.
+func RunLeases(t *testing.T, newStore func(t *testing.T) (store.Store, store.Leases)) {
+	t.Helper()
+	run(t, "Leases", leasesSuite, func(t *testing.T) *env {
+		s, r := newStore(t)
+		c := split(s)
+		c.Leases = r
+		return newEnv(t, c)
+	}, nil)
+}
+
+// RunWorkers runs the scenarios of the store.Workers role, as RunLeases
+// runs those of Leases.
+func RunWorkers(t *testing.T, newStore func(t *testing.T) (store.Store, store.Workers)) {
+	t.Helper()
+	run(t, "Workers", workersSuite, func(t *testing.T) *env {
+		s, r := newStore(t)
+		c := split(s)
+		c.Workers = r
+		return newEnv(t, c)
+	}, nil)
+}
+
+// RunPools runs the scenarios of the store.Pools role, as RunLeases
+// runs those of Leases.
+func RunPools(t *testing.T, newStore func(t *testing.T) (store.Store, store.Pools)) {
+	t.Helper()
+	run(t, "Pools", membersSuite, func(t *testing.T) *env {
+		s, r := newStore(t)
+		c := split(s)
+		c.Pools = r
+		return newEnv(t, c)
+	}, nil)
+}
+
+// RunEventLog runs the scenarios of the store.EventLog role, as RunLeases
+// runs those of Leases.
+func RunEventLog(t *testing.T, newStore func(t *testing.T) (store.Store, store.EventLog)) {
+	t.Helper()
+	run(t, "EventLog", eventLogSuite, func(t *testing.T) *env {
+		s, r := newStore(t)
+		c := split(s)
+		c.EventLog = r
+		return newEnv(t, c)
+	}, nil)
+}
+
+// RunWebhooks runs the scenarios of the optional store.Webhooks ability:
+// newStore returns a fresh store and the Webhooks under test (the store
+// itself, or a decorator of it).
+func RunWebhooks(t *testing.T, newStore func(t *testing.T) (store.Store, store.Webhooks)) {
+	t.Helper()
+	run(t, "Webhooks", webhooksSuite, func(t *testing.T) *env {
+		s, w := newStore(t)
+		e := newEnv(t, s)
+		e.s.Webhooks = w
+		return e
+	}, nil)
+}
+
+// RunIdempotency runs the scenarios of the optional store.IdempotencyStore
+// ability, as RunWebhooks runs those of Webhooks.
+func RunIdempotency(t *testing.T, newStore func(t *testing.T) (store.Store, store.IdempotencyStore)) {
+	t.Helper()
+	run(t, "Idempotency", idempotencySuite, func(t *testing.T) *env {
+		s, i := newStore(t)
+		e := newEnv(t, s)
+		e.s.IdempotencyStore = i
+		return e
+	}, nil)
+}
+
+// run runs every scenario of groups as a parallel subtest of one subtest
+// named name (so that it returns only after them), each over a fresh
+// environment from open, and extra beside them.
+func run(t *testing.T, name string, groups [][]scenario, open func(t *testing.T) *env, extra func(t *testing.T)) {
+	t.Helper()
+	t.Run(name, func(t *testing.T) {
+		for _, group := range groups {
 			for _, sc := range group {
 				t.Run(sc.name, func(t *testing.T) {
 					t.Parallel()
-					e := newEnv(t, newStore)
-					sc.run(e)
+					sc.run(open(t))
 				})
 			}
 		}
-		t.Run("installation", func(t *testing.T) {
-			t.Parallel()
-			checkInstallation(t, newStore)
-		})
+		if extra != nil {
+			t.Run("installation", func(t *testing.T) {
+				t.Parallel()
+				extra(t)
+			})
+		}
 	})
 }
+
+// ability is groups, each scenario skipped over a store without the
+// optional ability (has reports it).
+func ability(groups [][]scenario, name string, has func(*tracker) bool) [][]scenario {
+	var out [][]scenario
+	for _, g := range groups {
+		var og []scenario
+		for _, sc := range g {
+			og = append(og, scenario{sc.name, func(e *env) {
+				if !has(e.s) {
+					e.t.Skipf("the store does not implement %s", name)
+				}
+				sc.run(e)
+			}})
+		}
+		out = append(out, og)
+	}
+	return out
+}
+
+// storeBase is what a Store is beside its roles.
+type storeBase interface {
+	Ping(ctx context.Context) error
+	Installation(ctx context.Context) (string, error)
+	Close() error
+	CellCounts(ctx context.Context) (map[lease.State]int, error)
+}
+
+// roles is a Store assembled from its parts, so that a role suite can put
+// the role under test beside the store's others.
+type roles struct {
+	storeBase
+	store.Leases
+	store.Workers
+	store.Pools
+	store.EventLog
+}
+
+// split is s as its parts.
+func split(s store.Store) *roles { return &roles{s, s, s, s, s} }
 
 // scenario is one independent subtest.
 type scenario struct {
@@ -142,9 +276,8 @@ type env struct {
 	seq  int
 }
 
-func newEnv(t *testing.T, newStore func(t *testing.T) store.Store) *env {
+func newEnv(t *testing.T, inner store.Store) *env {
 	t.Helper()
-	inner := newStore(t)
 	if inner == nil {
 		t.Fatal("newStore returned nil")
 	}
