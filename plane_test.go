@@ -371,22 +371,22 @@ func TestPlaneServingSurface(t *testing.T) {
 	if n, err := e.plane.CellCounts(e.ctx); err != nil || n[lease.Ready] != 1 {
 		t.Fatalf("cell counts: %v, %v", n, err)
 	}
-	rec, err := e.plane.Idempotency().BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
+	rec, err := e.plane.BeginIdempotent(e.ctx, sandboxwich.IdempotencyParams{TenantID: "acme", Key: "k",
 		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)})
 	if err != nil || !rec.Created {
 		t.Fatalf("begin idempotent: %+v, %v", rec, err)
 	}
-	if rec, err = e.st.BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
-		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)}); err != nil || rec.Created {
-		t.Fatalf("the record is not in the plane's store: %+v, %v", rec, err)
+	if srec, err := e.st.BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
+		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)}); err != nil || srec.Created {
+		t.Fatalf("the record is not in the plane's store: %+v, %v", srec, err)
 	}
 
 	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "dry", TenantID: "acme", Release: e.rel, Target: 2,
 		Provider: fake.New(fake.Config{})}))
 	e.plane.Pools().Pass(e.ctx)
 	sts, err := e.plane.PoolStatus(e.ctx)
-	if err != nil || len(sts) != 1 || sts[0].Config.Name != "dry" || sts[0].Members[lease.MemberReady] != 2 ||
-		sts[0].Capabilities.Mode != driver.DryRun || !sts[0].LastReconcile.Equal(e.now) {
+	if err != nil || len(sts) != 1 || sts[0].Name != "dry" || sts[0].Members[lease.MemberReady] != 2 ||
+		sts[0].ProviderMode != driver.DryRun || !sts[0].LastReconcile.Equal(e.now) {
 		t.Fatalf("pool status: %+v, %v", sts, err)
 	}
 }

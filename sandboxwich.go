@@ -277,14 +277,6 @@ func (p *Plane) MaxLeaseSeconds() uint64 { return p.maxLease }
 // Pools returns the pool reconciler, or nil when the plane has no pools.
 func (p *Plane) Pools() *pool.Reconciler { return p.pools }
 
-// PoolStatus reports every pool of the plane, in configuration order; nil
-// when the plane has no pools.
-func (p *Plane) PoolStatus(ctx context.Context) ([]pool.Status, error) {
-	if p.pools == nil {
-		return nil, nil
-	}
-	return p.pools.Status(ctx)
-}
 
 // Ping reports whether the plane's store is reachable and migrated.
 func (p *Plane) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
@@ -294,9 +286,6 @@ func (p *Plane) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 	return p.store.CellCounts(ctx)
 }
 
-// Idempotency returns the store of the HTTP API's Idempotency-Key records:
-// the plane's own store.
-func (p *Plane) Idempotency() store.IdempotencyStore { return p.store }
 
 // Now returns the plane's current time, truncated to microseconds: its clock
 // (WithClock) plus its measured offset from the database's (SyncClock).
@@ -674,29 +663,3 @@ func (p *Plane) SweepExpired(ctx context.Context) (int, error) {
 	return p.store.ExpireUnmanaged(ctx, p.Now())
 }
 
-// PruneEvents deletes the events older than the plane's retention, keeping
-// the newest (Run does it every few minutes). It returns how many it
-// deleted; with retention 0 it deletes none.
-func (p *Plane) PruneEvents(ctx context.Context) (int, error) {
-	if p.retention <= 0 {
-		return 0, nil
-	}
-	return p.store.PruneEvents(ctx, p.Now().Add(-p.retention))
-}
-
-// Events returns a page of the event log (CONTRACT §16) as the store holds
-// it: see store.Store.Events. The caller scopes it (q.TenantID, q.Members).
-func (p *Plane) Events(ctx context.Context, q store.EventQuery) ([]store.Event, error) {
-	return p.store.Events(ctx, q)
-}
-
-// LastEventID returns the id of the newest event, 0 when the log is empty.
-func (p *Plane) LastEventID(ctx context.Context) (uint64, error) {
-	return p.store.LastEventID(ctx)
-}
-
-// Deliveries lists webhook deliveries (store.Store.Deliveries); the caller
-// scopes them (q.TenantID).
-func (p *Plane) Deliveries(ctx context.Context, q store.DeliveryQuery) ([]store.Delivery, error) {
-	return p.store.Deliveries(ctx, q)
-}

@@ -366,7 +366,7 @@ func TestHubMatchesStore(t *testing.T) {
 			}
 			var got []store.Event
 			for _, ev := range all {
-				if matches(q, ev) {
+				if matches(sandboxwich.EventQuery(q), sandboxwich.Event(ev)) {
 					got = append(got, ev)
 				}
 			}
@@ -440,7 +440,7 @@ func TestEventsTwoPlanesOnePostgres(t *testing.T) {
 		got = append(got, ev.id)
 	}
 	after, _ := strconv.ParseUint(start, 10, 64)
-	log, err := planes[1].Events(ctx, store.EventQuery{After: after, TenantID: "acme", Members: true, Limit: 1000})
+	log, err := planes[1].Events(ctx, sandboxwich.EventQuery{After: after, TenantID: "acme", Members: true, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,10 +454,10 @@ func TestEventsTwoPlanesOnePostgres(t *testing.T) {
 }
 
 // logSource is an event log in memory for the hub to read.
-type logSource struct{ evs []store.Event }
+type logSource struct{ evs []sandboxwich.Event }
 
-func (l *logSource) Events(_ context.Context, q store.EventQuery) ([]store.Event, error) {
-	var out []store.Event
+func (l *logSource) Events(_ context.Context, q sandboxwich.EventQuery) ([]sandboxwich.Event, error) {
+	var out []sandboxwich.Event
 	for _, e := range l.evs {
 		if e.ID > q.After && len(out) < q.Limit {
 			out = append(out, e)
@@ -487,7 +487,7 @@ func TestHubCopy(t *testing.T) {
 		if i%2 == 1 {
 			typ = "member.leased"
 		}
-		src.evs = append(src.evs, store.Event{ID: uint64(i + 1), Type: typ, TenantID: "acme", At: time.Unix(int64(i), 0).UTC()})
+		src.evs = append(src.evs, sandboxwich.Event{ID: uint64(i + 1), Type: typ, TenantID: "acme", At: time.Unix(int64(i), 0).UTC()})
 		if i%700 == 0 {
 			hb.read(ctx)
 		}
@@ -496,11 +496,11 @@ func TestHubCopy(t *testing.T) {
 	if n := len(hb.tail); n < hubTail || n > 2*hubTail || hb.end != uint64(5*hubTail) || hb.start != hb.tail[0].e.ID-1 {
 		t.Fatalf("the copy holds %d events, (%d, %d]", n, hb.start, hb.end)
 	}
-	if _, _, ok := hb.since(hb.start-1, store.EventQuery{}); ok {
+	if _, _, ok := hb.since(hb.start-1, sandboxwich.EventQuery{}); ok {
 		t.Fatal("a stream behind the copy's start was served from it")
 	}
 	cursor := hb.start + 100
-	frames, next, ok := hb.since(cursor, store.EventQuery{TypePrefix: "cell."})
+	frames, next, ok := hb.since(cursor, sandboxwich.EventQuery{TypePrefix: "cell."})
 	if !ok || next != hb.end {
 		t.Fatalf("since: ok %v next %d, want %d", ok, next, hb.end)
 	}
@@ -522,7 +522,7 @@ func TestHubCopy(t *testing.T) {
 			t.Fatalf("frame %d: %q, want %q", i, frames[i], want[i])
 		}
 	}
-	again, _, _ := hb.since(cursor, store.EventQuery{TypePrefix: "cell."})
+	again, _, _ := hb.since(cursor, sandboxwich.EventQuery{TypePrefix: "cell."})
 	for _, e := range hb.tail {
 		if rendered := e.frame != nil; rendered != (e.e.ID > cursor && e.e.Type == "cell.leased") {
 			t.Fatalf("event %d (%s) rendered: %v", e.e.ID, e.e.Type, rendered)

@@ -342,7 +342,7 @@ func TestExecV2(t *testing.T) {
 // TestExecStoredAnswerCapped: an idempotency record keeps at most 1 MiB of
 // each stream, marked truncated; the answer itself is whole.
 func TestExecStoredAnswerCapped(t *testing.T) {
-	res := sandboxwich.ExecResult{ExitCode: 0, Stdout: bytes.Repeat([]byte("o"), maxStoredExecStream+5), Stderr: []byte("e"), Reason: agent.Exited}
+	res := sandboxwich.ExecResult{ExitCode: 0, Stdout: bytes.Repeat([]byte("o"), maxStoredExecStream+5), Stderr: []byte("e"), Reason: sandboxwich.ReasonExited}
 	if (execAnswer{res: res, outCap: 2 << 20}).storedForm() == nil {
 		t.Fatal("an answer over the cap is stored whole")
 	}
