@@ -135,7 +135,7 @@ func TestAttestationIsVerifiableAndKeyChangeConflicts(t *testing.T) {
 	other, _ := attest.NewKeyring([]byte(strings.Repeat("k", 40)))
 	p2, _ := sandboxwich.New(e.st, other, sandboxwich.WithClock(func() time.Time { return e.now }))
 	rel2 := e.rel
-	rel2.Signature = other.SignRelease(rel2.ReleaseSetID, string(rel2.RuntimeClass), rel2.PolicyDigest)
+	rel2.Signature = other.SignRelease(rel2)
 	_, err = p2.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: rel2, Binding: binding})
 	if !errors.Is(err, errcode.ErrConflict) {
 		t.Fatalf("replay under another key: %v", err)
@@ -167,7 +167,7 @@ func TestPrepareChecks(t *testing.T) {
 	}
 	kata := e.rel
 	kata.RuntimeClass = lease.KataMicroVM
-	kata.Signature = e.keys.SignRelease(kata.ReleaseSetID, string(kata.RuntimeClass), kata.PolicyDigest)
+	kata.Signature = e.keys.SignRelease(kata)
 	for _, tc := range []struct {
 		name string
 		req  sandboxwich.PrepareRequest
@@ -310,7 +310,7 @@ func TestExecOnWorkerCellAndDryRun(t *testing.T) {
 		t.Fatalf("exec on dry-run: %v", err)
 	}
 	st, _ := e.plane.LeaseStatus(e.ctx, "acme", res.Lease.ID)
-	if st.ProviderMode != driver.DryRun {
+	if st.ProviderMode != sandboxwich.ProviderDryRun {
 		t.Fatalf("provider mode: %+v", st)
 	}
 }
@@ -386,7 +386,7 @@ func TestPlaneServingSurface(t *testing.T) {
 	e.plane.Pools().Pass(e.ctx)
 	sts, err := e.plane.PoolStatus(e.ctx)
 	if err != nil || len(sts) != 1 || sts[0].Name != "dry" || sts[0].Members[lease.MemberReady] != 2 ||
-		sts[0].ProviderMode != driver.DryRun || !sts[0].LastReconcile.Equal(e.now) {
+		sts[0].ProviderMode != sandboxwich.ProviderDryRun || !sts[0].LastReconcile.Equal(e.now) {
 		t.Fatalf("pool status: %+v, %v", sts, err)
 	}
 }

@@ -4,9 +4,22 @@ import (
 	"context"
 	"time"
 
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
+)
+
+// ProviderMode says whether a pool's provider creates real isolation
+// boundaries (driver.Mode).
+type ProviderMode string
+
+// Provider modes.
+const (
+	// ProviderApply: the provider creates real objects; a verified
+	// observation is evidence that the runtime exists.
+	ProviderApply ProviderMode = "apply"
+	// ProviderDryRun: the provider simulates the whole life cycle; a
+	// dry-run result is never evidence that a runtime existed.
+	ProviderDryRun ProviderMode = "dry_run"
 )
 
 // PoolStatus is one pool's configuration and state, as the operator routes
@@ -24,7 +37,7 @@ type PoolStatus struct {
 	// Provider is the provider's kind and ProviderMode its mode
 	// (driver.Capabilities).
 	Provider     string
-	ProviderMode driver.Mode
+	ProviderMode ProviderMode
 	// Members counts the pool's members by state, every state present.
 	Members       map[lease.MemberState]int
 	LastReconcile time.Time // zero before the first pass
@@ -55,6 +68,6 @@ func (p *Plane) PoolStatus(ctx context.Context) ([]PoolStatus, error) {
 func poolStatusOf(s pool.Status) PoolStatus {
 	return PoolStatus{Name: s.Config.Name, TenantID: s.Config.TenantID, Release: s.Config.Release,
 		Target: s.Config.Target, ReadyFloor: s.Config.ReadyFloor, MaxProvisioning: s.Config.MaxProvisioning,
-		ReadyTTL: s.Config.ReadyTTL, Provider: s.Capabilities.Kind, ProviderMode: s.Capabilities.Mode,
+		ReadyTTL: s.Config.ReadyTTL, Provider: s.Capabilities.Kind, ProviderMode: ProviderMode(s.Capabilities.Mode),
 		Members: s.Members, LastReconcile: s.LastReconcile, LastError: s.LastError, PrepareError: s.PrepareError}
 }

@@ -41,6 +41,15 @@
 // driver/drivertest; a custom store implements store.Store and proves it
 // with store/storetest.
 //
+// The Plane speaks its own words. The nouns it shares with the store, the
+// pool and the wire — cells, leases, states, dispositions, bindings,
+// releases — are package lease's; every other type of its API (ExecResult,
+// Reason, User, Output, LaunchStatus, FileInfo, Event, Delivery,
+// ClaimInfo, PoolStatus, …) is declared here and converted at the
+// boundary, never aliased from the agent, the drivers or the store, so a
+// harness that runs commands or follows the event log ([Plane.Follow])
+// imports this package and lease alone.
+//
 // Errors are *errcode.Error values whose Code is the wire error code; test
 // them with errors.Is against the errcode sentinels (errcode.ErrNotFound,
 // errcode.ErrConflict, …).
@@ -57,7 +66,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxwich/sandboxwich/attest"
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/fence"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -277,7 +285,6 @@ func (p *Plane) MaxLeaseSeconds() uint64 { return p.maxLease }
 // Pools returns the pool reconciler, or nil when the plane has no pools.
 func (p *Plane) Pools() *pool.Reconciler { return p.pools }
 
-
 // Ping reports whether the plane's store is reachable and migrated.
 func (p *Plane) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
 
@@ -285,7 +292,6 @@ func (p *Plane) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
 func (p *Plane) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 	return p.store.CellCounts(ctx)
 }
-
 
 // Now returns the plane's current time, truncated to microseconds: its clock
 // (WithClock) plus its measured offset from the database's (SyncClock).
@@ -485,7 +491,7 @@ func (p *Plane) checkRelease(r lease.Release) error {
 	if !r.RuntimeClass.Valid() {
 		return errcode.New(errcode.InvalidRequest, "runtime_class must be kata_microvm or gvisor_lower_risk")
 	}
-	if !p.keys.VerifyRelease(r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature) {
+	if !p.keys.VerifyRelease(r) {
 		return errcode.New(errcode.AuthorizationDenied, "release signature is invalid")
 	}
 	return nil
@@ -571,7 +577,7 @@ type LeaseStatus struct {
 	PoolName string
 	// ProviderMode is the pool provider's mode (apply or dry_run), "" for
 	// cells of external workers.
-	ProviderMode driver.Mode
+	ProviderMode ProviderMode
 }
 
 func (p *Plane) statusOf(rec store.LeaseRecord) LeaseStatus {
@@ -589,7 +595,7 @@ func (p *Plane) statusOf(rec store.LeaseRecord) LeaseStatus {
 		s.CleanupPending = m.State == lease.MemberCleanupPending
 		if p.pools != nil {
 			if cfg, ok := p.pools.Pool(m.Pool); ok {
-				s.ProviderMode = cfg.Provider.Capabilities().Mode
+				s.ProviderMode = ProviderMode(cfg.Provider.Capabilities().Mode)
 			}
 		}
 	}
@@ -662,4 +668,3 @@ func (p *Plane) WaitProviderAbsent(ctx context.Context, tenantID string, leaseID
 func (p *Plane) SweepExpired(ctx context.Context) (int, error) {
 	return p.store.ExpireUnmanaged(ctx, p.Now())
 }
-

@@ -42,7 +42,7 @@ func Example_pools() {
 	const set, class, digest = "release-set-2026-08-07", lease.KataMicroVM,
 		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 	release := lease.Release{ReleaseSetID: set, RuntimeClass: class, PolicyDigest: digest,
-		Signature: keys.SignRelease(set, string(class), digest)}
+		Signature: keys.SignRelease(lease.Release{ReleaseSetID: set, RuntimeClass: class, PolicyDigest: digest})}
 	// The fake provider simulates cells (mode dry_run): it isolates nothing.
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithPools(pool.Config{Name: "warm", TenantID: "acme", Release: release, Target: 2,

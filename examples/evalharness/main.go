@@ -100,7 +100,7 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		return res, err
 	}
 	rel := lease.Release{ReleaseSetID: "evalharness", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("0", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log),
 		sandboxwich.WithPools(pool.Config{Name: "eval", TenantID: "harness", Release: rel, Target: 1, Provider: prov}),
 		sandboxwich.WithPoolOptions(pool.WithInterval(100*time.Millisecond)))

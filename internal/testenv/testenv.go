@@ -50,7 +50,7 @@ func Keyring(tb testing.TB) *attest.Keyring {
 // signed by keys.
 func Release(keys *attest.Keyring, class lease.RuntimeClass) lease.Release {
 	return lease.Release{ReleaseSetID: ReleaseSetID, RuntimeClass: class, PolicyDigest: PolicyDigest,
-		Signature: keys.SignRelease(ReleaseSetID, string(class), PolicyDigest)}
+		Signature: keys.SignRelease(lease.Release{ReleaseSetID: ReleaseSetID, RuntimeClass: class, PolicyDigest: PolicyDigest})}
 }
 
 // Clock is a manual clock, safe for concurrent use. It stands still until
