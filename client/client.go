@@ -385,7 +385,7 @@ func apiError(resp *http.Response, data []byte) *Error {
 		e.Code, e.Message = errcode.Code(body.Code), body.Message
 	} else {
 		// Not one of ours (a proxy's error page): never quote the body.
-		e.Code, e.Message = codeForStatus(resp.StatusCode), http.StatusText(resp.StatusCode)
+		e.Code, e.Message = errcode.ForStatus(resp.StatusCode), http.StatusText(resp.StatusCode)
 	}
 	e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	return e
