@@ -37,9 +37,6 @@ const MaxResponseBytes = 8 << 20
 // maxRetryAfter bounds how long one Retry-After may make the client wait.
 const maxRetryAfter = time.Minute
 
-// OperatorHeader is the header that carries the operator token.
-const OperatorHeader = "x-sandboxwich-operator-token"
-
 // IdempotencyKeyHeader is the header of an idempotency key
 // ([Command.IdempotencyKey]).
 const IdempotencyKeyHeader = "Idempotency-Key"
@@ -346,7 +343,7 @@ func (c *Client) open(ctx context.Context, r request, body io.Reader, contentTyp
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	if c.operatorToken != "" {
-		req.Header.Set(OperatorHeader, c.operatorToken)
+		req.Header.Set(wire.OperatorHeader, c.operatorToken)
 	}
 	if r.idempotencyKey != "" {
 		req.Header.Set(IdempotencyKeyHeader, r.idempotencyKey)

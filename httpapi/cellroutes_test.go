@@ -504,7 +504,7 @@ func TestIdempotencyKeyRefusedOnStreams(t *testing.T) {
 		c := a.lease()
 		before := a.ops()
 		exec := with(proofBody(c), "argv", []string{"echo", "x"})
-		for _, hdr := range [][]string{{idemHeader, "k1"}, {idemHeader, "k2", OperatorHeader, tokOperator}, {idemHeader, strings.Repeat("k", 200)}} {
+		for _, hdr := range [][]string{{idemHeader, "k1"}, {idemHeader, "k2", wire.OperatorHeader, tokOperator}, {idemHeader, strings.Repeat("k", 200)}} {
 			res := a.stream(c, exec, hdr...)
 			body, _ := io.ReadAll(res.Body)
 			resp{status: res.StatusCode, header: res.Header, body: body}.errCode(t, 400, "invalid_idempotency_key")

@@ -59,7 +59,7 @@ func TestEventsPoll(t *testing.T) {
 		if got := strings.Join(eventTypes(tenant.Events), " "); got != want {
 			t.Errorf("acme's events: %s, want %s", got, want)
 		}
-		op := e.pollEvents(tokAcme, "", OperatorHeader, tokOperator)
+		op := e.pollEvents(tokAcme, "", wire.OperatorHeader, tokOperator)
 		want = "member.provisioning cell.ready member.ready cell.leased member.leased member.stopping lease.released"
 		if got := strings.Join(eventTypes(op.Events), " "); got != want {
 			t.Errorf("acme's operator's events: %s, want %s", got, want)
@@ -79,11 +79,11 @@ func TestEventsPoll(t *testing.T) {
 		}
 
 		// Pages: next_after continues; the last page's passes nothing.
-		p1 := e.pollEvents(tokAcme, "&limit=2", OperatorHeader, tokOperator)
+		p1 := e.pollEvents(tokAcme, "&limit=2", wire.OperatorHeader, tokOperator)
 		if len(p1.Events) != 2 || p1.NextAfter != p1.Events[1].ID {
 			t.Fatalf("page 1: %+v", p1)
 		}
-		p2 := e.pollEvents(tokAcme, "&limit=1000&after="+p1.NextAfter, OperatorHeader, tokOperator)
+		p2 := e.pollEvents(tokAcme, "&limit=1000&after="+p1.NextAfter, wire.OperatorHeader, tokOperator)
 		if len(p2.Events) != 5 || p2.Events[0].ID == p1.Events[1].ID {
 			t.Fatalf("page 2: %v", eventTypes(p2.Events))
 		}
@@ -105,7 +105,7 @@ func TestEventsPoll(t *testing.T) {
 		if f := e.pollEvents(tokAcme, "&pool=p2"); len(f.Events) != 0 {
 			t.Errorf("pool=p2: %v", eventTypes(f.Events))
 		}
-		if f := e.pollEvents(tokAcme, "&lease_id="+c.Lease.LeaseID.String(), OperatorHeader, tokOperator); len(f.Events) != 4 {
+		if f := e.pollEvents(tokAcme, "&lease_id="+c.Lease.LeaseID.String(), wire.OperatorHeader, tokOperator); len(f.Events) != 4 {
 			t.Errorf("lease_id: %v, want its 4 events", eventTypes(f.Events))
 		}
 
@@ -328,18 +328,18 @@ func TestWebhookDeliveriesRoute(t *testing.T) {
 				}
 			}
 		}
-		r := e.do("GET", "/v1/webhooks/deliveries?status=failed", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+		r := e.do("GET", "/v1/webhooks/deliveries?status=failed", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 		checkSchema(t, "DeliveriesResponse", r.body)
 		got := decodeAs[wire.DeliveriesResponse](t, r)
 		if len(got.Deliveries) != 1 || got.Deliveries[0].Endpoint != "wh-acme" || got.Deliveries[0].LastStatus != 500 ||
 			got.Deliveries[0].Attempts != 1 || got.Deliveries[0].NextAt != nil {
 			t.Errorf("failed deliveries: %s", r.body)
 		}
-		if g := decodeAs[wire.DeliveriesResponse](t, e.do("GET", "/v1/webhooks/deliveries", tokGlobex, nil, OperatorHeader, tokOperator).must(t, 200)); len(g.Deliveries) != 1 || g.Deliveries[0].Status != "pending" {
+		if g := decodeAs[wire.DeliveriesResponse](t, e.do("GET", "/v1/webhooks/deliveries", tokGlobex, nil, wire.OperatorHeader, tokOperator).must(t, 200)); len(g.Deliveries) != 1 || g.Deliveries[0].Status != "pending" {
 			t.Errorf("globex's deliveries: %+v", g)
 		}
 		e.do("GET", "/v1/webhooks/deliveries", tokAcme, nil).errCode(t, 401, "unauthorized")
-		e.do("GET", "/v1/webhooks/deliveries?status=lost", tokAcme, nil, OperatorHeader, tokOperator).errCode(t, 422, "invalid_request")
+		e.do("GET", "/v1/webhooks/deliveries?status=lost", tokAcme, nil, wire.OperatorHeader, tokOperator).errCode(t, 422, "invalid_request")
 	})
 }
 
@@ -413,7 +413,7 @@ func TestEventsTwoPlanesOnePostgres(t *testing.T) {
 		}
 	}
 	start := last(t, e)
-	ch, _, cancel := e.openStream("?after="+start, tokAcme, OperatorHeader, tokOperator)
+	ch, _, cancel := e.openStream("?after="+start, tokAcme, wire.OperatorHeader, tokOperator)
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, p := range planes {

@@ -68,7 +68,7 @@ func Example_pools() {
 
 	req, _ := http.NewRequest("GET", srv.URL+"/v1/pools", nil)
 	req.Header.Set("Authorization", "Bearer acme-secret-token")
-	req.Header.Set(httpapi.OperatorHeader, "operator-secret-token")
+	req.Header.Set(wire.OperatorHeader, "operator-secret-token")
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)
