@@ -270,6 +270,9 @@ func (c *Client) backoff(n int) time.Duration {
 	return rand.N(d + 1)
 }
 
+// sleep waits d or until ctx ends. It is the client's own copy of
+// internal/ctxsleep.Sleep: the client imports nothing of the module beyond
+// the wire types (DESIGN), and tests replace it (Client.sleep) anyway.
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/internal/ctxsleep"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store/sqlite"
@@ -132,7 +133,7 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		}
 		if claim.Lease == nil {
 			req.ClaimID = uuid.Must(uuid.NewV7())
-			if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			if err := ctxsleep.Sleep(ctx, 100*time.Millisecond); err != nil {
 				return res, fmt.Errorf("no cell became ready: %w", err)
 			}
 		}
@@ -160,15 +161,4 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		return res, fmt.Errorf("command exited %d", out.ExitCode)
 	}
 	return res, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
