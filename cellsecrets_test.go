@@ -11,7 +11,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/internal/testenv"
@@ -50,7 +49,7 @@ func TestNoSecretReachesARealCell(t *testing.T) {
 		"the session":              binding.RunnerSessionID,
 	}
 
-	run := func(user agent.User, argv ...string) sandboxwich.ExecResult {
+	run := func(user sandboxwich.User, argv ...string) sandboxwich.ExecResult {
 		t.Helper()
 		r, err := plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{Argv: argv, User: user, Timeout: time.Minute})
 		if err != nil || r.ExitCode != 0 {
@@ -58,7 +57,7 @@ func TestNoSecretReachesARealCell(t *testing.T) {
 		}
 		return r
 	}
-	run(agent.UserCell, "sh", "-c", "echo hi; env")
+	run(sandboxwich.UserCell, "sh", "-c", "echo hi; env")
 	if _, err := plane.WriteFile(ctx, "acme", id, pr, sandboxwich.WriteFileRequest{Path: "/home/cell/in/data.txt"},
 		strings.NewReader("ordinary content")); err != nil {
 		t.Fatal(err)
@@ -73,7 +72,7 @@ func TestNoSecretReachesARealCell(t *testing.T) {
 	}
 	// What a root workload can see: every process's environment and
 	// command line (the agent's included), and every writable file.
-	seen := run(agent.UserRoot, "sh", "-c",
+	seen := run(sandboxwich.UserRoot, "sh", "-c",
 		`for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do cat "$f" 2>/dev/null; echo; done; `+
 			`find /tmp /home /root /run /dev/shm /etc -type f 2>/dev/null | while read -r f; do cat "$f" 2>/dev/null; done`)
 	if !bytes.Contains(seen.Stdout, []byte("ordinary content")) {

@@ -101,7 +101,8 @@ func TestCloudflareNarrowImport(t *testing.T) {
 //   - httpapi, e2b, mcp and console only the root package, wire, errcode
 //     and lease — the Plane's own types are their vocabulary;
 //   - wire only the pure cores; webhook only store, wire and those;
-//   - client only wire and errcode.
+//   - client only the wire types and the nouns they are made of: wire,
+//     errcode and lease (never the server side).
 //
 // A package under internal/ that imports nothing of ours (imageref,
 // driver/internal/inflight) is a leaf helper any layer may use: it cannot
@@ -200,8 +201,8 @@ func TestDependencyDirection(t *testing.T) {
 			func(_, imp string) bool { return pure(imp) }},
 		{"webhook imports only store, wire and the pure cores", func(p string) bool { return under(p, "webhook") },
 			func(_, imp string) bool { return pure(imp) || imp == "store" || imp == "wire" || under(imp, "webhook") }},
-		{"client imports only wire and errcode", func(p string) bool { return under(p, "client") },
-			func(_, imp string) bool { return imp == "wire" || imp == "errcode" || under(imp, "client") }},
+		{"client imports only wire, errcode and lease", func(p string) bool { return under(p, "client") },
+			func(_, imp string) bool { return imp == "wire" || imp == "errcode" || imp == "lease" || under(imp, "client") }},
 	}
 	pkgs := make([]string, 0, len(imports))
 	for p := range imports {

@@ -40,7 +40,7 @@ func Example() {
 		RuntimeClass: lease.GVisorLowerRisk,
 		PolicyDigest: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
 	}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 
 	// A worker registers a cell it prepared on its own provider.
 	worker := sandboxwich.Worker{ID: uuid.New(), TenantID: "acme", RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk}}

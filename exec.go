@@ -14,9 +14,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
-	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/pool"
-	"github.com/sandboxwich/sandboxwich/store"
 )
 
 // Exec limits (CONTRACT §6, §14).
@@ -43,6 +40,8 @@ const (
 	DefaultExecMaxOutputCeiling = 16 << 20
 	// MaxPath is the longest cwd or file path, in bytes.
 	MaxPath = agent.MaxPath
+	// MaxFileBytes is the largest file written or read, in bytes.
+	MaxFileBytes = agent.MaxFileBytes
 )
 
 // WithExecMaxOutput sets the cap of each of an exec's stdout and stderr, in
@@ -81,9 +80,8 @@ type ExecRequest struct {
 	Env   map[string]string
 	// Cwd is the absolute working directory; "" means the cell's home.
 	Cwd string
-	// User is who runs the command: agent.UserCell ("" too) or
-	// agent.UserRoot.
-	User agent.User
+	// User is who runs the command: UserCell ("" too) or UserRoot.
+	User User
 	// Timeout bounds the command; zero means DefaultExecTimeout. It is
 	// capped at the lease's remaining life.
 	Timeout time.Duration
@@ -92,11 +90,6 @@ type ExecRequest struct {
 	// refused.
 	MaxOutput int
 }
-
-// ExecResult is a finished command. Reason is agent.Exited,
-// agent.TimedOut or agent.Killed; a cell that died during the command is
-// an error instead (see Exec).
-type ExecResult = driver.ExecResult
 
 // Exec runs a command in the cell of a live lease and returns its
 // collected output, each stream cut at the request's cap
@@ -122,7 +115,7 @@ type ExecResult = driver.ExecResult
 // root with errcode.ErrUserUnsupported.
 //
 // A command whose lease ends during it (a release or revoke stops the
-// cell; expiry ends the agent) answers Reason agent.Killed, exit code 137
+// cell; expiry ends the agent) answers ReasonKilled, exit code 137
 // and signal KILL (ExecStream has handed out the output produced until
 // then; Exec may return none). Otherwise a cell that dies
 // during the command, or whose agent cannot be reached, is quarantined
@@ -182,11 +175,11 @@ func (p *Plane) providerExec(ctx context.Context, c *leaseCell, req ExecRequest,
 	switch {
 	case req.Cwd != "":
 		return ExecResult{}, errcode.New(errcode.InvalidRequest, "the cell's provider runs commands in the cell's home only (it has no cell agent)")
-	case req.User == agent.UserRoot:
+	case req.User == UserRoot:
 		return ExecResult{}, errcode.New(errcode.UserUnsupported, "the cell's provider cannot run commands as root (it has no cell agent)")
 	}
 	start := time.Now()
-	res, err := c.execer.Exec(ctx, c.obj, driver.ExecRequest{
+	dres, err := c.execer.Exec(ctx, c.obj, driver.ExecRequest{
 		Argv: req.Argv, Stdin: req.Stdin, Env: req.Env, Timeout: timeout, MaxOutput: req.MaxOutput,
 	})
 	if err != nil {
@@ -201,14 +194,15 @@ func (p *Plane) providerExec(ctx context.Context, c *leaseCell, req ExecRequest,
 		}
 		return ExecResult{}, errcode.Wrap(errcode.Internal, "exec failed", err)
 	}
+	res := execResultOfDriver(dres)
 	if res.Reason == "" {
-		res.Reason = agent.Exited
+		res.Reason = ReasonExited
 		if res.TimedOut {
-			res.Reason = agent.TimedOut
+			res.Reason = ReasonTimedOut
 		}
 	}
 	if out != nil {
-		for _, o := range []Output{{Stream: agent.Stdout, Data: res.Stdout}, {Stream: agent.Stderr, Data: res.Stderr}} {
+		for _, o := range []Output{{Stream: Stdout, Data: res.Stdout}, {Stream: Stderr, Data: res.Stderr}} {
 			if len(o.Data) == 0 {
 				continue
 			}
@@ -246,13 +240,13 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 			if len(o.Data) == 0 {
 				return nil
 			}
-			outErr = out(o)
+			outErr = out(outputOf(o))
 			return outErr
 		}
 	}
 	start := time.Now()
 	ar, err := c.conn.Exec(actx, agent.ExecRequest{
-		Fence: c.fence, Activation: c.activation, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User, Stdin: req.Stdin,
+		Fence: c.fence, Activation: c.activation, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User.agent(), Stdin: req.Stdin,
 		TimeoutMillis: timeout.Milliseconds(), MaxOutput: req.MaxOutput,
 	}, sink)
 	switch {
@@ -272,8 +266,8 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 	default:
 		return ExecResult{}, p.agentUnverified(ctx, c.member, fmt.Errorf("exec answered reason %q", ar.Reason))
 	}
-	res := ExecResult{ExitCode: ar.ExitCode, Signal: ar.Signal, Reason: ar.Reason, TimedOut: ar.Reason == agent.TimedOut,
-		Truncated: ar.Truncated || cut, Stdout: ar.Stdout, Stderr: ar.Stderr, Duration: time.Duration(ar.DurationMillis) * time.Millisecond}
+	res := execResultOfAgent(ar)
+	res.Truncated = res.Truncated || cut
 	if out != nil { // streamed: the result carries none, whatever the agent says
 		res.Stdout, res.Stderr = nil, nil
 	}
@@ -290,226 +284,7 @@ func (p *Plane) agentExec(ctx context.Context, c *leaseCell, req ExecRequest, ti
 // say so itself: killed, as the agent reports a command it killed at the
 // lease's end.
 func killedResult(start time.Time) ExecResult {
-	return ExecResult{ExitCode: 137, Signal: "KILL", Reason: agent.Killed, Duration: time.Since(start)}
-}
-
-// leaseEnded reports, after a call to m's cell failed without an answer,
-// whether the lease the call was made under has ended meanwhile: its stop
-// was recorded (a release or revocation, whose pool stop then destroyed
-// the cell, or a quarantine of another operation), or it expired by the
-// plane's clock. Cells are single-use, so a member that is no longer
-// leased has no live lease. A store that cannot answer is taken for "no":
-// the caller then treats the cell as lost, as before.
-func (p *Plane) leaseEnded(ctx context.Context, m *store.Member) bool {
-	now, err := p.store.Member(ctx, m.CellID)
-	if err != nil {
-		return false
-	}
-	if now.State != lease.MemberLeased {
-		return true
-	}
-	c := now.Cell
-	return c != nil && c.Lease != nil && !p.Now().Before(c.Lease.ExpiresAt)
-}
-
-// How long the plane waits for its cell's agent beyond what the request
-// itself may take. An agent that has not answered by then is taken for
-// lost: the cell is quarantined.
-const (
-	agentGrace   = 10 * time.Second // after an exec's timeout
-	agentTimeout = 30 * time.Second // for activation and launch
-)
-
-// errNotLive answers an operation on a lease whose life ended while it was
-// checked.
-func errNotLive() error { return errcode.New(errcode.Conflict, "the lease is no longer live") }
-
-// leaseCell is the cell of a live lease, its runtime verified and, for a
-// provider with the agent, its agent reached: what a lease operation acts
-// on.
-type leaseCell struct {
-	member *store.Member
-	lease  *lease.Lease
-	obj    driver.Object
-	// conn is the cell's agent; nil when the provider has none, and
-	// execer runs commands instead. Every request to it carries fence and
-	// the sanitized activation.
-	conn       agent.Conn
-	fence      agent.Fence
-	activation *agent.Activation
-	execer     driver.Execer
-}
-
-// open takes a lease record that passed its fence to the cell: a cell of
-// an external worker is errcode.ErrNotFound, a released one (stopping)
-// errcode.ErrConflict, a provider without the agent
-// errcode.ErrExecUnsupported (unless execOK and the provider has its own
-// exec); then the admitted runtime is read back and verified, and the
-// sanitized activation — never the attestation, its digest, the binding or
-// a token — made ready for the operation to carry.
-//
-// The activation goes with every operation (agent.Conn), in the same
-// request: the first activates the agent, the later ones are exact
-// replays it accepts, so the plane keeps no record of which cells it
-// activated, restarted planes and replicas need none, and no operation
-// costs a round trip more.
-func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*leaseCell, error) {
-	m, l := rec.Member, rec.Cell.Lease
-	if m == nil {
-		return nil, errcode.New(errcode.NotFound, "cell was prepared by an external worker; act on it through its worker")
-	}
-	if m.State != lease.MemberLeased {
-		return nil, errcode.New(errcode.Conflict, "the lease was released; its cell is stopping")
-	}
-	prov := p.provider(m.Pool)
-	host, _ := prov.(driver.AgentHost)
-	execer, _ := prov.(driver.Execer)
-	if host == nil && (!execOK || execer == nil) {
-		what := "files and launch"
-		if execOK {
-			what = "exec"
-		}
-		return nil, errcode.New(errcode.ExecUnsupported, "the cell's provider does not support "+what)
-	}
-	c := &leaseCell{member: m, lease: l, obj: driver.Object{CellID: m.CellID, Identity: m.Identity}}
-	obs, err := prov.Inspect(ctx, c.obj)
-	if err == nil {
-		err = driver.Verify(c.obj, obs, l.Release.RuntimeClass)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, p.quarantine(ctx, m, "runtime unverified before a lease operation", store.ReasonRuntimeUnverified, err, errcode.Wrap(errcode.RuntimeClassBoundaryUnverified,
-			"the cell's runtime class could not be verified; the cell is quarantined", err))
-	}
-	if cfg, ok := p.pools.Pool(m.Pool); ok { // p.pools is set: prov is the pool's
-		if err := pool.VerifyImage(cfg, obs); err != nil {
-			return nil, p.quarantine(ctx, m, string(errcode.ImageDigestUnverified), store.ReasonImageUnverified, err, errcode.Wrap(errcode.ImageDigestUnverified,
-				"the cell's admitted image is not the one its pool pins; the cell is quarantined", err))
-		}
-	}
-	if host == nil {
-		c.execer = execer
-		return c, nil
-	}
-	ttl := l.ExpiresAt.Sub(p.Now())
-	if ttl < time.Millisecond {
-		return nil, errNotLive()
-	}
-	c.fence = agent.Fence{CellID: m.CellID.String(), LeaseID: l.ID.String(), Generation: int64(l.Generation)}
-	c.activation = &agent.Activation{Version: agent.ProtocolVersion, Fence: c.fence, ExpiresAt: l.ExpiresAt, TTLMillis: ttl.Milliseconds()}
-	actx, cancel := context.WithTimeout(ctx, agentTimeout)
-	defer cancel()
-	conn, err := host.Agent(actx, c.obj)
-	if err != nil {
-		return nil, p.agentError(ctx, m, err)
-	}
-	c.conn = conn
-	return c, nil
-}
-
-// provider returns the provider of a pool, or nil when the plane does not
-// run that pool.
-func (p *Plane) provider(poolName string) driver.Provider {
-	if p.pools == nil {
-		return nil
-	}
-	cfg, ok := p.pools.Pool(poolName)
-	if !ok {
-		return nil
-	}
-	return cfg.Provider
-}
-
-// agentError maps a failed call of a cell's agent to the answer. A call cut
-// short by ctx returns ctx's error and leaves the cell alone. A call the
-// agent did not answer means the cell is lost — unless the lease ended
-// meanwhile (leaseEnded): its stop destroyed the cell, which is not a
-// loss, and the answer is errcode.ErrConflict, the lease no longer live.
-// The agent's refusals of the request are reported to the tenant with the
-// matching code and never end the cell; anything else it answers (a
-// refused fence, "not active" after the activation, an unknown code)
-// means the agent is not the one a sterile cell runs: the cell is
-// quarantined as agent_unverified, never reported as cell_lost.
-func (p *Plane) agentError(ctx context.Context, m *store.Member, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	ae, ok := errors.AsType[*agent.Error](err)
-	if !ok {
-		if p.leaseEnded(ctx, m) {
-			return errcode.Wrap(errcode.Conflict, "the lease ended during the request; its cell is stopping", err)
-		}
-		return p.cellLost(ctx, m, err)
-	}
-	msg := "the cell refused the request: " + detail(ae.Message)
-	var code errcode.Code
-	switch ae.Code {
-	case agent.CodeExpired:
-		return errcode.Wrap(errcode.Conflict, "the lease has expired in the cell", err)
-	case agent.CodeInvalid:
-		code = errcode.InvalidRequest
-	case agent.CodeUserUnsupported:
-		code = errcode.UserUnsupported
-	case agent.CodeNotFound:
-		code = errcode.FileNotFound
-	case agent.CodeAccessDenied:
-		code = errcode.FileAccessDenied
-	case agent.CodeTooLarge:
-		code = errcode.PayloadTooLarge
-	case agent.CodeNoSpace:
-		code = errcode.InsufficientStorage
-	case agent.CodeConflict:
-		code, msg = errcode.Conflict, "the lease already launched a different workload"
-	case agent.CodeNotLaunched:
-		code, msg = errcode.NotFound, "the lease has launched no workload"
-	default:
-		return p.agentUnverified(ctx, m, err)
-	}
-	return errcode.Wrap(code, msg, err)
-}
-
-// detail returns an agent's message fit for the tenant's answer: valid
-// UTF-8, one line, at most 200 bytes. It is the tenant's own cell's word.
-func detail(msg string) string {
-	msg = strings.ToValidUTF8(strings.Join(strings.Fields(msg), " "), "?")
-	if len(msg) > 200 {
-		msg = strings.ToValidUTF8(msg[:200], "") + "…"
-	}
-	return msg
-}
-
-// cellLost ends a cell that died or whose agent cannot be reached.
-func (p *Plane) cellLost(ctx context.Context, m *store.Member, cause error) error {
-	return p.quarantine(ctx, m, "cell lost", store.ReasonCellLost, cause, errcode.Wrap(errcode.Conflict,
-		"the cell died or its agent cannot be reached; it is quarantined and the lease is over",
-		fmt.Errorf("%w: %w", driver.ErrCellLost, cause)))
-}
-
-// agentUnverified ends a cell whose agent answered what a sterile cell's
-// agent never does.
-func (p *Plane) agentUnverified(ctx context.Context, m *store.Member, cause error) error {
-	return p.quarantine(ctx, m, string(errcode.CellAgentUnverified), store.ReasonAgentUnverified, cause, errcode.Wrap(errcode.CellAgentUnverified,
-		"the cell's agent answered what a sterile cell's agent never does; the cell is quarantined", cause))
-}
-
-// quarantine ends a leased cell that cannot be trusted or used any more,
-// for what (logged with cause; code is the event reason): the cell is
-// quarantined and its stop recorded in one transaction, and the pool
-// destroys it. It returns answer, or the store's error when the stop could
-// not be recorded.
-func (p *Plane) quarantine(ctx context.Context, m *store.Member, what, code string, cause, answer error) error {
-	p.log.Warn(what, "pool", m.Pool, "cell_id", m.CellID, "error", cause)
-	_, err := p.store.BeginStop(ctx, store.StopIntent{
-		CellID: m.CellID, From: []lease.MemberState{lease.MemberLeased}, Disposition: lease.Quarantined,
-		Quarantine: true, Reason: what + ": " + cause.Error(), EventReason: code, Now: p.Now(),
-	})
-	if err != nil && !errors.Is(err, errcode.ErrConflict) {
-		return err
-	}
-	p.pools.Trigger()
-	return answer
+	return ExecResult{ExitCode: 137, Signal: "KILL", Reason: ReasonKilled, Duration: time.Since(start)}
 }
 
 // checkExec refuses, with InvalidRequest and before anything reaches the
@@ -531,7 +306,7 @@ func checkExec(req ExecRequest) error {
 // checkCommand checks what exec and launch share: argv, env, cwd and user.
 // The sizes of argv and env are the cell agent's own limits
 // (agent.CheckArgs), so what passes here the agent runs.
-func checkCommand(argv []string, env map[string]string, cwd string, user agent.User) error {
+func checkCommand(argv []string, env map[string]string, cwd string, user User) error {
 	switch {
 	case len(argv) == 0 || len(argv) > MaxExecArgs:
 		return errcode.New(errcode.InvalidRequest, "argv must hold 1 to 256 strings")
@@ -580,8 +355,8 @@ func checkPath(name, p string) error {
 }
 
 // checkUser refuses a user other than cell ("" too) and root.
-func checkUser(u agent.User) error {
-	if u != "" && u != agent.UserCell && u != agent.UserRoot {
+func checkUser(u User) error {
+	if u != "" && u != UserCell && u != UserRoot {
 		return errcode.New(errcode.InvalidRequest, "user must be cell or root")
 	}
 	return nil

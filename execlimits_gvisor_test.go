@@ -156,7 +156,7 @@ func TestExecLimitsInARealCell(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := <-ans
-		if a.err != nil || a.res.Reason != agent.Killed || a.res.ExitCode != 137 || a.res.Signal != "KILL" {
+		if a.err != nil || a.res.Reason != sandboxwich.ReasonKilled || a.res.ExitCode != 137 || a.res.Signal != "KILL" {
 			t.Fatalf("exec during a %s: %+v %v, want reason killed", how, a.res, a.err)
 		}
 		st, err := plane.WaitProviderAbsent(ctx, "acme", id, 50*time.Millisecond)

@@ -213,7 +213,7 @@ func TestExecEndedByLeaseEnd(t *testing.T) {
 				}
 				a.plane.Pools().Pass(a.ctx) // destroys the cell under the command
 				ans := <-done
-				if ans.err != nil || ans.res.Reason != agent.Killed || ans.res.ExitCode != 137 || ans.res.Signal != "KILL" || ans.res.TimedOut {
+				if ans.err != nil || ans.res.Reason != sandboxwich.ReasonKilled || ans.res.ExitCode != 137 || ans.res.Signal != "KILL" || ans.res.TimedOut {
 					t.Fatalf("exec during a %s: %+v %v, want reason killed", how, ans.res, ans.err)
 				}
 				a.plane.Pools().Pass(a.ctx)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
@@ -217,7 +216,7 @@ type Evidence struct {
 	// Provider and ProviderMode describe the pool's provider; "" when the
 	// pool is no longer configured in this plane.
 	Provider     string
-	ProviderMode driver.Mode
+	ProviderMode ProviderMode
 	// RuntimeClass is the runtime class the provider demonstrably
 	// admitted; "" when none was recorded (a cell admitted by an earlier
 	// version).
@@ -250,7 +249,7 @@ func (p *Plane) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID
 	if p.pools != nil {
 		if cfg, ok := p.pools.Pool(ev.Pool); ok {
 			caps := cfg.Provider.Capabilities()
-			out.Provider, out.ProviderMode = caps.Kind, caps.Mode
+			out.Provider, out.ProviderMode = caps.Kind, ProviderMode(caps.Mode)
 		}
 	}
 	return out, nil

@@ -247,7 +247,7 @@ func TestRevokeDestroyedDisposition(t *testing.T) {
 func TestInventory(t *testing.T) {
 	e := newEnv(t)
 	other := lease.Release{ReleaseSetID: "release-set-0", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("b", 64)}
-	other.Signature = e.keys.SignRelease(other.ReleaseSetID, string(other.RuntimeClass), other.PolicyDigest)
+	other.Signature = e.keys.SignRelease(other)
 	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "p1", TenantID: "acme", Release: other, Target: 0,
 		Provider: fake.New(fake.Config{})}), sandboxwich.WithMaxLeaseSeconds(600))
 	prep := func(tenant string, in time.Duration) {

@@ -135,7 +135,7 @@ func TestAttestationIsVerifiableAndKeyChangeConflicts(t *testing.T) {
 	other, _ := attest.NewKeyring([]byte(strings.Repeat("k", 40)))
 	p2, _ := sandboxwich.New(e.st, other, sandboxwich.WithClock(func() time.Time { return e.now }))
 	rel2 := e.rel
-	rel2.Signature = other.SignRelease(rel2.ReleaseSetID, string(rel2.RuntimeClass), rel2.PolicyDigest)
+	rel2.Signature = other.SignRelease(rel2)
 	_, err = p2.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: rel2, Binding: binding})
 	if !errors.Is(err, errcode.ErrConflict) {
 		t.Fatalf("replay under another key: %v", err)
@@ -167,7 +167,7 @@ func TestPrepareChecks(t *testing.T) {
 	}
 	kata := e.rel
 	kata.RuntimeClass = lease.KataMicroVM
-	kata.Signature = e.keys.SignRelease(kata.ReleaseSetID, string(kata.RuntimeClass), kata.PolicyDigest)
+	kata.Signature = e.keys.SignRelease(kata)
 	for _, tc := range []struct {
 		name string
 		req  sandboxwich.PrepareRequest
@@ -310,7 +310,7 @@ func TestExecOnWorkerCellAndDryRun(t *testing.T) {
 		t.Fatalf("exec on dry-run: %v", err)
 	}
 	st, _ := e.plane.LeaseStatus(e.ctx, "acme", res.Lease.ID)
-	if st.ProviderMode != driver.DryRun {
+	if st.ProviderMode != sandboxwich.ProviderDryRun {
 		t.Fatalf("provider mode: %+v", st)
 	}
 }
@@ -371,22 +371,48 @@ func TestPlaneServingSurface(t *testing.T) {
 	if n, err := e.plane.CellCounts(e.ctx); err != nil || n[lease.Ready] != 1 {
 		t.Fatalf("cell counts: %v, %v", n, err)
 	}
-	rec, err := e.plane.Idempotency().BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
+	rec, err := e.plane.BeginIdempotent(e.ctx, sandboxwich.IdempotencyParams{TenantID: "acme", Key: "k",
 		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)})
 	if err != nil || !rec.Created {
 		t.Fatalf("begin idempotent: %+v, %v", rec, err)
 	}
-	if rec, err = e.st.(store.IdempotencyStore).BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
-		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)}); err != nil || rec.Created {
-		t.Fatalf("the record is not in the plane's store: %+v, %v", rec, err)
+	if srec, err := e.st.(store.IdempotencyStore).BeginIdempotent(e.ctx, store.IdempotencyParams{TenantID: "acme", Key: "k",
+		Fingerprint: "f", Now: e.now, InFlightUntil: e.now.Add(time.Minute)}); err != nil || srec.Created {
+		t.Fatalf("the record is not in the plane's store: %+v, %v", srec, err)
 	}
 
 	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "dry", TenantID: "acme", Release: e.rel, Target: 2,
 		Provider: fake.New(fake.Config{})}))
 	e.plane.Pools().Pass(e.ctx)
 	sts, err := e.plane.PoolStatus(e.ctx)
-	if err != nil || len(sts) != 1 || sts[0].Config.Name != "dry" || sts[0].Members[lease.MemberReady] != 2 ||
-		sts[0].Capabilities.Mode != driver.DryRun || !sts[0].LastReconcile.Equal(e.now) {
+	if err != nil || len(sts) != 1 || sts[0].Name != "dry" || sts[0].Members[lease.MemberReady] != 2 ||
+		sts[0].ProviderMode != sandboxwich.ProviderDryRun || !sts[0].LastReconcile.Equal(e.now) {
 		t.Fatalf("pool status: %+v, %v", sts, err)
+	}
+}
+
+// TestStoreWithoutAbilities: a Store that has neither optional ability
+// (store.IdempotencyStore, store.Webhooks) still makes a plane; an
+// Idempotency-Key is then refused with its code and webhook deliveries
+// are not found, instead of a panic or an empty answer.
+func TestStoreWithoutAbilities(t *testing.T) {
+	st, keys := testenv.SQLite(t), testenv.Keyring(t)
+	bare := struct{ store.Store }{st} // hides every method outside store.Store
+	p, err := sandboxwich.New(bare, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	_, err = p.BeginIdempotent(ctx, sandboxwich.IdempotencyParams{TenantID: "acme", Key: "k", Fingerprint: "f",
+		Now: testenv.Start, InFlightUntil: testenv.Start.Add(time.Minute)})
+	if !errors.Is(err, errcode.ErrInvalidIdempotencyKey) || !errors.Is(err, sandboxwich.ErrNoIdempotency) {
+		t.Errorf("BeginIdempotent over a store without the ability: %v", err)
+	}
+	if _, err := p.Deliveries(ctx, sandboxwich.DeliveryQuery{TenantID: "acme"}); !errors.Is(err, sandboxwich.ErrNoDeliveries) {
+		t.Errorf("Deliveries over a store without the ability: %v", err)
+	}
+	if _, err := st.BeginIdempotent(ctx, store.IdempotencyParams{TenantID: "acme", Key: "k", Fingerprint: "f",
+		Now: testenv.Start, InFlightUntil: testenv.Start.Add(time.Minute)}); err != nil {
+		t.Errorf("the shipped store has the ability: %v", err)
 	}
 }

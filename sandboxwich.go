@@ -41,6 +41,15 @@
 // driver/drivertest; a custom store implements store.Store and proves it
 // with store/storetest.
 //
+// The Plane speaks its own words. The nouns it shares with the store, the
+// pool and the wire — cells, leases, states, dispositions, bindings,
+// releases — are package lease's; every other type of its API (ExecResult,
+// Reason, User, Output, LaunchStatus, FileInfo, Event, Delivery,
+// ClaimInfo, PoolStatus, …) is declared here and converted at the
+// boundary, never aliased from the agent, the drivers or the store, so a
+// harness that runs commands or follows the event log ([Plane.Follow])
+// imports this package and lease alone.
+//
 // Errors are *errcode.Error values whose Code is the wire error code; test
 // them with errors.Is against the errcode sentinels (errcode.ErrNotFound,
 // errcode.ErrConflict, …).
@@ -57,7 +66,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxwich/sandboxwich/attest"
-	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/fence"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -277,29 +285,12 @@ func (p *Plane) MaxLeaseSeconds() uint64 { return p.maxLease }
 // Pools returns the pool reconciler, or nil when the plane has no pools.
 func (p *Plane) Pools() *pool.Reconciler { return p.pools }
 
-// PoolStatus reports every pool of the plane, in configuration order; nil
-// when the plane has no pools.
-func (p *Plane) PoolStatus(ctx context.Context) ([]pool.Status, error) {
-	if p.pools == nil {
-		return nil, nil
-	}
-	return p.pools.Status(ctx)
-}
-
 // Ping reports whether the plane's store is reachable and migrated.
 func (p *Plane) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
 
 // CellCounts returns the number of cells by state.
 func (p *Plane) CellCounts(ctx context.Context) (map[lease.State]int, error) {
 	return p.store.CellCounts(ctx)
-}
-
-// Idempotency returns the store of the HTTP API's Idempotency-Key records:
-// the plane's own store, when it implements store.IdempotencyStore (both
-// shipped stores do); nil otherwise.
-func (p *Plane) Idempotency() store.IdempotencyStore {
-	s, _ := p.store.(store.IdempotencyStore)
-	return s
 }
 
 // Now returns the plane's current time, truncated to microseconds: its clock
@@ -500,7 +491,7 @@ func (p *Plane) checkRelease(r lease.Release) error {
 	if !r.RuntimeClass.Valid() {
 		return errcode.New(errcode.InvalidRequest, "runtime_class must be kata_microvm or gvisor_lower_risk")
 	}
-	if !p.keys.VerifyRelease(r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature) {
+	if !p.keys.VerifyRelease(r) {
 		return errcode.New(errcode.AuthorizationDenied, "release signature is invalid")
 	}
 	return nil
@@ -586,7 +577,7 @@ type LeaseStatus struct {
 	PoolName string
 	// ProviderMode is the pool provider's mode (apply or dry_run), "" for
 	// cells of external workers.
-	ProviderMode driver.Mode
+	ProviderMode ProviderMode
 }
 
 func (p *Plane) statusOf(rec store.LeaseRecord) LeaseStatus {
@@ -604,7 +595,7 @@ func (p *Plane) statusOf(rec store.LeaseRecord) LeaseStatus {
 		s.CleanupPending = m.State == lease.MemberCleanupPending
 		if p.pools != nil {
 			if cfg, ok := p.pools.Pool(m.Pool); ok {
-				s.ProviderMode = cfg.Provider.Capabilities().Mode
+				s.ProviderMode = ProviderMode(cfg.Provider.Capabilities().Mode)
 			}
 		}
 	}
@@ -676,36 +667,4 @@ func (p *Plane) WaitProviderAbsent(ctx context.Context, tenantID string, leaseID
 // expired idempotency records. It returns the number of cells quarantined.
 func (p *Plane) SweepExpired(ctx context.Context) (int, error) {
 	return p.store.ExpireUnmanaged(ctx, p.Now())
-}
-
-// PruneEvents deletes the events older than the plane's retention, keeping
-// the newest (Run does it every few minutes). It returns how many it
-// deleted; with retention 0 it deletes none.
-func (p *Plane) PruneEvents(ctx context.Context) (int, error) {
-	if p.retention <= 0 {
-		return 0, nil
-	}
-	return p.store.PruneEvents(ctx, p.Now().Add(-p.retention))
-}
-
-// Events returns a page of the event log (CONTRACT §16) as the store holds
-// it: see store.Store.Events. The caller scopes it (q.TenantID, q.Members).
-func (p *Plane) Events(ctx context.Context, q store.EventQuery) ([]store.Event, error) {
-	return p.store.Events(ctx, q)
-}
-
-// LastEventID returns the id of the newest event, 0 when the log is empty.
-func (p *Plane) LastEventID(ctx context.Context) (uint64, error) {
-	return p.store.LastEventID(ctx)
-}
-
-// Deliveries lists webhook deliveries (store.Webhooks.Deliveries); the
-// caller scopes them (q.TenantID). Over a store without the store.Webhooks
-// ability it returns an error wrapping errors.ErrUnsupported.
-func (p *Plane) Deliveries(ctx context.Context, q store.DeliveryQuery) ([]store.Delivery, error) {
-	w, ok := p.store.(store.Webhooks)
-	if !ok {
-		return nil, fmt.Errorf("sandboxwich: the store keeps no webhook deliveries: %w", errors.ErrUnsupported)
-	}
-	return w.Deliveries(ctx, q)
 }

@@ -81,12 +81,21 @@ func (p *Plane) Prepare(ctx context.Context, w Worker, req PrepareRequest) (leas
 // claim has no claim here, as in the Rust implementation: its worker cannot
 // learn the lease ID, so cannot destroy the cell, which ends by expiry
 // (quarantined by the sweeper).
-func (p *Plane) WorkerCell(ctx context.Context, w Worker, cellID uuid.UUID) (lease.Cell, *store.ClaimInfo, error) {
+func (p *Plane) WorkerCell(ctx context.Context, w Worker, cellID uuid.UUID) (lease.Cell, *ClaimInfo, error) {
 	cell, info, err := p.store.WorkerCell(ctx, w.ID.String(), cellID)
-	if info != nil && info.ClaimID == uuid.Nil {
-		info = nil
+	if info == nil || info.ClaimID == uuid.Nil {
+		return cell, nil, err
 	}
-	return cell, info, err
+	ci := ClaimInfo(*info)
+	return cell, &ci, err
+}
+
+// ClaimInfo is the fenced claim that leased a worker's cell.
+type ClaimInfo struct {
+	ClaimID    uuid.UUID
+	LeaseID    uuid.UUID
+	Generation uint64
+	ExpiresAt  time.Time
 }
 
 // Retire quarantines one of the worker's ready generation-1 cells.

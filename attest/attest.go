@@ -67,23 +67,23 @@ func (*Keyring) String() string { return redacted }
 // GoString is like String, for the %#v verb.
 func (*Keyring) GoString() string { return redacted }
 
-// SignRelease returns the release signature of CONTRACT.md 3.2: "swrs1_"
-// followed by the unpadded base64url HMAC of
-// "sandboxwich-sterile-release-v1" NUL releaseSetID NUL runtimeClass NUL
-// policyDigest.
-func (k *Keyring) SignRelease(releaseSetID, runtimeClass, policyDigest string) string {
-	msg := make([]byte, 0, len(releaseDomain)+len(releaseSetID)+len(runtimeClass)+len(policyDigest)+3)
+// SignRelease returns the signature of r's trust class, CONTRACT.md 3.2:
+// "swrs1_" followed by the unpadded base64url HMAC of
+// "sandboxwich-sterile-release-v1" NUL release_set_id NUL runtime_class NUL
+// policy_digest. r.Signature is not read.
+func (k *Keyring) SignRelease(r lease.Release) string {
+	msg := make([]byte, 0, len(releaseDomain)+len(r.ReleaseSetID)+len(r.RuntimeClass)+len(r.PolicyDigest)+3)
 	msg = append(msg, releaseDomain...)
-	msg = appendField(msg, releaseSetID)
-	msg = appendField(msg, runtimeClass)
-	msg = appendField(msg, policyDigest)
+	msg = appendField(msg, r.ReleaseSetID)
+	msg = appendField(msg, string(r.RuntimeClass))
+	msg = appendField(msg, r.PolicyDigest)
 	return k.token(releasePrefix, msg)
 }
 
-// VerifyRelease reports whether signature is the release signature of the
-// given trust class. It compares the whole wire string in constant time.
-func (k *Keyring) VerifyRelease(releaseSetID, runtimeClass, policyDigest, signature string) bool {
-	return EqualDigest(k.SignRelease(releaseSetID, runtimeClass, policyDigest), signature)
+// VerifyRelease reports whether r.Signature is the signature of r's trust
+// class. It compares the whole wire string in constant time.
+func (k *Keyring) VerifyRelease(r lease.Release) bool {
+	return EqualDigest(k.SignRelease(r), r.Signature)
 }
 
 // LeaseClaims are the 12 variable fields of a lease attestation, in message

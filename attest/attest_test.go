@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // Test vectors of CONTRACT.md 3.6.
@@ -59,7 +60,7 @@ func TestSignReleaseVectors(t *testing.T) {
 		{"kata_microvm", kataSignature},
 		{"gvisor_lower_risk", gvisorSig},
 	} {
-		if got := k.SignRelease(testReleaseID, tc.class, testPolicy); got != tc.want {
+		if got := k.SignRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: lease.RuntimeClass(tc.class), PolicyDigest: testPolicy}); got != tc.want {
 			t.Errorf("SignRelease(%q) = %q, want %q", tc.class, got, tc.want)
 		}
 		if got := len(tc.want); got != 49 {
@@ -133,7 +134,7 @@ func TestVerifyRelease(t *testing.T) {
 		{"other policy", "kata_microvm", strings.Repeat("b", 64), kataSignature, false},
 		{"uppercase policy", "kata_microvm", strings.Repeat("A", 64), kataSignature, false},
 	} {
-		if got := k.VerifyRelease(testReleaseID, tc.class, tc.policy, tc.sig); got != tc.want {
+		if got := k.VerifyRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: lease.RuntimeClass(tc.class), PolicyDigest: tc.policy, Signature: tc.sig}); got != tc.want {
 			t.Errorf("%s: VerifyRelease = %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -142,7 +143,7 @@ func TestVerifyRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if other.VerifyRelease(testReleaseID, "kata_microvm", testPolicy, kataSignature) {
+	if other.VerifyRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: "kata_microvm", PolicyDigest: testPolicy, Signature: kataSignature}) {
 		t.Error("VerifyRelease under another key = true")
 	}
 }
@@ -230,7 +231,7 @@ func TestNewKeyring(t *testing.T) {
 		t.Fatal(err)
 	}
 	clear(key)
-	if got := k.SignRelease(testReleaseID, "kata_microvm", testPolicy); got != kataSignature {
+	if got := k.SignRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: "kata_microvm", PolicyDigest: testPolicy}); got != kataSignature {
 		t.Errorf("after the caller cleared its key: SignRelease = %q, want %q", got, kataSignature)
 	}
 }
@@ -251,7 +252,7 @@ func TestZeroKeyringPanics(t *testing.T) {
 		}
 	}()
 	var k attest.Keyring
-	k.SignRelease(testReleaseID, "kata_microvm", testPolicy)
+	k.SignRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: "kata_microvm", PolicyDigest: testPolicy})
 }
 
 // writeKey writes content to a new file in a test directory and sets its mode
@@ -374,7 +375,7 @@ func TestLoadKeyFileFollowsSymlink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := k.SignRelease(testReleaseID, "kata_microvm", testPolicy); got != kataSignature {
+	if got := k.SignRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: "kata_microvm", PolicyDigest: testPolicy}); got != kataSignature {
 		t.Errorf("SignRelease = %q, want %q", got, kataSignature)
 	}
 }
@@ -440,7 +441,7 @@ func TestKeyringConcurrentUse(t *testing.T) {
 					t.Errorf("LeaseToken = %q, want %q", got, testToken)
 					return
 				}
-				if !k.VerifyRelease(testReleaseID, "kata_microvm", testPolicy, kataSignature) {
+				if !k.VerifyRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: "kata_microvm", PolicyDigest: testPolicy, Signature: kataSignature}) {
 					t.Error("VerifyRelease = false")
 					return
 				}
@@ -463,7 +464,7 @@ func BenchmarkVerifyRelease(b *testing.B) {
 	k := testKeyring(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		if !k.VerifyRelease(testReleaseID, "kata_microvm", testPolicy, kataSignature) {
+		if !k.VerifyRelease(lease.Release{ReleaseSetID: testReleaseID, RuntimeClass: "kata_microvm", PolicyDigest: testPolicy, Signature: kataSignature}) {
 			b.Fatal("VerifyRelease = false")
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 func ExampleKeyring_SignRelease() {
@@ -14,10 +15,12 @@ func ExampleKeyring_SignRelease() {
 	if err != nil {
 		panic(err)
 	}
-	sig := k.SignRelease("release-set-2026-08-07", "kata_microvm", strings.Repeat("a", 64))
-	fmt.Println(sig)
-	fmt.Println(k.VerifyRelease("release-set-2026-08-07", "kata_microvm", strings.Repeat("a", 64), sig))
-	fmt.Println(k.VerifyRelease("release-set-2026-08-07", "gvisor_lower_risk", strings.Repeat("a", 64), sig))
+	rel := lease.Release{ReleaseSetID: "release-set-2026-08-07", RuntimeClass: lease.KataMicroVM, PolicyDigest: strings.Repeat("a", 64)}
+	rel.Signature = k.SignRelease(rel)
+	fmt.Println(rel.Signature)
+	fmt.Println(k.VerifyRelease(rel))
+	rel.RuntimeClass = lease.GVisorLowerRisk
+	fmt.Println(k.VerifyRelease(rel))
 	// Output:
 	// swrs1_e9tjahDQxqFMnsShzD-gJ815SbqsCNKrHlBA96hCM_0
 	// true

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // FuzzLoadKeyFile writes arbitrary bytes to a key file with an arbitrary
@@ -82,7 +83,7 @@ func FuzzLoadKeyFile(f *testing.F) {
 				t.Fatal(err)
 			}
 			d := strings.Repeat("a", 64)
-			if keys.SignRelease("r", "kata_microvm", d) != want.SignRelease("r", "kata_microvm", d) {
+			if keys.SignRelease(lease.Release{ReleaseSetID: "r", RuntimeClass: "kata_microvm", PolicyDigest: d}) != want.SignRelease(lease.Release{ReleaseSetID: "r", RuntimeClass: "kata_microvm", PolicyDigest: d}) {
 				t.Fatal("the loaded key is not the trimmed file content")
 			}
 			if strings.Contains(keys.String(), string(key)) {
@@ -167,14 +168,14 @@ func FuzzReleaseSignature(f *testing.F) {
 	}
 	shape := regexp.MustCompile(`\Aswrs1_[A-Za-z0-9_-]{43}\z`)
 	f.Fuzz(func(t *testing.T, id, class, digest, presented string) {
-		sig := keys.SignRelease(id, class, digest)
+		sig := keys.SignRelease(lease.Release{ReleaseSetID: id, RuntimeClass: lease.RuntimeClass(class), PolicyDigest: digest})
 		if !shape.MatchString(sig) {
 			t.Fatalf("signature %q has the wrong shape", sig)
 		}
-		if !keys.VerifyRelease(id, class, digest, sig) {
+		if !keys.VerifyRelease(lease.Release{ReleaseSetID: id, RuntimeClass: lease.RuntimeClass(class), PolicyDigest: digest, Signature: sig}) {
 			t.Fatal("a signature does not verify")
 		}
-		if keys.VerifyRelease(id, class, digest, presented) != (presented == sig) {
+		if keys.VerifyRelease(lease.Release{ReleaseSetID: id, RuntimeClass: lease.RuntimeClass(class), PolicyDigest: digest, Signature: presented}) != (presented == sig) {
 			t.Fatalf("VerifyRelease(%q) disagrees with string equality against %q", presented, sig)
 		}
 	})

@@ -124,7 +124,7 @@ func TestNewCodesMatchSentinels(t *testing.T) {
 			t.Errorf("%s: %v after %d requests", code, err, len(f.requests()))
 		}
 	}
-	if codeForStatus(507) != errcode.InsufficientStorage || codeForStatus(431) != errcode.RequestHeaderTooLarge {
+	if errcode.ForStatus(507) != errcode.InsufficientStorage || errcode.ForStatus(431) != errcode.RequestHeaderTooLarge {
 		t.Error("codeForStatus of 507 or 431")
 	}
 }

@@ -37,9 +37,6 @@ const MaxResponseBytes = 8 << 20
 // maxRetryAfter bounds how long one Retry-After may make the client wait.
 const maxRetryAfter = time.Minute
 
-// OperatorHeader is the header that carries the operator token.
-const OperatorHeader = "x-sandboxwich-operator-token"
-
 // IdempotencyKeyHeader is the header of an idempotency key
 // ([Command.IdempotencyKey]).
 const IdempotencyKeyHeader = "Idempotency-Key"
@@ -273,6 +270,9 @@ func (c *Client) backoff(n int) time.Duration {
 	return rand.N(d + 1)
 }
 
+// sleep waits d or until ctx ends. It is the client's own copy of
+// internal/ctxsleep.Sleep: the client imports nothing of the module beyond
+// the wire types (DESIGN), and tests replace it (Client.sleep) anyway.
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -346,7 +346,7 @@ func (c *Client) open(ctx context.Context, r request, body io.Reader, contentTyp
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	if c.operatorToken != "" {
-		req.Header.Set(OperatorHeader, c.operatorToken)
+		req.Header.Set(wire.OperatorHeader, c.operatorToken)
 	}
 	if r.idempotencyKey != "" {
 		req.Header.Set(IdempotencyKeyHeader, r.idempotencyKey)
@@ -385,7 +385,7 @@ func apiError(resp *http.Response, data []byte) *Error {
 		e.Code, e.Message = errcode.Code(body.Code), body.Message
 	} else {
 		// Not one of ours (a proxy's error page): never quote the body.
-		e.Code, e.Message = codeForStatus(resp.StatusCode), http.StatusText(resp.StatusCode)
+		e.Code, e.Message = errcode.ForStatus(resp.StatusCode), http.StatusText(resp.StatusCode)
 	}
 	e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	return e

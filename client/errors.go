@@ -1,7 +1,6 @@
 package client
 
 import (
-	"net/http"
 	"strconv"
 
 	"github.com/sandboxwich/sandboxwich/errcode"
@@ -41,32 +40,3 @@ func (e *Error) Error() string {
 // Unwrap returns an *errcode.Error with e's Code and Message, so that the
 // errcode sentinels match e and errcode.CodeOf reports its code.
 func (e *Error) Unwrap() error { return errcode.New(e.Code, e.Message) }
-
-// codeForStatus is the code of an error response that carried none.
-func codeForStatus(status int) errcode.Code {
-	switch status {
-	case http.StatusBadRequest:
-		return errcode.BadRequest
-	case http.StatusUnauthorized:
-		return errcode.Unauthorized
-	case http.StatusForbidden:
-		return errcode.AuthorizationDenied
-	case http.StatusNotFound:
-		return errcode.NotFound
-	case http.StatusMethodNotAllowed:
-		return errcode.MethodNotAllowed
-	case http.StatusConflict:
-		return errcode.Conflict
-	case http.StatusRequestEntityTooLarge:
-		return errcode.PayloadTooLarge
-	case http.StatusUnsupportedMediaType:
-		return errcode.UnsupportedMediaType
-	case http.StatusUnprocessableEntity:
-		return errcode.InvalidRequest
-	case http.StatusRequestHeaderFieldsTooLarge:
-		return errcode.RequestHeaderTooLarge
-	case http.StatusInsufficientStorage:
-		return errcode.InsufficientStorage
-	}
-	return errcode.Internal
-}

@@ -95,7 +95,7 @@ func FuzzErrorResponse(f *testing.F) {
 				t.Fatalf("envelope %s decoded as %+v", body, e)
 			}
 		} else {
-			if e.Code != codeForStatus(status) || e.Message != http.StatusText(status) {
+			if e.Code != errcode.ForStatus(status) || e.Message != http.StatusText(status) {
 				t.Fatalf("foreign body decoded as %+v", e)
 			}
 			if len(body) >= 8 && !strings.Contains(http.StatusText(status)+string(e.Code), string(body)) &&

@@ -76,45 +76,68 @@ const (
 	TooManyRequests Code = "too_many_requests"
 )
 
-// HTTPStatus is the status a code is answered with. InvalidRequest is 422
-// here (a well-formed body of the wrong shape); the HTTP layer answers 400
-// for malformed JSON and bad path UUIDs itself.
+// statuses is the one table of codes and HTTP statuses: the status each
+// code is answered with and, read the other way, the code an answer of a
+// status is taken for when it carried none — the first code listed with
+// that status. InvalidRequest is 422 (a well-formed body of the wrong
+// shape); the HTTP layer answers 400 for malformed JSON and bad path UUIDs
+// itself.
+var statuses = [...]struct {
+	code   Code
+	status int
+}{
+	{BadRequest, http.StatusBadRequest},
+	{InvalidRequest, http.StatusUnprocessableEntity},
+	{Unauthorized, http.StatusUnauthorized},
+	{AuthorizationDenied, http.StatusForbidden},
+	{NotFound, http.StatusNotFound},
+	{MethodNotAllowed, http.StatusMethodNotAllowed},
+	{Conflict, http.StatusConflict},
+	{ClaimContended, http.StatusConflict},
+	{RuntimeClassBoundaryUnverified, http.StatusConflict},
+	{PayloadTooLarge, http.StatusRequestEntityTooLarge},
+	{UnsupportedMediaType, http.StatusUnsupportedMediaType},
+	{Internal, http.StatusInternalServerError},
+	{AuthNotConfigured, http.StatusInternalServerError},
+	{InvalidIdempotencyKey, http.StatusBadRequest},
+	{IdempotencyKeyReused, http.StatusConflict},
+	{IdempotencyInProgress, http.StatusConflict},
+	{ExecUnsupported, http.StatusNotImplemented},
+	{RequestHeaderTooLarge, http.StatusRequestHeaderFieldsTooLarge},
+	{CellAgentUnverified, http.StatusConflict},
+	{ImageDigestUnverified, http.StatusConflict},
+	{UserUnsupported, http.StatusUnprocessableEntity},
+	{FileNotFound, http.StatusNotFound},
+	{FileAccessDenied, http.StatusForbidden},
+	{InsufficientStorage, http.StatusInsufficientStorage},
+	{EventsExpired, http.StatusGone},
+	{StoreUnavailable, http.StatusServiceUnavailable},
+	{TooManyRequests, http.StatusTooManyRequests},
+}
+
+// HTTPStatus is the status a code is answered with; 500 for a code this
+// package does not define.
 func (c Code) HTTPStatus() int {
-	switch c {
-	case BadRequest, InvalidIdempotencyKey:
-		return http.StatusBadRequest
-	case InvalidRequest, UserUnsupported:
-		return http.StatusUnprocessableEntity
-	case Unauthorized:
-		return http.StatusUnauthorized
-	case AuthorizationDenied, FileAccessDenied:
-		return http.StatusForbidden
-	case NotFound, FileNotFound:
-		return http.StatusNotFound
-	case MethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case Conflict, ClaimContended, RuntimeClassBoundaryUnverified, IdempotencyKeyReused, IdempotencyInProgress,
-		CellAgentUnverified, ImageDigestUnverified:
-		return http.StatusConflict
-	case EventsExpired:
-		return http.StatusGone
-	case PayloadTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case UnsupportedMediaType:
-		return http.StatusUnsupportedMediaType
-	case ExecUnsupported:
-		return http.StatusNotImplemented
-	case RequestHeaderTooLarge:
-		return http.StatusRequestHeaderFieldsTooLarge
-	case InsufficientStorage:
-		return http.StatusInsufficientStorage
-	case StoreUnavailable:
-		return http.StatusServiceUnavailable
-	case TooManyRequests:
-		return http.StatusTooManyRequests
-	default:
-		return http.StatusInternalServerError
+	for _, e := range statuses {
+		if e.code == c {
+			return e.status
+		}
 	}
+	return http.StatusInternalServerError
+}
+
+// ForStatus is the code an error answer of status that carried no code (a
+// proxy's error page) is taken for: the code answered with that status, or
+// where several are, the general one (bad_request, invalid_request,
+// authorization_denied, not_found, conflict, internal); internal for a
+// status no code is answered with.
+func ForStatus(status int) Code {
+	for _, e := range statuses {
+		if e.status == status {
+			return e.code
+		}
+	}
+	return Internal
 }
 
 // Error is an error with a wire code. Message is safe to show to the caller:

@@ -36,3 +36,27 @@ func TestHTTPStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestForStatus: the inverse of HTTPStatus, read from the same table: a
+// status answered for one code only gives that code back; a status shared
+// by several gives the general one; any other status is internal.
+func TestForStatus(t *testing.T) {
+	byStatus := map[int][]Code{}
+	for _, e := range statuses {
+		byStatus[e.status] = append(byStatus[e.status], e.code)
+	}
+	for _, e := range statuses {
+		if len(byStatus[e.status]) == 1 && ForStatus(e.code.HTTPStatus()) != e.code {
+			t.Errorf("%s does not round-trip: %d gives %s", e.code, e.status, ForStatus(e.status))
+		}
+	}
+	for status, code := range map[int]Code{400: BadRequest, 403: AuthorizationDenied, 404: NotFound, 409: Conflict,
+		422: InvalidRequest, 500: Internal, 502: Internal, 418: Internal} {
+		if got := ForStatus(status); got != code {
+			t.Errorf("ForStatus(%d) = %s, want %s", status, got, code)
+		}
+	}
+	if len(statuses) != 27 {
+		t.Errorf("the table holds %d codes; a new code needs its status here", len(statuses))
+	}
+}

@@ -12,13 +12,11 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // WorkerTokenPrefix starts every worker bearer token.
 const WorkerTokenPrefix = "sbw_wtok_"
-
-// OperatorHeader carries the operator token next to a tenant bearer token.
-const OperatorHeader = "x-sandboxwich-operator-token"
 
 // kind is the class of a principal.
 type kind int
@@ -150,7 +148,7 @@ func (au *authenticator) lookup(tok string) *tokenEntry {
 
 // isOperator reports whether the request carries the operator token.
 func (au *authenticator) isOperator(r *http.Request) bool {
-	v := r.Header.Get(OperatorHeader)
+	v := r.Header.Get(wire.OperatorHeader)
 	if !au.hasOperator || v == "" {
 		return false
 	}

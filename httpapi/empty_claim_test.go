@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // TestEmptyClaimReason: an empty claim says in the log and in
@@ -25,7 +26,7 @@ func TestEmptyClaimReason(t *testing.T) {
 		if c := e.claim(tokAcme, nil, lease.KataMicroVM); c.Lease == nil {
 			t.Fatal("a claim for a lease the cell outlives found no cell")
 		}
-		metrics := string(e.do("GET", "/metrics", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200).body)
+		metrics := string(e.do("GET", "/metrics", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200).body)
 		for _, want := range []string{
 			`sandboxwich_claims_empty_total{reason="expires_too_soon"} 1`,
 			`sandboxwich_claims_empty_total{reason="no_inventory"} 1`,

@@ -49,10 +49,10 @@ func TestRequestErrors(t *testing.T) {
 			{"worker token on claim", "POST", claimPath, tokWorker1, claim, nil, 401, "unauthorized"},
 			{"worker token on lease status", "GET", leasePath(c.Lease.LeaseID, ""), tokWorker1, nil, nil, 401, "unauthorized"},
 			{"tenant token on worker route", "GET", cellPath, tokAcme, nil, nil, 401, "unauthorized"},
-			{"operator on worker route", "GET", cellPath, tokAcme, nil, []string{OperatorHeader, tokOperator}, 401, "unauthorized"},
+			{"operator on worker route", "GET", cellPath, tokAcme, nil, []string{wire.OperatorHeader, tokOperator}, 401, "unauthorized"},
 			{"tenant token on pools", "GET", "/v1/pools", tokAcme, nil, nil, 401, "unauthorized"},
-			{"wrong operator token on pools", "GET", "/v1/pools", tokAcme, nil, []string{OperatorHeader, "wrong"}, 401, "unauthorized"},
-			{"worker token on pools", "GET", "/v1/pools", tokWorker1, nil, []string{OperatorHeader, tokOperator}, 401, "unauthorized"},
+			{"wrong operator token on pools", "GET", "/v1/pools", tokAcme, nil, []string{wire.OperatorHeader, "wrong"}, 401, "unauthorized"},
+			{"worker token on pools", "GET", "/v1/pools", tokWorker1, nil, []string{wire.OperatorHeader, tokOperator}, 401, "unauthorized"},
 			{"worker token on metrics", "GET", "/metrics", tokWorker1, nil, nil, 401, "unauthorized"},
 			{"unknown path", "GET", "/v1/nope", tokAcme, nil, nil, 404, "not_found"},
 			{"unknown path without token", "POST", "/nope/deeper", "", "{}", nil, 404, "not_found"},
@@ -154,12 +154,12 @@ func TestAccepted(t *testing.T) {
 			t.Errorf("prepared expiry: %s", r.body)
 		}
 		// Operators act within their tenant on tenant routes.
-		e.do("GET", leasePath(c.Lease.LeaseID, ""), tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
-		e.do("GET", leasePath(c.Lease.LeaseID, ""), tokAcme, nil, OperatorHeader, "wrong").must(t, 200)
+		e.do("GET", leasePath(c.Lease.LeaseID, ""), tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)
+		e.do("GET", leasePath(c.Lease.LeaseID, ""), tokAcme, nil, wire.OperatorHeader, "wrong").must(t, 200)
 		// Aliases.
 		e.do("GET", "/sterile-cell-leases/"+id, tokAcme, nil).must(t, 200)
 		e.do("GET", "/v1/healthz", "", nil).must(t, 200)
-		e.do("GET", "/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+		e.do("GET", "/pools", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 	})
 }
 
@@ -231,7 +231,7 @@ func TestSharedToken(t *testing.T) {
 func TestPools(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		e := newEnv(t, b)
-		r := e.do("GET", "/v1/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+		r := e.do("GET", "/v1/pools", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 		if string(r.body) != `{"ok":true,"pools":[]}` {
 			t.Errorf("no pools: %s", r.body)
 		}
@@ -244,7 +244,7 @@ func TestPools(t *testing.T) {
 		)})
 		acmePools := func() []map[string]json.RawMessage {
 			t.Helper()
-			r := e2.do("GET", "/v1/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+			r := e2.do("GET", "/v1/pools", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 			checkSchema(t, "PoolsResponse", r.body)
 			var got struct {
 				Pools []map[string]json.RawMessage `json:"pools"`
@@ -260,11 +260,11 @@ func TestPools(t *testing.T) {
 		}
 		e2.plane.Pools().Pass(context.Background())
 
-		r = e2.do("GET", "/v1/pools", tokGlobex, nil, OperatorHeader, tokOperator).must(t, 200)
+		r = e2.do("GET", "/v1/pools", tokGlobex, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 		if p := decodeAs[wire.PoolsResponse](t, r).Pools; len(p) != 1 || p[0].Name != "g1" || p[0].Members["ready"] != 1 {
 			t.Errorf("globex's operator sees %s", r.body)
 		}
-		r = e2.do("GET", "/v1/pools", tokShared, nil, OperatorHeader, tokOperator).must(t, 200)
+		r = e2.do("GET", "/v1/pools", tokShared, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 		if string(r.body) != `{"ok":true,"pools":[]}` {
 			t.Errorf("the default tenant's operator sees %s", r.body)
 		}

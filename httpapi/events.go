@@ -15,9 +15,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/errcode"
-	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/webhook"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -33,7 +32,7 @@ type eventsQuery struct {
 	after    uint64
 	hasAfter bool
 	limit    int
-	q        store.EventQuery
+	q        sandboxwich.EventQuery
 }
 
 // eventsQueryOf reads the query parameters (each at most once, never
@@ -129,10 +128,10 @@ func validTypePrefix(v string) bool {
 // page reads the events after after that q selects, at most limit, and
 // where the next read starts. When the page is not full, that is the
 // newest id of the log read before the page: ids commit in order (see
-// store.Store.Events), so the page holds every selected event up to it,
+// Plane.Events), so the page holds every selected event up to it,
 // and a reader of a tenant whose events are rare does not scan the
 // others' again.
-func (h *handler) page(ctx context.Context, q store.EventQuery, after uint64, oldest bool, limit int) ([]store.Event, uint64, error) {
+func (h *handler) page(ctx context.Context, q sandboxwich.EventQuery, after uint64, oldest bool, limit int) ([]sandboxwich.Event, uint64, error) {
 	head, err := h.plane.LastEventID(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -177,7 +176,7 @@ func (h *handler) pollEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 	}
 	resp := wire.EventsResponse{OK: true, Events: make([]wire.Event, 0, len(evs)), NextAfter: strconv.FormatUint(next, 10)}
 	for _, e := range evs {
-		resp.Events = append(resp.Events, webhook.WireEvent(e))
+		resp.Events = append(resp.Events, wire.LogEvent(e).Wire())
 	}
 	rep, err := jsonReply(http.StatusOK, resp)
 	if err != nil {
@@ -217,7 +216,7 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 		// The hub's copy of the log's tail serves a stream that is not
 		// behind it; one behind it reads the store.
 		frames, next, fromHub := h.hub.since(cursor, eq.q)
-		var evs []store.Event
+		var evs []sandboxwich.Event
 		var err error
 		if !fromHub {
 			evs, next, err = h.page(ctx, eq.q, cursor, false, batch)
@@ -272,7 +271,7 @@ func (h *handler) streamEvents(c *call, w http.ResponseWriter, eq eventsQuery) {
 // the streams, which filter the copy for themselves (the first to send an
 // event renders its frame for all).
 // Its copy holds every event in (start, end]: the store hands out events in
-// commit order (store.Store.Events), so a read after end misses none. A
+// commit order (Plane.Events), so a read after end misses none. A
 // stream whose cursor is below start reads the store instead.
 type eventHub struct {
 	plane    eventSource
@@ -290,22 +289,22 @@ type eventHub struct {
 
 // eventSource is what the hub reads.
 type eventSource interface {
-	Events(ctx context.Context, q store.EventQuery) ([]store.Event, error)
+	Events(ctx context.Context, q sandboxwich.EventQuery) ([]sandboxwich.Event, error)
 	LastEventID(ctx context.Context) (uint64, error)
 }
 
 // hubEvent is an event of the hub's copy: what streams filter it by, and
 // its frame once a stream has sent it.
 type hubEvent struct {
-	e     store.Event
+	e     sandboxwich.Event
 	frame []byte
 }
 
 // frameOf renders an event as the frame a stream sends: its id, type and
 // wire JSON (one line: JSON has no raw newline). The hub renders each
 // event once, however many streams send it.
-func frameOf(e store.Event) ([]byte, error) {
-	data, err := json.Marshal(webhook.WireEvent(e))
+func frameOf(e sandboxwich.Event) ([]byte, error) {
+	data, err := json.Marshal(wire.LogEvent(e).Wire())
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +360,7 @@ func (hb *eventHub) changed(after uint64) <-chan struct{} {
 // copy does not reach back to cursor. An event's frame is rendered once,
 // by the first stream that sends it: a stream of cell events does not pay
 // for the member events it skips.
-func (hb *eventHub) since(cursor uint64, q store.EventQuery) ([][]byte, uint64, bool) {
+func (hb *eventHub) since(cursor uint64, q sandboxwich.EventQuery) ([][]byte, uint64, bool) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	if !hb.init || cursor < hb.start {
@@ -389,8 +388,8 @@ func (hb *eventHub) since(cursor uint64, q store.EventQuery) ([][]byte, uint64, 
 	return out, max(hb.end, cursor), true
 }
 
-// matches is the selection of store.Store.Events, on one event.
-func matches(q store.EventQuery, e store.Event) bool {
+// matches is the selection of Plane.Events, on one event.
+func matches(q sandboxwich.EventQuery, e sandboxwich.Event) bool {
 	switch {
 	case q.TenantID != "" && e.TenantID != q.TenantID,
 		!q.Members && strings.HasPrefix(e.Type, "member."),
@@ -438,7 +437,7 @@ func (hb *eventHub) read(ctx context.Context) {
 		return
 	}
 	for {
-		evs, err := hb.plane.Events(ctx, store.EventQuery{After: end, Members: true, Limit: 1000})
+		evs, err := hb.plane.Events(ctx, sandboxwich.EventQuery{After: end, Members: true, Limit: 1000})
 		if err != nil {
 			if errcode.CodeOf(err) == errcode.EventsExpired {
 				hb.mu.Lock()
@@ -501,7 +500,7 @@ func (h *handler) webhookDeliveries(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, malformed("the query string is malformed")
 	}
-	q := store.DeliveryQuery{TenantID: c.p.tenant, Limit: wire.DefaultEventLimit}
+	q := sandboxwich.DeliveryQuery{TenantID: c.p.tenant, Limit: wire.DefaultEventLimit}
 	for name, vs := range vals {
 		if len(vs) != 1 || vs[0] == "" {
 			return 0, nil, invalid(name + " must be given once and not be empty")
@@ -509,10 +508,10 @@ func (h *handler) webhookDeliveries(c *call) (int, any, error) {
 		v := vs[0]
 		switch name {
 		case "status":
-			if v != store.DeliveryPending && v != store.DeliveryDelivered && v != store.DeliveryFailed {
+			q.Status = sandboxwich.DeliveryStatus(v)
+			if q.Status != sandboxwich.DeliveryPending && q.Status != sandboxwich.DeliveryDelivered && q.Status != sandboxwich.DeliveryFailed {
 				return 0, nil, invalid("status must be pending, delivered or failed")
 			}
-			q.Status = v
 		case "after":
 			if q.After, err = strconv.ParseUint(v, 10, 63); err != nil {
 				return 0, nil, invalid("after must be an event id")
@@ -531,10 +530,10 @@ func (h *handler) webhookDeliveries(c *call) (int, any, error) {
 	}
 	resp := wire.DeliveriesResponse{OK: true, Deliveries: make([]wire.WebhookDelivery, 0, len(ds)), NextAfter: strconv.FormatUint(q.After, 10)}
 	for _, d := range ds {
-		w := wire.WebhookDelivery{Endpoint: d.Endpoint, EventID: strconv.FormatUint(d.EventID, 10), Status: d.Status,
+		w := wire.WebhookDelivery{Endpoint: d.Endpoint, EventID: strconv.FormatUint(d.EventID, 10), Status: string(d.Status),
 			Attempts: d.Attempts, LastStatus: d.LastStatus, LastError: d.LastError,
 			CreatedAt: wire.Time{Time: d.CreatedAt}, UpdatedAt: wire.Time{Time: d.UpdatedAt}}
-		if d.Status == store.DeliveryPending {
+		if d.Status == sandboxwich.DeliveryPending {
 			w.NextAt = &wire.Time{Time: d.NextAt}
 		}
 		resp.Deliveries = append(resp.Deliveries, w)

@@ -59,7 +59,7 @@ func TestEventsPoll(t *testing.T) {
 		if got := strings.Join(eventTypes(tenant.Events), " "); got != want {
 			t.Errorf("acme's events: %s, want %s", got, want)
 		}
-		op := e.pollEvents(tokAcme, "", OperatorHeader, tokOperator)
+		op := e.pollEvents(tokAcme, "", wire.OperatorHeader, tokOperator)
 		want = "member.provisioning cell.ready member.ready cell.leased member.leased member.stopping lease.released"
 		if got := strings.Join(eventTypes(op.Events), " "); got != want {
 			t.Errorf("acme's operator's events: %s, want %s", got, want)
@@ -79,11 +79,11 @@ func TestEventsPoll(t *testing.T) {
 		}
 
 		// Pages: next_after continues; the last page's passes nothing.
-		p1 := e.pollEvents(tokAcme, "&limit=2", OperatorHeader, tokOperator)
+		p1 := e.pollEvents(tokAcme, "&limit=2", wire.OperatorHeader, tokOperator)
 		if len(p1.Events) != 2 || p1.NextAfter != p1.Events[1].ID {
 			t.Fatalf("page 1: %+v", p1)
 		}
-		p2 := e.pollEvents(tokAcme, "&limit=1000&after="+p1.NextAfter, OperatorHeader, tokOperator)
+		p2 := e.pollEvents(tokAcme, "&limit=1000&after="+p1.NextAfter, wire.OperatorHeader, tokOperator)
 		if len(p2.Events) != 5 || p2.Events[0].ID == p1.Events[1].ID {
 			t.Fatalf("page 2: %v", eventTypes(p2.Events))
 		}
@@ -105,7 +105,7 @@ func TestEventsPoll(t *testing.T) {
 		if f := e.pollEvents(tokAcme, "&pool=p2"); len(f.Events) != 0 {
 			t.Errorf("pool=p2: %v", eventTypes(f.Events))
 		}
-		if f := e.pollEvents(tokAcme, "&lease_id="+c.Lease.LeaseID.String(), OperatorHeader, tokOperator); len(f.Events) != 4 {
+		if f := e.pollEvents(tokAcme, "&lease_id="+c.Lease.LeaseID.String(), wire.OperatorHeader, tokOperator); len(f.Events) != 4 {
 			t.Errorf("lease_id: %v, want its 4 events", eventTypes(f.Events))
 		}
 
@@ -328,18 +328,18 @@ func TestWebhookDeliveriesRoute(t *testing.T) {
 				}
 			}
 		}
-		r := e.do("GET", "/v1/webhooks/deliveries?status=failed", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+		r := e.do("GET", "/v1/webhooks/deliveries?status=failed", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 		checkSchema(t, "DeliveriesResponse", r.body)
 		got := decodeAs[wire.DeliveriesResponse](t, r)
 		if len(got.Deliveries) != 1 || got.Deliveries[0].Endpoint != "wh-acme" || got.Deliveries[0].LastStatus != 500 ||
 			got.Deliveries[0].Attempts != 1 || got.Deliveries[0].NextAt != nil {
 			t.Errorf("failed deliveries: %s", r.body)
 		}
-		if g := decodeAs[wire.DeliveriesResponse](t, e.do("GET", "/v1/webhooks/deliveries", tokGlobex, nil, OperatorHeader, tokOperator).must(t, 200)); len(g.Deliveries) != 1 || g.Deliveries[0].Status != "pending" {
+		if g := decodeAs[wire.DeliveriesResponse](t, e.do("GET", "/v1/webhooks/deliveries", tokGlobex, nil, wire.OperatorHeader, tokOperator).must(t, 200)); len(g.Deliveries) != 1 || g.Deliveries[0].Status != "pending" {
 			t.Errorf("globex's deliveries: %+v", g)
 		}
 		e.do("GET", "/v1/webhooks/deliveries", tokAcme, nil).errCode(t, 401, "unauthorized")
-		e.do("GET", "/v1/webhooks/deliveries?status=lost", tokAcme, nil, OperatorHeader, tokOperator).errCode(t, 422, "invalid_request")
+		e.do("GET", "/v1/webhooks/deliveries?status=lost", tokAcme, nil, wire.OperatorHeader, tokOperator).errCode(t, 422, "invalid_request")
 	})
 }
 
@@ -366,7 +366,7 @@ func TestHubMatchesStore(t *testing.T) {
 			}
 			var got []store.Event
 			for _, ev := range all {
-				if matches(q, ev) {
+				if matches(sandboxwich.EventQuery(q), sandboxwich.Event(ev)) {
 					got = append(got, ev)
 				}
 			}
@@ -413,7 +413,7 @@ func TestEventsTwoPlanesOnePostgres(t *testing.T) {
 		}
 	}
 	start := last(t, e)
-	ch, _, cancel := e.openStream("?after="+start, tokAcme, OperatorHeader, tokOperator)
+	ch, _, cancel := e.openStream("?after="+start, tokAcme, wire.OperatorHeader, tokOperator)
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, p := range planes {
@@ -440,7 +440,7 @@ func TestEventsTwoPlanesOnePostgres(t *testing.T) {
 		got = append(got, ev.id)
 	}
 	after, _ := strconv.ParseUint(start, 10, 64)
-	log, err := planes[1].Events(ctx, store.EventQuery{After: after, TenantID: "acme", Members: true, Limit: 1000})
+	log, err := planes[1].Events(ctx, sandboxwich.EventQuery{After: after, TenantID: "acme", Members: true, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,10 +454,10 @@ func TestEventsTwoPlanesOnePostgres(t *testing.T) {
 }
 
 // logSource is an event log in memory for the hub to read.
-type logSource struct{ evs []store.Event }
+type logSource struct{ evs []sandboxwich.Event }
 
-func (l *logSource) Events(_ context.Context, q store.EventQuery) ([]store.Event, error) {
-	var out []store.Event
+func (l *logSource) Events(_ context.Context, q sandboxwich.EventQuery) ([]sandboxwich.Event, error) {
+	var out []sandboxwich.Event
 	for _, e := range l.evs {
 		if e.ID > q.After && len(out) < q.Limit {
 			out = append(out, e)
@@ -487,7 +487,7 @@ func TestHubCopy(t *testing.T) {
 		if i%2 == 1 {
 			typ = "member.leased"
 		}
-		src.evs = append(src.evs, store.Event{ID: uint64(i + 1), Type: typ, TenantID: "acme", At: time.Unix(int64(i), 0).UTC()})
+		src.evs = append(src.evs, sandboxwich.Event{ID: uint64(i + 1), Type: typ, TenantID: "acme", At: time.Unix(int64(i), 0).UTC()})
 		if i%700 == 0 {
 			hb.read(ctx)
 		}
@@ -496,11 +496,11 @@ func TestHubCopy(t *testing.T) {
 	if n := len(hb.tail); n < hubTail || n > 2*hubTail || hb.end != uint64(5*hubTail) || hb.start != hb.tail[0].e.ID-1 {
 		t.Fatalf("the copy holds %d events, (%d, %d]", n, hb.start, hb.end)
 	}
-	if _, _, ok := hb.since(hb.start-1, store.EventQuery{}); ok {
+	if _, _, ok := hb.since(hb.start-1, sandboxwich.EventQuery{}); ok {
 		t.Fatal("a stream behind the copy's start was served from it")
 	}
 	cursor := hb.start + 100
-	frames, next, ok := hb.since(cursor, store.EventQuery{TypePrefix: "cell."})
+	frames, next, ok := hb.since(cursor, sandboxwich.EventQuery{TypePrefix: "cell."})
 	if !ok || next != hb.end {
 		t.Fatalf("since: ok %v next %d, want %d", ok, next, hb.end)
 	}
@@ -522,7 +522,7 @@ func TestHubCopy(t *testing.T) {
 			t.Fatalf("frame %d: %q, want %q", i, frames[i], want[i])
 		}
 	}
-	again, _, _ := hb.since(cursor, store.EventQuery{TypePrefix: "cell."})
+	again, _, _ := hb.since(cursor, sandboxwich.EventQuery{TypePrefix: "cell."})
 	for _, e := range hb.tail {
 		if rendered := e.frame != nil; rendered != (e.e.ID > cursor && e.e.Type == "cell.leased") {
 			t.Fatalf("event %d (%s) rendered: %v", e.e.ID, e.e.Type, rendered)

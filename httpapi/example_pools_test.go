@@ -42,7 +42,7 @@ func Example_pools() {
 	const set, class, digest = "release-set-2026-08-07", lease.KataMicroVM,
 		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 	release := lease.Release{ReleaseSetID: set, RuntimeClass: class, PolicyDigest: digest,
-		Signature: keys.SignRelease(set, string(class), digest)}
+		Signature: keys.SignRelease(lease.Release{ReleaseSetID: set, RuntimeClass: class, PolicyDigest: digest})}
 	// The fake provider simulates cells (mode dry_run): it isolates nothing.
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithPools(pool.Config{Name: "warm", TenantID: "acme", Release: release, Target: 2,
@@ -68,7 +68,7 @@ func Example_pools() {
 
 	req, _ := http.NewRequest("GET", srv.URL+"/v1/pools", nil)
 	req.Header.Set("Authorization", "Bearer acme-secret-token")
-	req.Header.Set(httpapi.OperatorHeader, "operator-secret-token")
+	req.Header.Set(wire.OperatorHeader, "operator-secret-token")
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)

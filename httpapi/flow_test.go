@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
+	"github.com/sandboxwich/sandboxwich/internal/testenv"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -50,7 +51,7 @@ func TestWorkerFlow(t *testing.T) {
 		for _, who := range []struct {
 			token string
 			hdr   []string
-		}{{tokAcme, nil}, {tokAcme, []string{OperatorHeader, tokOperator}}, {tokWorker1, nil}, {tokWorker2, nil}} {
+		}{{tokAcme, nil}, {tokAcme, []string{wire.OperatorHeader, tokOperator}}, {tokWorker1, nil}, {tokWorker2, nil}} {
 			r = e.do("POST", leasePath(c.Lease.LeaseID, "/validate"), who.token, proofBody(c), who.hdr...).must(t, 200)
 			checkSchema(t, "ValidateResponse", r.body)
 			v := decodeAs[wire.ValidateResponse](t, r)
@@ -351,11 +352,13 @@ func TestCrossTenant(t *testing.T) {
 // TestLeaseExpiry: an expired lease is quarantined on validate and 409.
 func TestLeaseExpiry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
-		e := newEnv(t, b)
+		clock := testenv.NewClock()
+		clock.Advance(time.Since(clock.Now())) // the worker's cell expires by the wall clock
+		e := newEnvWith(t, b, []sandboxwich.Option{sandboxwich.WithClock(clock.Now)})
 		e.prepare(worker1, tokWorker1, lease.KataMicroVM)
 		r := e.do("POST", "/v1/sterile-cells/claim", tokAcme, with(e.claimBody(nil, lease.KataMicroVM), "lease_seconds", 1)).must(t, 200)
 		c := decodeAs[wire.ClaimResponse](t, r)
-		time.Sleep(time.Until(c.Lease.ExpiresAt.Time) + 50*time.Millisecond)
+		clock.Advance(c.Lease.ExpiresAt.Sub(clock.Now()) + 50*time.Millisecond)
 		e.do("POST", leasePath(c.Lease.LeaseID, "/validate"), tokAcme, proofBody(c)).errCode(t, 409, "conflict")
 		st := decodeAs[wire.StatusResponse](t, e.do("GET", leasePath(c.Lease.LeaseID, ""), tokAcme, nil).must(t, 200)).Status
 		if st.State != lease.Quarantined {

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/errcode"
-	"github.com/sandboxwich/sandboxwich/store"
 )
 
 // Idempotency-Key handling (CONTRACT §10.4).
@@ -77,7 +77,7 @@ func fingerprint(r *http.Request, body []byte) string {
 func (h *handler) idempotent(rt *route, c *call, key string) reply {
 	fp := fingerprint(c.r, c.body)
 	now := h.plane.Now()
-	rec, err := h.plane.Idempotency().BeginIdempotent(c.ctx(), store.IdempotencyParams{
+	rec, err := h.plane.BeginIdempotent(c.ctx(), sandboxwich.IdempotencyParams{
 		TenantID: c.p.tenant, Key: key, Fingerprint: fp, Now: now, InFlightUntil: now.Add(idempotencyInFlight),
 	})
 	if err != nil {
@@ -99,7 +99,7 @@ func (h *handler) idempotent(rt *route, c *call, key string) reply {
 }
 
 // replay answers from an existing record.
-func (h *handler) replay(r *http.Request, rec store.IdempotencyRecord, fp string) reply {
+func (h *handler) replay(r *http.Request, rec sandboxwich.IdempotencyRecord, fp string) reply {
 	switch {
 	case rec.Fingerprint != fp:
 		return h.errorReply(r, errIdemReused)
@@ -134,7 +134,7 @@ func (h *handler) settle(rt *route, c *call, key string, rep reply) {
 	if rep.stored != nil {
 		body = rep.stored
 	}
-	err := h.plane.Idempotency().FinishIdempotent(context.WithoutCancel(c.ctx()), store.IdempotencyResult{
+	err := h.plane.FinishIdempotent(context.WithoutCancel(c.ctx()), sandboxwich.IdempotencyResult{
 		TenantID: c.p.tenant, Key: key, Status: rep.status, Body: body,
 		ExpiresAt: h.plane.Now().Add(idempotencyTTL),
 	})
@@ -145,7 +145,7 @@ func (h *handler) settle(rt *route, c *call, key string, rep reply) {
 }
 
 func (h *handler) dropIdempotent(c *call, key string) {
-	if err := h.plane.Idempotency().DropIdempotent(context.WithoutCancel(c.ctx()), c.p.tenant, key); err != nil {
+	if err := h.plane.DropIdempotent(context.WithoutCancel(c.ctx()), c.p.tenant, key); err != nil {
 		h.logIdempotency(c, "drop", err)
 	}
 }

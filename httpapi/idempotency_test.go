@@ -112,9 +112,9 @@ func TestIdempotencyKeys(t *testing.T) {
 		e.do("POST", "/v1/sterile-cells/claim", tokAcme, body, idemHeader, strings.Repeat("k", 128)).must(t, 200)
 		e.do("POST", "/v1/sterile-cells/claim", tokAcme, body, idemHeader, "   ").must(t, 200)
 		// Operators are not affected, not even by an invalid key.
-		e.do("POST", "/v1/sterile-cells/claim", tokAcme, body, idemHeader, strings.Repeat("k", 200), OperatorHeader, tokOperator).must(t, 200)
+		e.do("POST", "/v1/sterile-cells/claim", tokAcme, body, idemHeader, strings.Repeat("k", 200), wire.OperatorHeader, tokOperator).must(t, 200)
 		// Routes without idempotency ignore the header.
-		e.do("GET", "/v1/pools", tokAcme, nil, idemHeader, strings.Repeat("k", 200), OperatorHeader, tokOperator).must(t, 200)
+		e.do("GET", "/v1/pools", tokAcme, nil, idemHeader, strings.Repeat("k", 200), wire.OperatorHeader, tokOperator).must(t, 200)
 
 		// A request still in flight: 409 with Retry-After.
 		raw := mustJSON(t, body)

@@ -11,6 +11,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
+	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // unpreparedProvider is the fake provider whose Prepare fails (an image
@@ -38,17 +39,17 @@ func TestPoolImageUnavailable(t *testing.T) {
 			Provider: unpreparedProvider{fake.New(fake.Config{}), ok},
 		})})
 		e.plane.Pools().Pass(context.Background())
-		pools := string(e.do("GET", "/v1/pools", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200).body)
+		pools := string(e.do("GET", "/v1/pools", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200).body)
 		if !strings.Contains(pools, "MANIFEST_UNKNOWN") || !strings.Contains(pools, `"provisioning":0,"quarantined":0,"ready":0`) {
 			t.Errorf("/v1/pools while the image cannot be pulled: %s", pools)
 		}
-		metrics := string(e.do("GET", "/metrics", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200).body)
+		metrics := string(e.do("GET", "/metrics", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200).body)
 		if !strings.Contains(metrics, `sandboxwich_pool_unprepared{pool="p1"} 1`) {
 			t.Errorf("metrics lack the unprepared pool:\n%s", metrics)
 		}
 		ok.Store(true)
 		e.plane.Pools().Pass(context.Background())
-		metrics = string(e.do("GET", "/metrics", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200).body)
+		metrics = string(e.do("GET", "/metrics", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200).body)
 		if !strings.Contains(metrics, `sandboxwich_pool_unprepared{pool="p1"} 0`) {
 			t.Errorf("metrics once the image is pulled lack the prepared pool")
 		}

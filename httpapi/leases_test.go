@@ -102,7 +102,7 @@ func TestListLeasesRoute(t *testing.T) {
 			t.Errorf("globex's listing = %v", got)
 		}
 		e.do("GET", "/v1/sterile-cell-leases", tokWorker1, nil).errCode(t, 401, "unauthorized")
-		if got, _ := listed(t, e.do("GET", "/v1/sterile-cell-leases", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)); len(got) != 3 {
+		if got, _ := listed(t, e.do("GET", "/v1/sterile-cell-leases", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)); len(got) != 3 {
 			t.Errorf("the operator's listing = %v, want acme's", got)
 		}
 

@@ -182,7 +182,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		if st.PrepareError != "" {
 			v = 1
 		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, st.Config.Name)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, st.Name)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // TestRequestID: x-request-id is echoed when usable, generated otherwise,
@@ -86,7 +87,7 @@ func TestMetrics(t *testing.T) {
 		e.claim(tokAcme, nil, lease.KataMicroVM)
 		e.do("GET", "/v1/nope", "", nil)
 		e.do("GET", "/metrics", "", nil).errCode(t, 401, "unauthorized")
-		e.do("GET", "/metrics", tokAcme, nil, OperatorHeader, tokOperator).must(t, 200)
+		e.do("GET", "/metrics", tokAcme, nil, wire.OperatorHeader, tokOperator).must(t, 200)
 		r := e.do("GET", "/metrics", tokGlobex, nil).must(t, 200)
 		if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
 			t.Errorf("Content-Type %q", ct)
@@ -151,11 +152,11 @@ func TestLogsHoldNoSecrets(t *testing.T) {
 		e := newEnv(t, b)
 		e.prepare(worker1, tokWorker1, lease.KataMicroVM)
 		c := e.claim(tokAcme, nil, lease.KataMicroVM)
-		e.do("POST", leasePath(c.Lease.LeaseID, "/validate"), tokAcme, proofBody(c), OperatorHeader, tokOperator).must(t, 200)
+		e.do("POST", leasePath(c.Lease.LeaseID, "/validate"), tokAcme, proofBody(c), wire.OperatorHeader, tokOperator).must(t, 200)
 		e.do("POST", leasePath(c.Lease.LeaseID, "/validate"), tokWorker1, proofBody(c)).must(t, 200)
 		e.do("POST", leasePath(c.Lease.LeaseID, "/release"), tokAcme, with(proofBody(c), "disposition", "destroyed"), idemHeader, "k1").errCode(t, 404, "not_found")
 		e.do("POST", leasePath(c.Lease.LeaseID, "/validate"), tokGlobex, proofBody(c)).errCode(t, 404, "not_found")
-		e.do("GET", "/v1/pools", tokShared, nil, OperatorHeader, "wrong-operator-guess").errCode(t, 401, "unauthorized")
+		e.do("GET", "/v1/pools", tokShared, nil, wire.OperatorHeader, "wrong-operator-guess").errCode(t, 401, "unauthorized")
 		logs := e.logs.String()
 		secrets := append([]string{*c.LeaseAttestation, attest.Digest(*c.LeaseAttestation), "wrong-operator-guess"}, allSecrets...)
 		mustNotContain(t, "logs", logs, secrets...)

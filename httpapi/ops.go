@@ -8,9 +8,9 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -36,7 +36,7 @@ func (h *handler) listPools(c *call) (int, any, error) {
 	}
 	pools := []wire.Pool{}
 	for _, s := range sts {
-		if s.Config.TenantID == c.p.tenant {
+		if s.TenantID == c.p.tenant {
 			pools = append(pools, wirePool(s))
 		}
 	}
@@ -44,16 +44,16 @@ func (h *handler) listPools(c *call) (int, any, error) {
 }
 
 // wirePool is a pool's status in wire form, with every member state key.
-func wirePool(s pool.Status) wire.Pool {
+func wirePool(s sandboxwich.PoolStatus) wire.Pool {
 	members := make(map[string]int, len(lease.MemberStates))
 	for _, st := range lease.MemberStates {
 		members[string(st)] = s.Members[st]
 	}
 	p := wire.Pool{
-		Name: s.Config.Name, Provider: s.Capabilities.Kind, Mode: string(s.Capabilities.Mode),
-		TenantID: s.Config.TenantID, Release: s.Config.Release, Target: s.Config.Target,
-		ReadyFloor: s.Config.ReadyFloor, MaxProvisioning: s.Config.MaxProvisioning,
-		ReadyTTLSeconds: int(s.Config.ReadyTTL / time.Second), Members: members,
+		Name: s.Name, Provider: s.Provider, Mode: string(s.ProviderMode),
+		TenantID: s.TenantID, Release: s.Release, Target: s.Target,
+		ReadyFloor: s.ReadyFloor, MaxProvisioning: s.MaxProvisioning,
+		ReadyTTLSeconds: int(s.ReadyTTL / time.Second), Members: members,
 	}
 	if !s.LastReconcile.IsZero() {
 		p.LastReconcileAt = &wire.Time{Time: s.LastReconcile}

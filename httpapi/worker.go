@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -40,7 +39,7 @@ func (h *handler) workerCell(c *call) (int, any, error) {
 }
 
 // claimOf is the wire form of the fenced claim that leased a cell.
-func claimOf(info *store.ClaimInfo) *wire.CellClaim {
+func claimOf(info *sandboxwich.ClaimInfo) *wire.CellClaim {
 	if info == nil {
 		return nil
 	}

@@ -104,7 +104,7 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		return nil, err
 	}
 	rel := lease.Release{ReleaseSetID: "planetest", RuntimeClass: opts.RuntimeClass, PolicyDigest: strings.Repeat("a", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	dir, err := os.MkdirTemp("", "planetest-")
 	if err != nil {
 		return nil, err

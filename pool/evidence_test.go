@@ -67,7 +67,7 @@ func TestEvidenceRecordedAtAdmissionAndVerification(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ev.CellID != first.Lease.CellID || ev.Pool != "p1" || ev.Provider != "fake" || ev.ProviderMode != driver.Apply ||
+	if ev.CellID != first.Lease.CellID || ev.Pool != "p1" || ev.Provider != "fake" || ev.ProviderMode != sandboxwich.ProviderApply ||
 		ev.RuntimeClass != f.rel.RuntimeClass || ev.AgentDigest != digest || ev.ImageDigest != "" ||
 		!ev.AdmittedAt.Equal(admitted) || !ev.LastVerifiedAt.Equal(admitted) {
 		t.Fatalf("evidence after admission = %+v, want admitted and verified at %s", ev, admitted)

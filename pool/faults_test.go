@@ -89,7 +89,7 @@ func newFaultRig(t *testing.T, st store.Store, seed uint64, faults fake.Faults) 
 	t.Helper()
 	keys := testenv.Keyring(t)
 	rel := lease.Release{ReleaseSetID: "release-faults", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: fmt.Sprintf("%064x", seed)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	c := testenv.NewClock()
 	prov := fake.New(fake.Config{Mode: driver.Apply, Kind: "fake", Faults: faults, Seed: seed})
 	cfg := pool.Config{Name: faultPool, TenantID: "acme", Release: rel, Target: faultTarget, MaxProvisioning: 3,

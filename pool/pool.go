@@ -482,7 +482,7 @@ func (r *Reconciler) start(ps *poolState, id uuid.UUID, jobs *sync.WaitGroup, jo
 func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.Time, excess *int) func(context.Context) error {
 	stop := func(reason, code string) func(context.Context) error {
 		return func(ctx context.Context) error {
-			return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, reason, code)
+			return r.stop(ctx, cfg, m, m.State, lease.Quarantined, reason, code)
 		}
 	}
 	switch m.State {
@@ -511,7 +511,7 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 		return func(ctx context.Context) error {
 			obs, err := r.verify(ctx, cfg, m)
 			if err != nil {
-				return r.stop(ctx, cfg, m, m.State, lease.Quarantined, false, err.Error(), unverified(err))
+				return r.stop(ctx, cfg, m, m.State, lease.Quarantined, err.Error(), unverified(err))
 			}
 			r.mu.Lock()
 			ps.verified[m.CellID] = now
@@ -597,7 +597,7 @@ func (r *Reconciler) Drain(ctx context.Context) error {
 					if j.m.State == lease.MemberStopping || j.m.State == lease.MemberCleanupPending {
 						return r.destroy(ctx, j.cfg, j.m)
 					}
-					return r.stop(ctx, j.cfg, j.m, j.m.State, lease.Destroyed, false, "pool drained at shutdown", "")
+					return r.stop(ctx, j.cfg, j.m, j.m.State, lease.Destroyed, "pool drained at shutdown", "")
 				}))
 				return nil
 			})
@@ -667,7 +667,7 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		// provider's error even when the stop that follows succeeds.
 		r.opt.Logger.Warn("provision failed", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
 		return errors.Join(fmt.Errorf("cell %s: provision failed: %w", m.CellID, err),
-			r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, false, "provision failed: "+err.Error(),
+			r.stop(ctx, cfg, m, lease.MemberProvisioning, lease.Quarantined, "provision failed: "+err.Error(),
 				store.ReasonProvisionFailed))
 	}
 	now := r.opt.Now()
@@ -715,9 +715,9 @@ func unverified(err error) string {
 
 // stop records a member's stop intent, with its event reason code, and
 // destroys its object.
-func (r *Reconciler) stop(ctx context.Context, cfg Config, m store.Member, from lease.MemberState, d lease.Disposition, quarantine bool, reason, code string) error {
+func (r *Reconciler) stop(ctx context.Context, cfg Config, m store.Member, from lease.MemberState, d lease.Disposition, reason, code string) error {
 	m, err := r.store.BeginStop(ctx, store.StopIntent{CellID: m.CellID, From: []lease.MemberState{from},
-		Disposition: d, Quarantine: quarantine, Reason: reason, EventReason: code, Now: r.opt.Now()})
+		Disposition: d, Reason: reason, EventReason: code, Now: r.opt.Now()})
 	if errors.Is(err, errcode.ErrConflict) {
 		return nil // the member moved on (claimed, or stopped by someone else)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxwich/sandboxwich/store"
+	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // Delivery policy (CONTRACT §16).
@@ -273,7 +274,7 @@ func (d *Deliverer) attempt(ctx context.Context, dl store.Delivery) error {
 // anything but 2xx. The error names the status or the transport's failure,
 // never the body of either side.
 func (d *Deliverer) send(ctx context.Context, e Endpoint, ev *store.Event) (int, error) {
-	body, err := json.Marshal(WireEvent(*ev))
+	body, err := json.Marshal(wire.LogEvent(*ev).Wire())
 	if err != nil {
 		return 0, err
 	}

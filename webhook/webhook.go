@@ -33,11 +33,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
-
-	"github.com/sandboxwich/sandboxwich/store"
-	"github.com/sandboxwich/sandboxwich/wire"
 )
 
 // Endpoint is one webhook of a tenant.
@@ -166,31 +161,4 @@ func Sign(secrets []Secret, id string, at time.Time, body []byte) string {
 		sigs[i] = "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 	}
 	return strings.Join(sigs, " ")
-}
-
-// WireEvent is the wire form of an event: the body of a delivery and the
-// data of GET /v1/events. Fields that do not apply are null.
-func WireEvent(e store.Event) wire.Event {
-	w := wire.Event{ID: strconv.FormatUint(e.ID, 10), Type: e.Type, At: wire.Time{Time: e.At}, TenantID: e.TenantID,
-		CellID: e.CellID, ProviderAbsent: e.ProviderAbsent}
-	str := func(s string) *string {
-		if s == "" {
-			return nil
-		}
-		return &s
-	}
-	id := func(u uuid.UUID) *uuid.UUID {
-		if u == uuid.Nil {
-			return nil
-		}
-		return &u
-	}
-	w.Pool, w.From, w.To, w.Reason = str(e.Pool), str(e.From), str(e.To), str(e.Reason)
-	w.Disposition = str(string(e.Disposition))
-	w.LeaseID, w.MemberID = id(e.LeaseID), id(e.MemberID)
-	if e.Generation != 0 {
-		g := e.Generation
-		w.Generation = &g
-	}
-	return w
 }

@@ -1,7 +1,12 @@
 package wire
 
 import (
+	"strconv"
+	"time"
+
 	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // The bodies of the event log (CONTRACT §16): GET /v1/events, and the body
@@ -32,6 +37,53 @@ type Event struct {
 	ProviderAbsent bool    `json:"provider_absent"`
 	// Reason is a reason code of §16, never free text.
 	Reason *string `json:"reason"`
+}
+
+// LogEvent is one event of the log in plain fields, as the store and the
+// plane hold it (their event types convert to it). Its Wire method is the
+// one conversion to the wire form, shared by the webhook deliverer and
+// GET /v1/events.
+type LogEvent struct {
+	ID             uint64
+	Type           string
+	At             time.Time
+	TenantID       string
+	Pool           string
+	CellID         uuid.UUID
+	LeaseID        uuid.UUID
+	MemberID       uuid.UUID
+	Generation     uint64
+	From, To       string
+	Disposition    lease.Disposition
+	ProviderAbsent bool
+	Reason         string
+}
+
+// Wire returns the wire form of e: "", uuid.Nil and a zero generation are
+// null.
+func (e LogEvent) Wire() Event {
+	w := Event{ID: strconv.FormatUint(e.ID, 10), Type: e.Type, At: Time{Time: e.At}, TenantID: e.TenantID,
+		CellID: e.CellID, ProviderAbsent: e.ProviderAbsent}
+	str := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	id := func(u uuid.UUID) *uuid.UUID {
+		if u == uuid.Nil {
+			return nil
+		}
+		return &u
+	}
+	w.Pool, w.From, w.To, w.Reason = str(e.Pool), str(e.From), str(e.To), str(e.Reason)
+	w.Disposition = str(string(e.Disposition))
+	w.LeaseID, w.MemberID = id(e.LeaseID), id(e.MemberID)
+	if e.Generation != 0 {
+		g := e.Generation
+		w.Generation = &g
+	}
+	return w
 }
 
 // EventsResponse is the polling answer of GET /v1/events?format=json: the

@@ -16,6 +16,10 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
+// OperatorHeader is the header that carries the operator token next to a
+// tenant bearer token (CONTRACT §10.1).
+const OperatorHeader = "x-sandboxwich-operator-token"
+
 // Time is a timestamp on the wire: emitted in the contract's canonical UTC
 // form ("2026-08-07T12:00:00.123Z"), accepted with any RFC 3339 offset.
 type Time struct{ time.Time }

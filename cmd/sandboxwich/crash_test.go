@@ -165,7 +165,7 @@ func TestCrashRecoveryGVisor(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	rel := lease.Release{ReleaseSetID: "crash", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("c", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	r := &crashRig{t: t, bin: bin, dir: dir, db: filepath.Join(dir, "crash.db"), addr: addr,
 		stateDir: filepath.Join(dir, "runsc"), rel: rel}
 	t.Cleanup(func() {

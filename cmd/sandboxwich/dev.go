@@ -200,7 +200,7 @@ func writeInspectConfig(dir, url string, rel lease.Release) (string, error) {
 func devRelease(keys *attest.Keyring) lease.Release {
 	sum := sha256.Sum256([]byte("sandboxwich dev policy"))
 	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: hex.EncodeToString(sum[:])}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	return rel
 }
 

@@ -136,7 +136,7 @@ func testDevCtrlC(t *testing.T, provider string) {
 	}
 	sum := regexp.MustCompile(`--policy-digest (\S+)`).FindStringSubmatch(stdout.String())
 	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: sum[1]}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	b := lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}
 	claim := func() client.Claim {
 		max := uint64(sandboxwich.MaxLeaseSeconds)
@@ -268,7 +268,7 @@ func startDevForTest(ctx context.Context, t *testing.T, dir, provider string) (s
 	}
 	sum := regexp.MustCompile(`--policy-digest (\S+)`).FindStringSubmatch(stdout.String())
 	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: sum[1]}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	return url, c, rel, stdout, stderr, done
 }
 

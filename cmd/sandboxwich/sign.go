@@ -32,6 +32,6 @@ func signRelease(_ context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(e.stdout, keys.SignRelease(*id, *class, *digest))
+	fmt.Fprintln(e.stdout, keys.SignRelease(lease.Release{ReleaseSetID: *id, RuntimeClass: lease.RuntimeClass(*class), PolicyDigest: *digest}))
 	return nil
 }

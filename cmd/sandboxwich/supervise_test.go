@@ -287,7 +287,7 @@ func testSupervise(t *testing.T, s *superviseServer) {
 	// The attestation is nowhere in the cell.
 	pr := res.Proof()
 	ctx := context.Background()
-	seen, err := s.plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{User: s.scanUser, Timeout: time.Minute, Argv: []string{"sh", "-c",
+	seen, err := s.plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{User: sandboxwich.User(s.scanUser), Timeout: time.Minute, Argv: []string{"sh", "-c",
 		`for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do cat "$f" 2>/dev/null; echo; done; ` +
 			`find /tmp /home /root /run /dev/shm /etc -type f 2>/dev/null | while read -r f; do cat "$f" 2>/dev/null; done`}})
 	if err != nil || !bytes.Contains(seen.Stdout, []byte("resident")) {

@@ -91,7 +91,7 @@ func TestPlaneNoSecretReachesTheCell(t *testing.T) {
 
 	run := func(user agent.User, argv ...string) sandboxwich.ExecResult {
 		t.Helper()
-		r, err := plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{Argv: argv, User: user, Timeout: time.Minute})
+		r, err := plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{Argv: argv, User: sandboxwich.User(user), Timeout: time.Minute})
 		if err != nil || r.ExitCode != 0 {
 			t.Fatalf("%q: %+v, %v", argv, r, err)
 		}

@@ -29,6 +29,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/internal/ctxsleep"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -144,14 +145,7 @@ func (p *Provider) wait(ctx context.Context) error {
 	if p.cfg.Latency <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(p.cfg.Latency)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return ctxsleep.Sleep(ctx, p.cfg.Latency)
 }
 
 func (p *Provider) count(op string) {

@@ -156,15 +156,15 @@ func TestAgentPlane(t *testing.T) {
 				t.Fatalf("claim: %+v %v", res, err)
 			}
 			id, pr := res.Lease.ID, res.Proof()
-			out, err := plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{Argv: []string{"sh", "-c", "echo via-agent"}, User: agent.UserRoot})
+			out, err := plane.Exec(ctx, "acme", id, pr, sandboxwich.ExecRequest{Argv: []string{"sh", "-c", "echo via-agent"}, User: sandboxwich.UserRoot})
 			if err != nil || string(out.Stdout) != "via-agent\n" {
 				t.Fatalf("exec: %+v %v", out, err)
 			}
-			if _, err := plane.WriteFile(ctx, "acme", id, pr, sandboxwich.WriteFileRequest{Path: "/tmp/sbw-agentplane-" + id.String(), User: agent.UserRoot},
+			if _, err := plane.WriteFile(ctx, "acme", id, pr, sandboxwich.WriteFileRequest{Path: "/tmp/sbw-agentplane-" + id.String(), User: sandboxwich.UserRoot},
 				strings.NewReader("file via agent")); err != nil {
 				t.Fatal(err)
 			}
-			rc, _, err := plane.ReadFile(ctx, "acme", id, pr, sandboxwich.ReadFileRequest{Path: "/tmp/sbw-agentplane-" + id.String(), User: agent.UserRoot})
+			rc, _, err := plane.ReadFile(ctx, "acme", id, pr, sandboxwich.ReadFileRequest{Path: "/tmp/sbw-agentplane-" + id.String(), User: sandboxwich.UserRoot})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -100,7 +100,7 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		return res, err
 	}
 	rel := lease.Release{ReleaseSetID: "evalharness", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("0", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(log),
 		sandboxwich.WithPools(pool.Config{Name: "eval", TenantID: "harness", Release: rel, Target: 1, Provider: prov}),
 		sandboxwich.WithPoolOptions(pool.WithInterval(100*time.Millisecond)))
@@ -132,8 +132,10 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		}
 		if claim.Lease == nil {
 			req.ClaimID = uuid.Must(uuid.NewV7())
-			if err := sleep(ctx, 100*time.Millisecond); err != nil {
-				return res, fmt.Errorf("no cell became ready: %w", err)
+			select {
+			case <-ctx.Done():
+				return res, fmt.Errorf("no cell became ready: %w", ctx.Err())
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
 	}
@@ -160,15 +162,4 @@ func run(ctx context.Context, argv []string) (res result, err error) {
 		return res, fmt.Errorf("command exited %d", out.ExitCode)
 	}
 	return res, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

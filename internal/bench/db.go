@@ -149,7 +149,7 @@ func newBackend(name string, bind int, st dbStore, cleanup func()) (*backend, er
 	_, _ = rand.Read(key)
 	keys, _ := attest.NewKeyring(key)
 	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("b", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	plane, err := sandboxwich.New(st, keys, sandboxwich.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		return nil, err

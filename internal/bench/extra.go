@@ -35,7 +35,9 @@ func benchAttest(n int) AttestReport {
 	_, _ = rand.Read(key)
 	k, _ := attest.NewKeyring(key)
 	digest := strings.Repeat("a", 64)
-	sig := k.SignRelease("bench", "gvisor_lower_risk", digest)
+	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest}
+	sig := k.SignRelease(rel)
+	rel.Signature = sig
 	c := attest.LeaseClaims{LeaseID: uuid.NewString(), CellID: uuid.NewString(), Generation: 2, ReleaseSetID: "bench",
 		RuntimeClass: "gvisor_lower_risk", PolicyDigest: digest, OrganizationID: "o", WorkspaceID: "w", ThreadID: "t",
 		RunnerSessionID: "s", ExpiresAt: time.Now(), ReleaseSignature: sig}
@@ -48,10 +50,10 @@ func benchAttest(n int) AttestReport {
 	}
 	return AttestReport{
 		SignUS:   per(func() { k.LeaseToken(c) }),
-		VerifyUS: per(func() { k.VerifyRelease("bench", "gvisor_lower_risk", digest, sig) }),
+		VerifyUS: per(func() { k.VerifyRelease(rel) }),
 		RoundUS: per(func() {
 			attest.EqualDigest(attest.Digest(k.LeaseToken(c)), "x")
-			k.VerifyRelease("bench", "gvisor_lower_risk", digest, sig)
+			k.VerifyRelease(rel)
 		}),
 	}
 }
@@ -78,7 +80,7 @@ func poolPlane(ctx context.Context, dir string, cfg pool.Config, opts ...sandbox
 	_, _ = rand.Read(key)
 	keys, _ := attest.NewKeyring(key)
 	rel := lease.Release{ReleaseSetID: "bench", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: strings.Repeat("c", 64)}
-	rel.Signature = keys.SignRelease(rel.ReleaseSetID, string(rel.RuntimeClass), rel.PolicyDigest)
+	rel.Signature = keys.SignRelease(rel)
 	cfg.TenantID, cfg.Release = benchTenant, rel
 	plane, err := sandboxwich.New(st, keys, append([]sandboxwich.Option{sandboxwich.WithLogger(slog.New(slog.DiscardHandler)),
 		sandboxwich.WithSweepInterval(0), sandboxwich.WithPools(cfg)}, opts...)...)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/internal/ctxsleep"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -228,10 +229,8 @@ func settledMemory(ctx context.Context, id string) (mem, error) {
 			return m, nil
 		}
 		last = m
-		select {
-		case <-ctx.Done():
-			return mem{}, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		if err := ctxsleep.Sleep(ctx, 100*time.Millisecond); err != nil {
+			return mem{}, err
 		}
 	}
 	return last, nil

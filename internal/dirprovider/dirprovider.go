@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/internal/ctxsleep"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -54,14 +55,7 @@ func (p *Provider) wait(ctx context.Context) error {
 	if p.MaxLatency > p.MinLatency {
 		d += rand.N(p.MaxLatency - p.MinLatency)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return ctxsleep.Sleep(ctx, d)
 }
 
 func (p *Provider) path(cell uuid.UUID) string { return filepath.Join(p.Dir, cell.String()) }

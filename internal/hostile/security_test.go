@@ -31,6 +31,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/internal/sqltest"
+	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -335,8 +336,8 @@ func withKey(t *testing.T, s *secrets, key []byte) *secrets {
 		t.Fatal(err)
 	}
 	s.key, s.keys = key, ks
-	s.release.Signature = ks.SignRelease(s.release.ReleaseSetID, string(s.release.RuntimeClass), s.release.PolicyDigest)
-	s.kataRelease.Signature = ks.SignRelease(s.kataRelease.ReleaseSetID, string(s.kataRelease.RuntimeClass), s.kataRelease.PolicyDigest)
+	s.release.Signature = ks.SignRelease(lease.Release{ReleaseSetID: s.release.ReleaseSetID, RuntimeClass: s.release.RuntimeClass, PolicyDigest: s.release.PolicyDigest})
+	s.kataRelease.Signature = ks.SignRelease(lease.Release{ReleaseSetID: s.kataRelease.ReleaseSetID, RuntimeClass: s.kataRelease.RuntimeClass, PolicyDigest: s.kataRelease.PolicyDigest})
 	return s
 }
 

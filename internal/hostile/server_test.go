@@ -136,9 +136,9 @@ func newSecrets(t *testing.T) *secrets {
 	sum := sha256.Sum256([]byte("hostile policy"))
 	s.policyDigest = hex.EncodeToString(sum[:])
 	s.release = wire.Release{ReleaseSetID: s.relSet, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: s.policyDigest,
-		Signature: keys.SignRelease(s.relSet, string(lease.GVisorLowerRisk), s.policyDigest)}
+		Signature: keys.SignRelease(lease.Release{ReleaseSetID: s.relSet, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: s.policyDigest})}
 	s.kataRelease = wire.Release{ReleaseSetID: s.relSet, RuntimeClass: lease.KataMicroVM, PolicyDigest: s.policyDigest,
-		Signature: keys.SignRelease(s.relSet, string(lease.KataMicroVM), s.policyDigest)}
+		Signature: keys.SignRelease(lease.Release{ReleaseSetID: s.relSet, RuntimeClass: lease.KataMicroVM, PolicyDigest: s.policyDigest})}
 	return s
 }
 

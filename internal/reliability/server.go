@@ -62,7 +62,7 @@ func NewEnv(dir string, log *slog.Logger) (*Env, error) {
 	e.Keys = keys
 	digest := strings.Repeat("ab", 32)
 	e.Release = lease.Release{ReleaseSetID: "rel-reliability", RuntimeClass: lease.GVisorLowerRisk,
-		PolicyDigest: digest, Signature: keys.SignRelease("rel-reliability", string(lease.GVisorLowerRisk), digest)}
+		PolicyDigest: digest, Signature: keys.SignRelease(lease.Release{ReleaseSetID: "rel-reliability", RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest})}
 	return e, nil
 }
 

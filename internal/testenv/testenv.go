@@ -49,8 +49,9 @@ func Keyring(tb testing.TB) *attest.Keyring {
 // Release returns the release of class in ReleaseSetID with PolicyDigest,
 // signed by keys.
 func Release(keys *attest.Keyring, class lease.RuntimeClass) lease.Release {
-	return lease.Release{ReleaseSetID: ReleaseSetID, RuntimeClass: class, PolicyDigest: PolicyDigest,
-		Signature: keys.SignRelease(ReleaseSetID, string(class), PolicyDigest)}
+	r := lease.Release{ReleaseSetID: ReleaseSetID, RuntimeClass: class, PolicyDigest: PolicyDigest}
+	r.Signature = keys.SignRelease(r)
+	return r
 }
 
 // Clock is a manual clock, safe for concurrent use. It stands still until

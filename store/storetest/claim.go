@@ -122,7 +122,7 @@ func testClaimExactRelease(e *env) {
 	r.PolicyDigest = strings.Repeat("b", 64)
 	variants["policy_digest"] = r
 	r = e.kata
-	r.Signature = otherKey.SignRelease(r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest)
+	r.Signature = otherKey.SignRelease(r)
 	variants["signature"] = r
 	variants["gvisor release"] = e.gvis
 

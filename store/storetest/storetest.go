@@ -315,7 +315,7 @@ func releaseFor(kr *attest.Keyring, setID string, class lease.RuntimeClass, dige
 		ReleaseSetID: setID,
 		RuntimeClass: class,
 		PolicyDigest: digest,
-		Signature:    kr.SignRelease(setID, string(class), digest),
+		Signature:    kr.SignRelease(lease.Release{ReleaseSetID: setID, RuntimeClass: class, PolicyDigest: digest}),
 	}
 }
 

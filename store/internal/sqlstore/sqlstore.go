@@ -20,6 +20,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/internal/ctxsleep"
 )
 
 // Dialect is what differs between SQL backends.
@@ -264,15 +265,7 @@ func (p *connPool) run(ctx context.Context, fn func(tx txn) error) error {
 }
 
 func backoff(ctx context.Context, attempt int) error {
-	d := time.Duration(attempt*attempt) * 200 * time.Microsecond
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return ctxsleep.Sleep(ctx, time.Duration(attempt*attempt)*200*time.Microsecond)
 }
 
 // fail maps an unexpected database error to an internal error that keeps

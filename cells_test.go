@@ -103,13 +103,13 @@ func (a *agentEnv) requireEnded(t *testing.T) {
 func TestAgentExecFilesLaunch(t *testing.T) {
 	a := newAgentEnv(t)
 	out, err := a.plane.Exec(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("hello")})
-	if err != nil || string(out.Stdout) != "hello" || out.Reason != agent.Exited || out.ExitCode != 0 {
+	if err != nil || string(out.Stdout) != "hello" || out.Reason != sandboxwich.ReasonExited || out.ExitCode != 0 {
 		t.Fatalf("exec cat: %+v %v", out, err)
 	}
-	if out, err = a.exec("exit", "3"); err != nil || out.ExitCode != 3 || out.Reason != agent.Exited {
+	if out, err = a.exec("exit", "3"); err != nil || out.ExitCode != 3 || out.Reason != sandboxwich.ReasonExited {
 		t.Fatalf("exec exit 3: %+v %v", out, err)
 	}
-	out, err = a.plane.Exec(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.ExecRequest{Argv: []string{"pwd"}, Cwd: "/tmp", User: agent.UserRoot})
+	out, err = a.plane.Exec(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.ExecRequest{Argv: []string{"pwd"}, Cwd: "/tmp", User: sandboxwich.UserRoot})
 	if err != nil || string(out.Stdout) != "/tmp\n" {
 		t.Fatalf("exec pwd: %+v %v", out, err)
 	}
@@ -137,12 +137,12 @@ func TestAgentExecFilesLaunch(t *testing.T) {
 	if _, _, err = a.plane.Launch(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.LaunchRequest{Argv: []string{"echo", "other"}}); !errors.Is(err, errcode.ErrConflict) {
 		t.Fatalf("a different launch: %v", err)
 	}
-	for st.Phase != agent.Terminal {
+	for st.Phase != sandboxwich.LaunchTerminal {
 		if st, err = a.plane.LaunchStatusOf(a.ctx, "acme", a.id); err != nil {
 			t.Fatalf("launch status: %v", err)
 		}
 	}
-	if *st.ExitCode != 0 || *st.Reason != agent.Exited {
+	if *st.ExitCode != 0 || *st.Reason != sandboxwich.ReasonExited {
 		t.Fatalf("launch ended: %+v", st)
 	}
 	rc, _, err = a.plane.ReadFile(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.ReadFileRequest{Path: "/home/cell/.launch/stdout"})
@@ -325,7 +325,7 @@ func TestAgentRequestValidation(t *testing.T) {
 	if _, err := a.plane.Exec(a.ctx, "acme", a.id, pr, sandboxwich.ExecRequest{Argv: []string{"pwd"}, Cwd: long[:sandboxwich.MaxPath]}); err != nil {
 		t.Fatalf("exec with a cwd of 4096 bytes: %v", err)
 	}
-	if _, err := a.plane.WriteFile(a.ctx, "acme", a.id, pr, sandboxwich.WriteFileRequest{Path: "/tmp/x", Mode: 0o777, User: agent.UserRoot},
+	if _, err := a.plane.WriteFile(a.ctx, "acme", a.id, pr, sandboxwich.WriteFileRequest{Path: "/tmp/x", Mode: 0o777, User: sandboxwich.UserRoot},
 		strings.NewReader("x")); err != nil {
 		t.Fatalf("write with mode 0777 as root: %v", err)
 	}
@@ -487,7 +487,7 @@ func TestAgentExecTimeoutCapped(t *testing.T) {
 	a := newAgentEnv(t)
 	a.now = a.claim.Lease.ExpiresAt.Add(-50 * time.Millisecond)
 	res, err := a.plane.Exec(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: time.Hour})
-	if err != nil || !res.TimedOut || res.Reason != agent.TimedOut || res.ExitCode != 137 || res.Signal != "KILL" {
+	if err != nil || !res.TimedOut || res.Reason != sandboxwich.ReasonTimedOut || res.ExitCode != 137 || res.Signal != "KILL" {
 		t.Fatalf("exec beyond the lease: %+v %v", res, err)
 	}
 	var req agent.ExecRequest
@@ -547,14 +547,14 @@ func TestExecStream(t *testing.T) {
 	returned := false
 	res, err := a.plane.ExecStream(a.ctx, "acme", a.id, a.claim.Proof(), sandboxwich.ExecRequest{Argv: []string{"echo", "ab", "cd", "ef"}},
 		func(o sandboxwich.Output) error {
-			if returned || o.Stream != agent.Stdout {
+			if returned || o.Stream != sandboxwich.Stdout {
 				t.Errorf("chunk %+v after the result", o)
 			}
 			chunks = append(chunks, string(o.Data))
 			return nil
 		})
 	returned = true
-	if err != nil || res.Stdout != nil || res.Reason != agent.Exited || !res.Truncated {
+	if err != nil || res.Stdout != nil || res.Reason != sandboxwich.ReasonExited || !res.Truncated {
 		t.Fatalf("stream: %+v %v", res, err)
 	}
 	if !slices.Equal(chunks, []string{"ab ", "cd"}) {
@@ -606,13 +606,13 @@ func TestWithoutAgent(t *testing.T) {
 	var chunks []sandboxwich.Output
 	out, err := e.plane.ExecStream(e.ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.ExecRequest{Argv: []string{"echo", "hi"}},
 		func(o sandboxwich.Output) error { chunks = append(chunks, o); return nil })
-	if err != nil || out.Stdout != nil || out.Reason != agent.Exited || len(chunks) != 1 || string(chunks[0].Data) != "echo hi" {
+	if err != nil || out.Stdout != nil || out.Reason != sandboxwich.ReasonExited || len(chunks) != 1 || string(chunks[0].Data) != "echo hi" {
 		t.Fatalf("stream through the provider's exec: %+v %v %+v", out, err, chunks)
 	}
 	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.ExecRequest{Argv: []string{"pwd"}, Cwd: "/tmp"}); !errors.Is(err, errcode.ErrInvalidRequest) {
 		t.Errorf("cwd without an agent: %v", err)
 	}
-	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.ExecRequest{Argv: []string{"id"}, User: agent.UserRoot}); !errors.Is(err, errcode.ErrUserUnsupported) {
+	if _, err := e.plane.Exec(e.ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.ExecRequest{Argv: []string{"id"}, User: sandboxwich.UserRoot}); !errors.Is(err, errcode.ErrUserUnsupported) {
 		t.Errorf("root without an agent: %v", err)
 	}
 	if _, _, err := e.plane.Launch(e.ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.LaunchRequest{Argv: []string{"id"}}); !errors.Is(err, errcode.ErrExecUnsupported) {

@@ -44,20 +44,14 @@ import (
 // operation cut short by ctx returns ctx's error and leaves the cell as it
 // is.
 
-// Output is one chunk of a streamed command's output.
-type Output = agent.Output
-
 // LaunchRequest starts a lease's one resident workload.
 type LaunchRequest struct {
 	Argv []string
 	Env  map[string]string
 	// Cwd is absolute; "" means the cell's home.
 	Cwd  string
-	User agent.User
+	User User
 }
-
-// LaunchStatus is the launched workload's status.
-type LaunchStatus = agent.LaunchStatus
 
 // Launch starts the lease's resident workload; created is false when req
 // repeated the launch already made (an exact replay). A different spec is
@@ -73,14 +67,14 @@ func (p *Plane) Launch(ctx context.Context, tenantID string, leaseID uuid.UUID, 
 	}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
-	st, err = c.conn.Launch(actx, agent.LaunchRequest{Fence: c.fence, Activation: c.activation, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User})
+	ast, err := c.conn.Launch(actx, agent.LaunchRequest{Fence: c.fence, Activation: c.activation, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User.agent()})
 	if err == nil {
-		err = p.checkLaunch(ctx, c, st)
+		err = p.checkLaunch(ctx, c, ast)
 	}
 	if err != nil {
 		return LaunchStatus{}, false, p.agentError(ctx, c.member, err)
 	}
-	return st, !st.Replay, nil
+	return launchStatusOf(ast), !ast.Replay, nil
 }
 
 // LaunchStatusOf reports a lease's launched workload to its tenant. It
@@ -104,7 +98,7 @@ func (p *Plane) LaunchStatusOf(ctx context.Context, tenantID string, leaseID uui
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
 	// A status request carries a fence only: the activation goes first.
-	var st LaunchStatus
+	var st agent.LaunchStatus
 	err = c.conn.Activate(actx, *c.activation)
 	if err == nil {
 		st, err = c.conn.LaunchStatus(actx, c.fence)
@@ -115,12 +109,12 @@ func (p *Plane) LaunchStatusOf(ctx context.Context, tenantID string, leaseID uui
 	if err != nil {
 		return LaunchStatus{}, p.agentError(ctx, c.member, err)
 	}
-	return st, nil
+	return launchStatusOf(st), nil
 }
 
 // checkLaunch refuses a launch status no agent reports: an unknown phase,
 // a running workload without its pid, or a terminal one without its exit.
-func (p *Plane) checkLaunch(ctx context.Context, c *leaseCell, st LaunchStatus) error {
+func (p *Plane) checkLaunch(ctx context.Context, c *leaseCell, st agent.LaunchStatus) error {
 	ok := false
 	switch st.Phase {
 	case agent.Accepted:
@@ -143,11 +137,8 @@ type WriteFileRequest struct {
 	// Mode is the file's permission bits (fs.ModePerm at most; no type or
 	// special bits); zero means 0644.
 	Mode fs.FileMode
-	User agent.User
+	User User
 }
-
-// FileInfo describes a written file.
-type FileInfo = agent.FileInfo
 
 // WriteFile streams content into a file of the leased cell: parents are
 // created, the file is replaced atomically, and more than 256 MiB is
@@ -177,14 +168,14 @@ func (p *Plane) WriteFile(ctx context.Context, tenantID string, leaseID uuid.UUI
 		return FileInfo{}, err
 	}
 	src := &sourceReader{r: content}
-	info, err := c.conn.WriteFile(ctx, agent.WriteRequest{Fence: c.fence, Activation: c.activation, Path: req.Path, Mode: uint32(req.Mode), User: req.User}, src)
+	info, err := c.conn.WriteFile(ctx, agent.WriteRequest{Fence: c.fence, Activation: c.activation, Path: req.Path, Mode: uint32(req.Mode), User: req.User.agent()}, src)
 	switch {
 	case src.err != nil:
 		return FileInfo{}, src.err
 	case err != nil:
 		return FileInfo{}, p.agentError(ctx, c.member, err)
 	}
-	return info, nil
+	return fileInfoOf(info), nil
 }
 
 // sourceReader remembers the error of the reader it reads, so that a
@@ -208,7 +199,7 @@ type ReadFileRequest struct {
 	// MaxBytes refuses a larger file; zero means 256 MiB, the most it may
 	// be.
 	MaxBytes int64
-	User     agent.User
+	User     User
 }
 
 // ReadFile opens a file of the leased cell and returns its content and
@@ -220,7 +211,7 @@ func (p *Plane) ReadFile(ctx context.Context, tenantID string, leaseID uuid.UUID
 	if err := checkPath("path", req.Path); err != nil {
 		return nil, 0, err
 	}
-	if req.MaxBytes < 0 || req.MaxBytes > agent.MaxFileBytes {
+	if req.MaxBytes < 0 || req.MaxBytes > MaxFileBytes {
 		return nil, 0, errcode.New(errcode.InvalidRequest, "max_bytes must be 0 to 268435456")
 	}
 	if err := checkUser(req.User); err != nil {
@@ -228,13 +219,13 @@ func (p *Plane) ReadFile(ctx context.Context, tenantID string, leaseID uuid.UUID
 	}
 	maxBytes := req.MaxBytes
 	if maxBytes == 0 {
-		maxBytes = agent.MaxFileBytes
+		maxBytes = MaxFileBytes
 	}
 	c, err := p.openFenced(ctx, tenantID, leaseID, pr)
 	if err != nil {
 		return nil, 0, err
 	}
-	rc, size, err := c.conn.ReadFile(ctx, agent.ReadRequest{Fence: c.fence, Activation: c.activation, Path: req.Path, MaxBytes: maxBytes, User: req.User})
+	rc, size, err := c.conn.ReadFile(ctx, agent.ReadRequest{Fence: c.fence, Activation: c.activation, Path: req.Path, MaxBytes: maxBytes, User: req.User.agent()})
 	if err != nil {
 		return nil, 0, p.agentError(ctx, c.member, err)
 	}
@@ -262,13 +253,3 @@ func (e *exactReader) Read(b []byte) (int, error) {
 }
 
 func (e *exactReader) Close() error { return e.c.Close() }
-
-// openFenced checks the lease fence and opens the lease's cell for an
-// operation only the agent serves.
-func (p *Plane) openFenced(ctx context.Context, tenantID string, leaseID uuid.UUID, pr Proof) (*leaseCell, error) {
-	rec, err := p.store.CheckLease(ctx, p.check(tenantID, leaseID, pr))
-	if err != nil {
-		return nil, err
-	}
-	return p.open(ctx, rec, false)
-}

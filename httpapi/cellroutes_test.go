@@ -342,7 +342,7 @@ func TestExecV2(t *testing.T) {
 // TestExecStoredAnswerCapped: an idempotency record keeps at most 1 MiB of
 // each stream, marked truncated; the answer itself is whole.
 func TestExecStoredAnswerCapped(t *testing.T) {
-	res := sandboxwich.ExecResult{ExitCode: 0, Stdout: bytes.Repeat([]byte("o"), maxStoredExecStream+5), Stderr: []byte("e"), Reason: agent.Exited}
+	res := sandboxwich.ExecResult{ExitCode: 0, Stdout: bytes.Repeat([]byte("o"), maxStoredExecStream+5), Stderr: []byte("e"), Reason: sandboxwich.ReasonExited}
 	if (execAnswer{res: res, outCap: 2 << 20}).storedForm() == nil {
 		t.Fatal("an answer over the cap is stored whole")
 	}
@@ -504,7 +504,7 @@ func TestIdempotencyKeyRefusedOnStreams(t *testing.T) {
 		c := a.lease()
 		before := a.ops()
 		exec := with(proofBody(c), "argv", []string{"echo", "x"})
-		for _, hdr := range [][]string{{idemHeader, "k1"}, {idemHeader, "k2", OperatorHeader, tokOperator}, {idemHeader, strings.Repeat("k", 200)}} {
+		for _, hdr := range [][]string{{idemHeader, "k1"}, {idemHeader, "k2", wire.OperatorHeader, tokOperator}, {idemHeader, strings.Repeat("k", 200)}} {
 			res := a.stream(c, exec, hdr...)
 			body, _ := io.ReadAll(res.Body)
 			resp{status: res.StatusCode, header: res.Header, body: body}.errCode(t, 400, "invalid_idempotency_key")

@@ -18,7 +18,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
-	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -38,7 +37,7 @@ const (
 	maxStoredExecStream = 1 << 20
 	// MaxFileBytes bounds a file written or read through the file routes
 	// (413 payload_too_large beyond).
-	MaxFileBytes = agent.MaxFileBytes
+	MaxFileBytes = sandboxwich.MaxFileBytes
 	// maxUploadBytes bounds a whole file write body: the proof part, the
 	// content and the multipart framing.
 	maxUploadBytes = MaxFileBytes + MaxBodyBytes + 64<<10
@@ -80,7 +79,7 @@ func (h *handler) decodeExec(c *call) (uuid.UUID, sandboxwich.Proof, sandboxwich
 		maxOutput = int(min(*v, uint64(sandboxwich.MaxExecOutputLimit)+1))
 	}
 	return id, proofOf(req.LeaseProof), sandboxwich.ExecRequest{
-		Argv: req.Argv, Stdin: stdin, Env: req.Env, Cwd: req.Cwd, User: agent.User(req.User), Timeout: timeout,
+		Argv: req.Argv, Stdin: stdin, Env: req.Env, Cwd: req.Cwd, User: sandboxwich.User(req.User), Timeout: timeout,
 		MaxOutput: maxOutput,
 	}, nil
 }
@@ -209,9 +208,9 @@ func (h *handler) execStream(c *call, w http.ResponseWriter) {
 	res, err := h.plane.ExecStream(c.ctx(), c.p.tenant, id, pr, req, func(o sandboxwich.Output) error {
 		var event string
 		switch o.Stream {
-		case agent.Stdout:
+		case sandboxwich.Stdout:
 			event = wire.EventStdout
-		case agent.Stderr:
+		case sandboxwich.Stderr:
 			event = wire.EventStderr
 		default:
 			return errors.New("httpapi: output of an unknown stream " + strconv.Quote(string(o.Stream)))
@@ -245,7 +244,7 @@ func (h *handler) launch(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	st, created, err := h.plane.Launch(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof), sandboxwich.LaunchRequest{
-		Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: agent.User(req.User),
+		Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: sandboxwich.User(req.User),
 	})
 	if err != nil {
 		return 0, nil, err
@@ -350,7 +349,7 @@ func (h *handler) upload(c *call, w http.ResponseWriter) (sandboxwich.FileInfo, 
 	}
 	content := &contentReader{r: part, left: MaxFileBytes, rc: http.NewResponseController(w), idle: h.uploadIdle, rest: mr}
 	info, err := h.plane.WriteFile(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof),
-		sandboxwich.WriteFileRequest{Path: req.Path, Mode: mode, User: agent.User(req.User)}, content)
+		sandboxwich.WriteFileRequest{Path: req.Path, Mode: mode, User: sandboxwich.User(req.User)}, content)
 	switch {
 	case content.over:
 		return none, errFileTooLarge
@@ -546,7 +545,7 @@ func (h *handler) openFile(c *call) (io.ReadCloser, int64, error) {
 		maxBytes = int64(*req.MaxBytes)
 	}
 	return h.plane.ReadFile(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof),
-		sandboxwich.ReadFileRequest{Path: req.Path, MaxBytes: maxBytes, User: agent.User(req.User)})
+		sandboxwich.ReadFileRequest{Path: req.Path, MaxBytes: maxBytes, User: sandboxwich.User(req.User)})
 }
 
 func readLaunch(o *object) wire.LaunchRequest {
