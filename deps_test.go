@@ -202,7 +202,9 @@ func TestDependencyDirection(t *testing.T) {
 		{"webhook imports only store, wire and the pure cores", func(p string) bool { return under(p, "webhook") },
 			func(_, imp string) bool { return pure(imp) || imp == "store" || imp == "wire" || under(imp, "webhook") }},
 		{"client imports only wire, errcode and lease", func(p string) bool { return under(p, "client") },
-			func(_, imp string) bool { return imp == "wire" || imp == "errcode" || imp == "lease" || under(imp, "client") }},
+			func(_, imp string) bool {
+				return imp == "wire" || imp == "errcode" || imp == "lease" || under(imp, "client")
+			}},
 	}
 	pkgs := make([]string, 0, len(imports))
 	for p := range imports {

@@ -318,7 +318,7 @@ func frameOf(e sandboxwich.Event) ([]byte, error) {
 // about 0.8 KiB with its frame, and a larger copy slows the claims a
 // server takes while it streams: 8,192 gave the fan-out bench's F about
 // 0.02–0.03 less than 2,048, at the same delivery latency
-// (docs/performance.md, wave 15).
+// (docs/performance-history.md).
 const hubTail = 2048
 
 func newEventHub(src eventSource, interval time.Duration) *eventHub {

@@ -35,7 +35,8 @@
 // The Store interface and its roles grow while the project adds
 // capabilities.
 // A method is added, never changed in meaning without an entry in the
-// README's changelog, and never removed without a replacement named there.
+// changelog (docs/changelog.md), and never removed without a replacement
+// named there.
 // An outside implementation keeps up the way the shipped ones do: it
 // implements the interfaces itself, embedding no other Store or role (an
 // embedded one would answer a new method outside the implementation's own
