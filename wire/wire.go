@@ -111,6 +111,18 @@ type ReleaseRequest struct {
 	Disposition lease.Disposition `json:"disposition"`
 }
 
+// RenewRequest is the body of POST /v1/sterile-cell-leases/{id}/renew
+// (CONTRACT §20): the lease fence and the lease length asked for from now,
+// clamped as a claim's is.
+type RenewRequest struct {
+	LeaseProof
+	LeaseSeconds uint64 `json:"lease_seconds"`
+}
+
+// RenewResponse answers a renewal: the same lease with the expiry it now
+// has (never earlier than before; at most the cell's lifetime cap).
+type RenewResponse = ValidateResponse
+
 // LeaseStatus is the status object of a lease.
 type LeaseStatus struct {
 	LeaseID        uuid.UUID          `json:"lease_id"`
