@@ -105,6 +105,10 @@ type LeaseClaims struct {
 
 // ClaimsOf returns the attestation claims of a lease: the one mapping from
 // a lease to the fields its attestation signs.
+//
+// The expiry it covers is the one the claim granted (l.GrantedExpiresAt,
+// or l.ExpiresAt when that is unset): a renewal moves a lease's expiry but
+// never its attestation (CONTRACT §20).
 func ClaimsOf(l lease.Lease) LeaseClaims {
 	return LeaseClaims{
 		LeaseID:          l.ID.String(),
@@ -117,7 +121,7 @@ func ClaimsOf(l lease.Lease) LeaseClaims {
 		WorkspaceID:      l.Binding.WorkspaceID,
 		ThreadID:         l.Binding.ThreadID,
 		RunnerSessionID:  l.Binding.RunnerSessionID,
-		ExpiresAt:        l.ExpiresAt,
+		ExpiresAt:        granted(l),
 		ReleaseSignature: l.Release.Signature,
 	}
 }
@@ -211,4 +215,12 @@ func appendTime(b []byte, t time.Time, zone string) []byte {
 		b = t.AppendFormat(b, layout+".000000000")
 	}
 	return append(b, zone...)
+}
+
+// granted is the expiry the claim granted l.
+func granted(l lease.Lease) time.Time {
+	if l.GrantedExpiresAt.IsZero() {
+		return l.ExpiresAt
+	}
+	return l.GrantedExpiresAt
 }

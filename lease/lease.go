@@ -90,7 +90,15 @@ type Lease struct {
 	Generation uint64
 	Release    Release
 	Binding    Binding
-	ExpiresAt  time.Time
+	// ExpiresAt is when the lease ends: the expiry the claim granted, or a
+	// later one a renewal set (CONTRACT §20).
+	ExpiresAt time.Time
+	// GrantedExpiresAt is the expiry the claim granted, which the lease
+	// attestation's MAC covers; equal to ExpiresAt until a renewal.
+	GrantedExpiresAt time.Time
+	// LeasedAt is when the claim leased the cell, from which a pool's cell
+	// lifetime cap counts; zero for a lease made before renewal existed.
+	LeasedAt time.Time
 	// AttestationDigest is the SHA-256 hex digest of the attestation token.
 	// The token itself is never stored.
 	AttestationDigest string

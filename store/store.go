@@ -143,6 +143,19 @@ type Leases interface {
 	// committed); unknown and foreign leases are errcode.ErrNotFound.
 	Revoke(ctx context.Context, p RevokeParams) (LeaseRecord, error)
 
+	// Renew moves the expiry of a live lease later (CONTRACT §20), under
+	// the lease fence applied as CheckLease applies it (a lease found
+	// expired is quarantined, committed, and a conflict wrapping
+	// lease.ErrNotLive returned). A pool cell whose stop is already
+	// recorded (membership no longer leased) is a conflict and nothing
+	// changes. The new expiry is max(current, p.ExpiresAt): a renewal
+	// never shortens a lease, and one that moves nothing changes nothing.
+	// The caller bounds p.ExpiresAt by the cell's lifetime cap. Nothing
+	// but the expiry changes: the expiry the claim granted is kept
+	// (Lease.GrantedExpiresAt), so the attestation stays what it was. When
+	// the expiry moved, lease.renewed is appended in the same transaction.
+	Renew(ctx context.Context, p RenewParams) (LeaseRecord, error)
+
 	// Inventory counts the tenant's claimable cells by release (set,
 	// runtime class and policy digest): ready cells whose ready deadline is
 	// later than p.After, and the latest of those deadlines. It changes
@@ -479,6 +492,14 @@ type LeaseCheck struct {
 	Now      time.Time
 }
 
+// RenewParams is a renewal of a lease: its fence and the expiry asked for.
+type RenewParams struct {
+	LeaseCheck
+	// ExpiresAt is the expiry asked for, already bounded by the cell's
+	// lifetime cap; an earlier one than the lease's changes nothing.
+	ExpiresAt time.Time
+}
+
 // ReleaseParams is a tenant's release of a lease.
 type ReleaseParams struct {
 	LeaseCheck
@@ -664,6 +685,7 @@ const (
 	ReasonReleased          = "released"
 	ReasonRevoked           = "revoked"
 	ReasonExpired           = "expired"
+	ReasonRenewed           = "renewed"
 	ReasonReadyTTL          = "ready_ttl"
 	ReasonFenceMismatch     = "fence_mismatch"
 	ReasonRuntimeUnverified = "runtime_unverified"
@@ -679,7 +701,8 @@ const (
 
 // Event is one entry of the event log (CONTRACT §16): a change of state of
 // a cell (Type "cell.<to>") or of a pool member ("member.<to>"), or the end
-// of a lease ("lease.released", "lease.revoked", "lease.expired"). Never an
+// of a lease ("lease.released", "lease.revoked", "lease.expired") or its
+// renewal ("lease.renewed"). Never an
 // attestation, a digest, a token, a provider locator or provider error
 // text.
 type Event struct {

@@ -15,7 +15,8 @@ import (
 
 // Event is one entry of the event log: a change of state of a cell (type
 // "cell.<to>") or a pool member ("member.<to>"), or the end of a lease
-// ("lease.released", "lease.revoked", "lease.expired"). Fields that do
+// ("lease.released", "lease.revoked", "lease.expired"), or its renewal
+// ("lease.renewed"). Fields that do
 // not apply are null.
 type Event struct {
 	// ID is a decimal string that increases strictly per database.

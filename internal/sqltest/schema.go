@@ -51,7 +51,11 @@ func checkSchemaGuards(t *testing.T, d database) {
 			lease_expires_us = NULL, attestation_digest = NULL, claim_id = NULL WHERE id = ?`, leased},
 		{"move a cell to another tenant", `UPDATE cells SET tenant_id = 'tenant-z' WHERE id = ?`, ready},
 		{"extend a ready deadline", `UPDATE cells SET ready_deadline_us = ready_deadline_us + 1 WHERE id = ?`, ready},
-		{"extend a lease", `UPDATE cells SET lease_expires_us = lease_expires_us + 1 WHERE id = ?`, leased},
+		// A lease may grow (renewal, CONTRACT §20), never shrink; the
+		// expiry the claim granted and when it leased never change.
+		{"shorten a lease", `UPDATE cells SET lease_expires_us = lease_expires_us - 1 WHERE id = ?`, leased},
+		{"rewrite the expiry a claim granted", `UPDATE cells SET lease_granted_us = 5 WHERE id = ?`, leased},
+		{"rewrite when a lease was made", `UPDATE cells SET leased_us = leased_us + 1 WHERE id = ?`, leased},
 		{"rebind a lease", `UPDATE cells SET organization_id = 'org-z' WHERE id = ?`, leased},
 		{"swap an attestation", `UPDATE cells SET attestation_digest = '` + strings.Repeat("0", 64) + `' WHERE id = ?`, leased},
 		{"rewrite the claim of a lease", `UPDATE cells SET claim_id = '` + uuid.NewString() + `' WHERE id = ?`, leased},

@@ -71,6 +71,11 @@ func (s *Store) Revoke(ctx context.Context, p store.RevokeParams) (store.LeaseRe
 	return s.s.Revoke(ctx, p)
 }
 
+// Renew implements [store.Leases].
+func (s *Store) Renew(ctx context.Context, p store.RenewParams) (store.LeaseRecord, error) {
+	return s.s.Renew(ctx, p)
+}
+
 // Inventory implements [store.Leases].
 func (s *Store) Inventory(ctx context.Context, p store.InventoryParams) ([]store.InventoryEntry, error) {
 	return s.s.Inventory(ctx, p)

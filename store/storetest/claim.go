@@ -45,6 +45,9 @@ func testClaimLeaseFields(e *env) {
 		Release:    e.kata,
 		Binding:    binding1,
 		ExpiresAt:  e.now.Add(300 * time.Second),
+		// The claim grants its expiry and records when it leased.
+		GrantedExpiresAt: e.now.Add(300 * time.Second),
+		LeasedAt:         e.now,
 	}
 	unsigned := want
 	want.AttestationDigest = attest.Digest(e.kr.LeaseToken(attest.ClaimsOf(want)))

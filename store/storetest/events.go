@@ -39,7 +39,7 @@ var reasons = []string{
 	store.ReasonFenceMismatch, store.ReasonRuntimeUnverified, store.ReasonImageUnverified,
 	store.ReasonAgentUnverified, store.ReasonCellLost, store.ReasonDeletionProven,
 	store.ReasonDeletionUncertain, store.ReasonProvisionFailed, store.ReasonWorkerDestroy,
-	store.ReasonWorkerRetire,
+	store.ReasonWorkerRetire, store.ReasonRenewed,
 }
 
 // allEvents reads the whole log through pages of limit.
@@ -558,8 +558,11 @@ func (k *tracker) verifyLog(ctx context.Context, cells map[uuid.UUID]lease.State
 			}
 			memberState[ev.MemberID] = to
 		case "lease":
-			if !slices.Contains([]string{"released", "revoked", "expired"}, to) || ev.LeaseID == uuid.Nil {
+			if !slices.Contains([]string{"released", "revoked", "expired", "renewed"}, to) || ev.LeaseID == uuid.Nil {
 				k.fail("event log: event %d is %s of lease %s", ev.ID, ev.Type, ev.LeaseID)
+			}
+			if to == "renewed" && cellState[ev.CellID] != string(lease.Leased) {
+				k.fail("event log: event %d renews lease %s of cell %s, which replay has %q", ev.ID, ev.LeaseID, ev.CellID, cellState[ev.CellID])
 			}
 		default:
 			k.fail("event log: event %d has type %q", ev.ID, ev.Type)

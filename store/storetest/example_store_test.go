@@ -80,6 +80,11 @@ func (s *meteredLeases) Revoke(ctx context.Context, p store.RevokeParams) (store
 	return s.inner.Revoke(ctx, p)
 }
 
+func (s *meteredLeases) Renew(ctx context.Context, p store.RenewParams) (store.LeaseRecord, error) {
+	s.count("Renew")
+	return s.inner.Renew(ctx, p)
+}
+
 func (s *meteredLeases) Inventory(ctx context.Context, p store.InventoryParams) ([]store.InventoryEntry, error) {
 	s.count("Inventory")
 	return s.inner.Inventory(ctx, p)

@@ -82,7 +82,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 // The scenarios of each role and ability.
 var (
 	leasesSuite = [][]scenario{claimScenarios, fencedScenarios, floorScenarios, leaseScenarios, releaseScenarios,
-		listScenarios, revokeScenarios, inventoryScenarios, expireScenarios}
+		listScenarios, revokeScenarios, renewScenarios, inventoryScenarios, expireScenarios}
 	workersSuite     = [][]scenario{basicScenarios, workerScenarios}
 	membersSuite     = [][]scenario{memberScenarios, replenishScenarios, stopScenarios, lockScenarios}
 	eventLogSuite    = [][]scenario{eventScenarios}

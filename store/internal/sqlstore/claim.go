@@ -301,7 +301,9 @@ func newLease(p *store.ClaimParams, c candidate) (lease.Lease, error) {
 		Release:    p.Release,
 		Binding:    p.Binding,
 		ExpiresAt:  fromUS(us(expires)),
+		LeasedAt:   fromUS(us(p.Now)),
 	}
+	l.GrantedExpiresAt = l.ExpiresAt
 	l.AttestationDigest = p.Sign(l)
 	return l, nil
 }
@@ -314,7 +316,7 @@ func leaseArgs(p *store.ClaimParams, l *lease.Lease) []any {
 		claimID = p.ClaimID.String()
 	}
 	return []any{l.ID.String(), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
-		us(l.ExpiresAt), l.AttestationDigest, claimID, us(p.Now), l.CellID.String(),
+		us(l.ExpiresAt), l.AttestationDigest, claimID, us(p.Now), us(p.Now), l.CellID.String(),
 		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
 }
 
@@ -603,4 +605,36 @@ func (s *Store) stopLeased(ctx context.Context, tx txn, rec *store.LeaseRecord, 
 			"disposition differs from the recorded stop; the cell is quarantined")}
 	}
 	return errcode.New(errcode.Conflict, "lease membership is "+string(m.State))
+}
+
+// Renew implements store.Leases.
+func (s *Store) Renew(ctx context.Context, p store.RenewParams) (store.LeaseRecord, error) {
+	var rec store.LeaseRecord
+	err := s.inTx(ctx, func(tx txn) error {
+		var err error
+		if rec, err = s.lockedRecord(ctx, tx, p.TenantID, p.LeaseID); err != nil {
+			return err
+		}
+		if err := s.applyFence(ctx, tx, &rec, p.LeaseCheck); err != nil {
+			return err
+		}
+		if m := rec.Member; m != nil && m.State != lease.MemberLeased {
+			return errcode.New(errcode.Conflict, "the lease's stop is already recorded (its cell is "+string(m.State)+")")
+		}
+		l := rec.Cell.Lease
+		to := fromUS(us(p.ExpiresAt))
+		if !to.After(l.ExpiresAt) {
+			return nil // never shorter, and nothing moved
+		}
+		n, err := affected(tx.exec(ctx, s.q.renew, us(to), us(p.Now), rec.Cell.ID.String(), l.ID.String(), us(l.ExpiresAt)))
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return errRetry
+		}
+		l.ExpiresAt = to
+		return nil
+	})
+	return rec, s.fail(ctx, "renew", err)
 }

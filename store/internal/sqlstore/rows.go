@@ -18,7 +18,7 @@ const (
 	cellCols = `c.id, c.tenant_id, c.worker_id, c.pool_name, c.provider_cell_id, c.state, c.generation,
 	c.release_set_id, c.runtime_class, c.policy_digest, c.release_signature, c.ready_deadline_us, c.created_us,
 	c.lease_id, c.organization_id, c.workspace_id, c.thread_id, c.runner_session_id, c.lease_expires_us,
-	c.attestation_digest`
+	c.attestation_digest, c.lease_granted_us, c.leased_us`
 	memberCols = `m.cell_id, m.pool_name, m.tenant_id, m.state, m.requested_disposition, m.stop_lease_id,
 	m.stop_generation, m.provider_absent, m.identity, m.last_error, m.attempts, m.created_us, m.updated_us`
 )
@@ -37,13 +37,13 @@ type cellRow struct {
 	setID, class, digest, sig                       sql.NullString
 	generation, deadline, created                   sql.NullInt64
 	leaseID, org, ws, thread, sess, attestation     sql.NullString
-	expires                                         sql.NullInt64
+	expires, granted, leasedAt                      sql.NullInt64
 }
 
 func (r *cellRow) dest() []any {
 	return []any{&r.id, &r.tenant, &r.worker, &r.pool, &r.providerCellID, &r.state, &r.generation,
 		&r.setID, &r.class, &r.digest, &r.sig, &r.deadline, &r.created,
-		&r.leaseID, &r.org, &r.ws, &r.thread, &r.sess, &r.expires, &r.attestation}
+		&r.leaseID, &r.org, &r.ws, &r.thread, &r.sess, &r.expires, &r.attestation, &r.granted, &r.leasedAt}
 }
 
 func (r *cellRow) present() bool { return r.id.Valid }
@@ -87,7 +87,14 @@ func (r *cellRow) cell() (lease.Cell, error) {
 				RunnerSessionID: r.sess.String,
 			},
 			ExpiresAt:         fromUS(r.expires.Int64),
+			GrantedExpiresAt:  fromUS(r.expires.Int64),
 			AttestationDigest: r.attestation.String,
+		}
+		if r.granted.Valid { // renewed: the expiry the claim granted, kept
+			c.Lease.GrantedExpiresAt = fromUS(r.granted.Int64)
+		}
+		if r.leasedAt.Valid {
+			c.Lease.LeasedAt = fromUS(r.leasedAt.Int64)
 		}
 	}
 	return c, nil
@@ -203,7 +210,7 @@ type queries struct {
 
 	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, memberLeased string
 	recordByLease, cellByWorker, claimOfCell                                             string
-	quarantine, toTerminal, prepare                                                      string
+	quarantine, renew, toTerminal, prepare                                               string
 	expireReady, expireLeased, expireIdempotency                                         string
 
 	memberInsert, memberLive, memberAdmit, cellInsertPool, memberStop, memberByID string
@@ -264,7 +271,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = CAST(? AS TEXT) AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
-			claim_id = ?, updated_us = ?, event_reason = 'claimed'
+			claim_id = ?, updated_us = ?, leased_us = ?, event_reason = 'claimed'
 			WHERE id = ? AND ready_deadline_us > CAST(? AS BIGINT) AND state = 'ready' AND generation = 1
 			  AND lease_id IS NULL`,
 		fenceInsert: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
@@ -283,6 +290,11 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		// retired_us too (to its updated_us).
 		quarantine: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?, event_reason = ?
 			WHERE id = ? AND state = ? AND generation = ? AND state IN ('ready', 'leased')`,
+		// renew moves a live lease's expiry later (CONTRACT §20), keeping
+		// the expiry the claim granted; the guard allows nothing else.
+		renew: `UPDATE cells SET lease_expires_us = ?, lease_granted_us = coalesce(lease_granted_us, lease_expires_us),
+			updated_us = ?
+			WHERE id = ? AND state = 'leased' AND lease_id = ? AND lease_expires_us = ?`,
 		toTerminal: `UPDATE cells SET state = ?, updated_us = ?, retired_us = ?, event_reason = ?
 			WHERE id = ? AND state = 'leased' AND generation = 2 AND lease_id = ?`,
 		// A cell ID reserved by a pool member can never be prepared.
@@ -428,7 +440,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 func (q *queries) all() []*string {
 	return []*string{
 		&q.schemaVersion, &q.installation, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
-		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.toTerminal,
+		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.renew, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
 		&q.memberUnlock, &q.memberCounts, &q.cellCounts, &q.readyCount, &q.inventory, &q.evidence, &q.memberVerified,
