@@ -37,12 +37,15 @@ func (g *Gate) State(now time.Time) State {
 // activation); zero while waiting.
 func (g *Gate) Deadline() time.Time { return g.deadline }
 
-// Activate binds a waiting gate to act's fence until now + act.TTLMillis,
-// and reports true; or accepts a replay of the bound activation (see
-// replay), reporting false and changing nothing. A malformed activation
-// is ErrInvalid; one for another cell, or another fence, ErrFenceRefused;
-// a replay after the end, ErrExpired.
-func (g *Gate) Activate(now time.Time, act Activation) (bound bool, err error) {
+// Activate binds a waiting gate to act's fence until now + act.TTLMillis;
+// or, for the bound fence, renews it: an activation with a later
+// expires_at than the bound one moves the deadline to now + act.TTLMillis
+// (CONTRACT §20), and one with an equal or earlier expires_at is a replay
+// that changes nothing, so operations already under way are never
+// refused. It reports whether the deadline was set or moved. A malformed
+// activation is ErrInvalid; one for another cell, or another fence,
+// ErrFenceRefused; any activation after the end, ErrExpired.
+func (g *Gate) Activate(now time.Time, act Activation) (moved bool, err error) {
 	switch {
 	case act.Version != ProtocolVersion:
 		return false, Errorf(CodeInvalid, fmt.Sprintf("activation version %d is not %d", act.Version, ProtocolVersion))
@@ -51,14 +54,20 @@ func (g *Gate) Activate(now time.Time, act Activation) (bound bool, err error) {
 	case act.LeaseID == "" || act.Generation < 1:
 		return false, Errorf(CodeInvalid, "an activation needs a lease_id and a generation ≥ 1")
 	}
-	if g.State(now) != Waiting {
-		if !g.replay(act) {
+	switch g.State(now) {
+	case Waiting:
+	case Ended:
+		if act.Fence != g.bound.Fence {
 			return false, Errorf(CodeFenceRefused, "the agent is bound to another fence")
 		}
-		if g.state == Ended {
-			return false, Errorf(CodeExpired, "the lease ended")
+		return false, Errorf(CodeExpired, "the lease ended")
+	default:
+		if act.Fence != g.bound.Fence {
+			return false, Errorf(CodeFenceRefused, "the agent is bound to another fence")
 		}
-		return false, nil
+		if !act.ExpiresAt.After(g.bound.ExpiresAt) {
+			return false, nil // a replay: nothing changes
+		}
 	}
 	if act.TTLMillis <= 0 {
 		return false, Errorf(CodeInvalid, "ttl_ms must be positive")
@@ -66,13 +75,6 @@ func (g *Gate) Activate(now time.Time, act Activation) (bound bool, err error) {
 	g.state, g.bound = Active, act
 	g.deadline = now.Add(time.Duration(act.TTLMillis) * time.Millisecond)
 	return true, nil
-}
-
-// replay reports whether act, arriving after the gate was bound, repeats
-// the bound activation: the same fence and the same expires_at (its
-// ttl_ms is ignored). Anything else is another fence.
-func (g *Gate) replay(act Activation) bool {
-	return act.Fence == g.bound.Fence && act.ExpiresAt.Equal(g.bound.ExpiresAt)
 }
 
 // Admit admits a fenced request carrying f at now: only the bound fence,

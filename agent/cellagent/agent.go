@@ -111,19 +111,30 @@ func (a *Agent) Status(ctx context.Context) (agent.Status, error) {
 }
 
 // Activate binds a waiting agent to act's fence for act.TTLMillis on the
-// agent's monotonic clock, or accepts an exact replay of the bound
-// activation; see agent.Gate.Activate.
+// agent's monotonic clock; renews the bound fence (a later expires_at
+// moves the deadline, and every process started before runs on to it); or
+// accepts a replay of the bound activation; see agent.Gate.Activate.
 func (a *Agent) Activate(ctx context.Context, act agent.Activation) error {
 	a.expireIfDue()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	if bound, err := a.gate.Activate(now, act); err != nil || !bound {
+	renewal := a.gate.State(now) == agent.Active
+	if moved, err := a.gate.Activate(now, act); err != nil || !moved {
 		return err
 	}
 	ttl := a.gate.Deadline().Sub(now)
-	a.timer = time.AfterFunc(ttl, a.end)
-	a.log.Info("cell agent activated", "cell_id", act.CellID, "lease_id", act.LeaseID, "generation", act.Generation, "ttl", ttl)
+	if a.timer != nil {
+		a.timer.Stop() // a renewal: the new deadline's timer replaces it
+	}
+	// The timer ends the agent only if its deadline has come: a renewal
+	// racing an old timer moves the deadline first.
+	a.timer = time.AfterFunc(ttl, a.expireIfDue)
+	what := "cell agent activated"
+	if renewal {
+		what = "cell agent renewed"
+	}
+	a.log.Info(what, "cell_id", act.CellID, "lease_id", act.LeaseID, "generation", act.Generation, "ttl", ttl)
 	return nil
 }
 

@@ -362,12 +362,16 @@ var scenarios = []scenario{
 		for name, mut := range map[string]func(*agent.Activation){
 			"lease":      func(a *agent.Activation) { a.LeaseID = "lease-2" },
 			"generation": func(a *agent.Activation) { a.Generation++ },
-			"expires_at": func(a *agent.Activation) { a.ExpiresAt = a.ExpiresAt.Add(time.Second) },
 			"cell":       func(a *agent.Activation) { a.CellID = "cell-2" },
 		} {
 			a := activation(time.Minute)
 			mut(&a)
 			wantCode(e.t, "second fence, other "+name, e.c.Activate(e.ctx, a), agent.ErrFenceRefused)
+		}
+		earlier := activation(time.Hour)
+		earlier.ExpiresAt = earlier.ExpiresAt.Add(-time.Second) // a replay: nothing moves
+		if err := e.c.Activate(e.ctx, earlier); err != nil {
+			e.t.Fatalf("the bound fence with an earlier expiry: %v", err)
 		}
 		st, err := e.c.Status(e.ctx)
 		if err != nil || st.State != agent.Active || st.Activations != 1 {
@@ -495,6 +499,31 @@ var scenarios = []scenario{
 		if exists(filepath.Join(e.home, "late")) {
 			e.t.Fatal("written after expiry")
 		}
+	}},
+	{"renewal_moves_the_deadline", func(e *env) {
+		// A 2 s activation renewed to 4 s from its renewal: a command
+		// started before the renewal runs on past the first deadline, to
+		// its end; the agent then ends at the renewed deadline.
+		e.activate(2 * time.Second)
+		outs, done := e.stream(agent.ExecRequest{Argv: sh("echo started; sleep 3; echo done")})
+		e.firstLine(outs)
+		renewed := activation(4 * time.Second)
+		renewed.ExpiresAt = renewed.ExpiresAt.Add(time.Hour)
+		if err := e.c.Activate(e.ctx, renewed); err != nil {
+			e.t.Fatalf("renewal: %v", err)
+		}
+		ans := <-done
+		if ans.err != nil || ans.res.Reason != agent.Exited || ans.res.ExitCode != 0 {
+			e.t.Fatalf("a command across the first deadline: %+v %v, want exited 0", ans.res, ans.err)
+		}
+		if st, err := e.c.Status(e.ctx); err != nil || st.State != agent.Active || st.Activations != 1 {
+			e.t.Fatalf("status after the first deadline: %+v %v", st, err)
+		}
+		e.eventually("the agent ends at the renewed deadline", func() bool {
+			st, err := e.c.Status(e.ctx)
+			return err == nil && st.State == agent.Ended
+		})
+		wantCode(e.t, "renewal after the end", e.c.Activate(e.ctx, renewed), agent.ErrExpired)
 	}},
 	{"release_kills_and_ends", func(e *env) {
 		e.activate(time.Minute)
