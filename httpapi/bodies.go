@@ -69,6 +69,10 @@ func readProof(o *object) wire.LeaseProof {
 	}
 }
 
+func readRenew(o *object) wire.RenewRequest {
+	return wire.RenewRequest{LeaseProof: readProof(o), LeaseSeconds: o.uint("lease_seconds")}
+}
+
 func readReleaseRequest(o *object) wire.ReleaseRequest {
 	return wire.ReleaseRequest{
 		LeaseProof:  readProof(o),

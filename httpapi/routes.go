@@ -87,6 +87,7 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/sterile-cells/claim", access: accessTenant, body: true, idem: idemErrorsOnly, serve: (*handler).claim},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/validate", access: accessLease, body: true, serve: (*handler).validate},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/release", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).release},
+	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/renew", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).renew},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}", access: accessTenant, serve: (*handler).leaseStatus},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/exec", access: accessTenant, body: true, maxBody: MaxExecBodyBytes, idem: idemReplay, keyCheck: execKeyCheck, serve: (*handler).exec, stream: (*handler).execStream},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/launch", access: accessTenant, body: true, idem: idemReplay, serve: (*handler).launch},

@@ -80,6 +80,24 @@ func (h *handler) validate(c *call) (int, any, error) {
 	return http.StatusOK, wire.ValidateResponse{OK: true, Lease: *wire.LeaseOf(&l)}, nil
 }
 
+// renew serves POST /v1/sterile-cell-leases/{lease_id}/renew (CONTRACT
+// §20): 200 with the lease and the expiry it now has.
+func (h *handler) renew(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "lease_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := decodeBody(c.body, readRenew)
+	if err != nil {
+		return 0, nil, err
+	}
+	l, err := h.plane.Renew(c.ctx(), c.p.tenant, id, proofOf(req.LeaseProof), req.LeaseSeconds)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.RenewResponse{OK: true, Lease: *wire.LeaseOf(&l)}, nil
+}
+
 // release serves POST /v1/sterile-cell-leases/{lease_id}/release: 202 with
 // the status as it stands after the stop intent was recorded.
 func (h *handler) release(c *call) (int, any, error) {

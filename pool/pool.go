@@ -50,6 +50,12 @@ type Config struct {
 	// three times the maximum lease (WithMaxLease), and at least DefaultReadyTTL (15 min),
 	// so the longest lease is claimable for two thirds of a cell's life.
 	ReadyTTL time.Duration
+	// MaxCell bounds the life of a lease of the pool's cells, counted from
+	// its claim: no renewal moves its expiry past claim time + MaxCell
+	// (CONTRACT §20; pool key max_cell_seconds). Default DefaultMaxCell;
+	// at least the maximum lease. After the claim, ReadyTTL no longer
+	// bounds the cell.
+	MaxCell time.Duration
 	// Provider creates the pool's cells.
 	Provider driver.Provider
 	// Image is the OCI reference of the pool's cell image, pinned by
@@ -71,6 +77,9 @@ func (c Config) imageDigest() string {
 // could ever be served under.
 const DefaultReadyTTL = 15 * time.Minute
 
+// DefaultMaxCell is the default of Config.MaxCell: a day (CONTRACT §20).
+const DefaultMaxCell = 24 * time.Hour
+
 // withDefaults fills defaults and validates, naming the offending field.
 // maxLease is the reconciler's maximum lease.
 func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
@@ -79,6 +88,9 @@ func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 	}
 	if c.ReadyTTL == 0 {
 		c.ReadyTTL = max(DefaultReadyTTL, 3*maxLease)
+	}
+	if c.MaxCell == 0 {
+		c.MaxCell = DefaultMaxCell
 	}
 	bad := func(field, rule string) (Config, error) {
 		return c, fmt.Errorf("pool %q: %s %s", c.Name, field, rule)
@@ -96,6 +108,8 @@ func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 		return bad("max_provisioning", "must be between 1 and target")
 	case c.ReadyTTL <= 0:
 		return bad("ready_ttl_seconds", "must be positive")
+	case c.MaxCell < maxLease:
+		return bad("max_cell_seconds", fmt.Sprintf("must be at least the maximum lease (%d s)", int64(maxLease/time.Second)))
 	case c.Provider == nil:
 		return bad("provider", "is required")
 	case c.Image != "" && c.imageDigest() == "":
@@ -521,7 +535,10 @@ func (r *Reconciler) decide(ps *poolState, cfg Config, m store.Member, now time.
 		}
 	case lease.MemberLeased:
 		c := m.Cell
-		if c == nil || c.State != lease.Leased || c.Lease == nil || !now.Before(c.Lease.ExpiresAt) || !now.Before(c.ExpiresAt) {
+		// After the claim the ready deadline no longer bounds the cell
+		// (CONTRACT §20): its lease does, which a renewal may move up to
+		// the pool's MaxCell.
+		if c == nil || c.State != lease.Leased || c.Lease == nil || !now.Before(c.Lease.ExpiresAt) {
 			// A cell still leased ends with its lease (lease.expired); one
 			// already quarantined had its event when it was.
 			code := ""

@@ -74,6 +74,7 @@ type poolConfig struct {
 	ReadyFloor      int               `json:"ready_floor"`
 	MaxProvisioning int               `json:"max_provisioning"`
 	ReadyTTLSeconds int               `json:"ready_ttl_seconds"`
+	MaxCellSeconds  int               `json:"max_cell_seconds"`
 	Image           string            `json:"image"`
 	CellDiskBytes   int64             `json:"cell_disk_bytes"`
 	Settings        map[string]string `json:"settings"`
@@ -422,7 +423,8 @@ func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
 		dst *int
 		def string
 	}{{"TARGET", &p.Target, ""}, {"READY_FLOOR", &p.ReadyFloor, "0"},
-		{"MAX_PROVISIONING", &p.MaxProvisioning, "0"}, {"READY_TTL_SECONDS", &p.ReadyTTLSeconds, "0"}} {
+		{"MAX_PROVISIONING", &p.MaxProvisioning, "0"}, {"READY_TTL_SECONDS", &p.ReadyTTLSeconds, "0"},
+		{"MAX_CELL_SECONDS", &p.MaxCellSeconds, "0"}} {
 		s := or(v[f.key], f.def)
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {

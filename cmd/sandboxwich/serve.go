@@ -111,7 +111,8 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		pools = append(pools, pool.Config{
 			Name: p.Name, TenantID: p.TenantID, Release: p.Release, Target: p.Target,
 			ReadyFloor: p.ReadyFloor, MaxProvisioning: p.MaxProvisioning,
-			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, Provider: prov, Image: p.Image,
+			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, MaxCell: time.Duration(p.MaxCellSeconds) * time.Second,
+			Provider: prov, Image: p.Image,
 		})
 	}
 	sweep := c.SweepInterval
