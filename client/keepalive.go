@@ -106,8 +106,8 @@ func (k *KeepAlive) ExpiresAt() time.Time {
 }
 
 // Stop stops renewing, waits until a renewal in flight has ended, and
-// returns Err: nil, unless the keep-alive had already ended by itself
-// (then the failure that ended it). It is safe to call more than once.
+// returns Err: nil if the keep-alive was still running, else what had
+// ended it. It is safe to call more than once.
 func (k *KeepAlive) Stop() error {
 	k.stopped.Store(true)
 	k.cancel()
@@ -159,7 +159,9 @@ func (k *KeepAlive) loop(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil && (transient(err) || errors.Is(err, context.DeadlineExceeded)):
-			lastErr = err
+			if lastErr == nil || !errors.Is(err, context.DeadlineExceeded) {
+				lastErr = err // keep the server's answer over the expiry's deadline
+			}
 			continue
 		case err != nil:
 			return fmt.Errorf("client: keep-alive of lease %s: %w", k.leaseID, err)
@@ -172,7 +174,7 @@ func (k *KeepAlive) loop(ctx context.Context) error {
 			k.mu.Unlock()
 			continue
 		}
-		if got.Sub(sent) >= time.Duration(k.leaseSeconds)*time.Second {
+		if got.Sub(sent) >= time.Duration(max(k.leaseSeconds, 1))*time.Second {
 			continue // still longer than asked: nothing to extend yet
 		}
 		// The cap holds the expiry: renew no more, report when it ends.
