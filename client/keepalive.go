@@ -168,14 +168,11 @@ func (k *KeepAlive) loop(ctx context.Context) error {
 		}
 		lastErr = nil
 		got := l.ExpiresAt.Time
-		if got.After(exp) {
-			k.mu.Lock()
-			k.expiresAt = got
-			k.mu.Unlock()
-			continue
-		}
-		if got.Sub(sent) >= time.Duration(max(k.leaseSeconds, 1))*time.Second {
-			continue // still longer than asked: nothing to extend yet
+		k.mu.Lock()
+		k.expiresAt = got // the server's word, even over a wrong expiresAt
+		k.mu.Unlock()
+		if got.After(exp) || got.Sub(sent) >= time.Duration(max(k.leaseSeconds, 1))*time.Second {
+			continue // extended, or still longer than asked for
 		}
 		// The cap holds the expiry: renew no more, report when it ends.
 		if err := k.c.sleep(ctx, time.Until(got)); err != nil {
