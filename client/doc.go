@@ -9,7 +9,10 @@
 // the lease fence every later call presents: [Client.Validate],
 // [Client.Run] (or [Client.Exec]) and [Client.Release]; after a release,
 // [Client.WaitProviderAbsent] returns once the provider proved the cell
-// deleted. ExampleClient_Claim is that whole life cycle.
+// deleted. ExampleClient_Claim is that whole life cycle. A lease longer
+// than the server's maximum lease length is kept alive with
+// [Client.Renew], or [Client.KeepAlive] that renews it in the background
+// until it is stopped.
 //
 // It imports only the wire types ([wire], [errcode], [lease]), never the
 // server.
@@ -42,8 +45,9 @@
 // # Other calls
 //
 // Reads (Lease, ListLeases and Leases, Inventory, Evidence, LaunchStatus,
-// Pools, WorkerCell), Validate and ReadFile retry like a claim, since
-// repeating them changes nothing (ReadFile until the content starts).
+// Pools, WorkerCell), Validate, Renew and ReadFile retry like a claim,
+// since repeating them changes nothing (ReadFile until the content starts;
+// a renewal sets the expiry from its own now, never twice the extension).
 // Launch retries too: the server launches once per lease and answers an
 // exact repeat with the launch already made, so a retry after a lost answer
 // never starts a second workload. The other mutating calls (Release,

@@ -177,3 +177,41 @@ func ExampleClient_ExecStream() {
 	defer out.Close()
 	fmt.Println("result of", size, "bytes")
 }
+
+// A sample that runs longer than the server's maximum lease keeps its
+// lease alive while it works, learns at once if a renewal failed, and
+// stops the renewals before the release.
+func ExampleClient_KeepAlive() {
+	ctx := context.Background()
+	c, err := client.New("http://127.0.0.1:3217", client.WithToken(os.Getenv("SANDBOXWICH_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	claim, err := c.Claim(ctx, wire.ClaimRequest{ /* release and binding as above */ })
+	if err != nil || claim.Empty() {
+		log.Fatal("no lease: ", err)
+	}
+	ka := c.KeepAlive(ctx, claim.Lease.LeaseID, claim.Proof(), 300, claim.Lease.ExpiresAt.Time)
+
+	work := make(chan error, 1)
+	go func() {
+		_, err := c.Run(ctx, claim.Lease.LeaseID, claim.Proof(), client.Command{Argv: []string{"make", "test"}, Timeout: time.Hour})
+		work <- err
+	}()
+	select {
+	case err = <-work:
+	case <-ka.Done():
+		// The lease could not be kept (released elsewhere, or its cell's
+		// lifetime cap): the command ends with it.
+		err = fmt.Errorf("lease lost: %w", ka.Err())
+	}
+	if kerr := ka.Stop(); kerr != nil && err == nil {
+		err = kerr
+	}
+	if _, rerr := c.Release(ctx, claim.Lease.LeaseID, claim.Proof(), lease.Destroyed); rerr != nil {
+		log.Print(rerr)
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+}

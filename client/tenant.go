@@ -115,6 +115,24 @@ func (c *Client) Validate(ctx context.Context, leaseID uuid.UUID, proof wire.Lea
 	return resp.Lease, err
 }
 
+// Renew extends a live lease: its new expiry is the later of the current
+// one and now + leaseSeconds, at most the cell's lifetime cap (POST
+// /v1/sterile-cell-leases/{id}/renew, CONTRACT §20). The server clamps
+// leaseSeconds into [1, its maximum lease] as a claim's; the answer is the
+// lease with the expiry it got, which may be less than now + leaseSeconds
+// (the cap) and is never earlier than before. The attestation does not
+// change: proof stays valid. A wrong fence, or a lease no longer live
+// (expired, released or revoked), is errcode.ErrConflict; an unknown or
+// foreign lease errcode.ErrNotFound. Each renewal sets the expiry from its
+// own now, so Renew retries like a read, with the same body.
+// [Client.KeepAlive] renews a lease until it is stopped.
+func (c *Client) Renew(ctx context.Context, leaseID uuid.UUID, proof wire.LeaseProof, leaseSeconds uint64) (wire.Lease, error) {
+	var resp wire.RenewResponse
+	body := wire.RenewRequest{LeaseProof: proof, LeaseSeconds: leaseSeconds}
+	err := c.do(ctx, request{method: http.MethodPost, path: leasePath(leaseID, "/renew"), body: body, retry: true}, &resp)
+	return resp.Lease, err
+}
+
 // Release records the tenant's stop of a pool cell with disposition d
 // (lease.Destroyed or lease.Quarantined) and returns the status after the
 // intent was recorded (POST /v1/sterile-cell-leases/{id}/release). The pool

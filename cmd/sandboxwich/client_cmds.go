@@ -550,6 +550,34 @@ func cliRelease(ctx context.Context, e env, args []string) error {
 	return f.output(wire.StatusResponse{OK: true, Status: st}, cliStatusKV(st))
 }
 
+func cliRenew(ctx context.Context, e env, args []string) error {
+	f := newCLIFlags(e, "renew")
+	pf := cliProofFlags(f.fs)
+	var seconds uint64
+	cliVar(f.fs, &seconds, "lease-seconds", "the lease's new length from now, in seconds (required; the server clamps it to its "+
+		"maximum lease and the cell's lifetime cap, and never shortens the lease)", func(v string) (uint64, error) {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n == 0 {
+			return 0, errors.New("must be a whole number of seconds, at least 1")
+		}
+		return n, nil
+	})
+	if err := f.parse(args, false); err != nil {
+		return err
+	}
+	proof, err := pf.proof()
+	if err != nil {
+		return err
+	}
+	l, err := call(ctx, f, func(ctx context.Context, c *client.Client) (wire.Lease, error) {
+		return c.Renew(ctx, *pf.leaseID, proof, seconds)
+	})
+	if err != nil {
+		return err
+	}
+	return f.output(wire.RenewResponse{OK: true, Lease: l}, cliLeaseKV(l))
+}
+
 func cliLease(ctx context.Context, e env, args []string) error {
 	f := newCLIFlags(e, "lease")
 	leaseID := cliUUID(f.fs, "lease-id", "lease ID (required)")

@@ -332,6 +332,7 @@ func TestCLIUsage(t *testing.T) {
 		{"validate", "--lease-id", "nope"},
 		{"validate", "--lease-id", uuid.NewString()},
 		{"release", "--disposition", "gone"},
+		{"renew", "--lease-id", uuid.NewString(), "--lease-seconds", "60"},
 		{"lease"},
 		{"lease", "--lease-id", uuid.NewString(), "extra"},
 		{"cell", "--cell-id", uuid.NewString()},
@@ -614,7 +615,7 @@ func TestCLIHelpOrder(t *testing.T) {
 			names = append(names, f[0])
 		}
 	}
-	want := "serve migrate dev sign-release bench inventory claim validate exec cp launch launch-status supervise lease leases evidence release revoke events pools prepare cell retire destroy"
+	want := "serve migrate dev sign-release bench inventory claim validate exec cp launch launch-status supervise lease leases evidence renew release revoke events pools prepare cell retire destroy"
 	if strings.Join(names, " ") != want {
 		t.Errorf("help lists %q, want %q", strings.Join(names, " "), want)
 	}

@@ -181,3 +181,52 @@ func TestCLIRevokeInventoryEvidence(t *testing.T) {
 		t.Errorf("evidence: exit %d\n%s", code, te.stdout)
 	}
 }
+
+// TestCLIRenew: renew extends a live lease (CONTRACT §20) and prints its
+// new expiry, or the lease as JSON; it needs --lease-seconds and the lease
+// fence, and reports the server's refusals.
+func TestCLIRenew(t *testing.T) {
+	s := startCLITestServer(t)
+	te := newCLITestEnv(s.url)
+	s.addPoolCell(t)
+	leaseID, att := s.claimLease(t, te, "session-1")
+	claimed := time.Now()
+
+	if code := te.run(proofArgs("renew", leaseID, att, "--lease-seconds", "3600", "--json")...); code != 0 {
+		t.Fatalf("renew --json: exit %d\n%s%s", code, te.stdout, te.stderr)
+	}
+	r := decodeStdout[wire.RenewResponse](t, te)
+	// 3600 is clamped to the server's maximum lease, 300 s; the claim
+	// had the default 120 s.
+	if !r.OK || r.Lease.LeaseID != leaseID || !r.Lease.ExpiresAt.After(claimed.Add(200*time.Second)) ||
+		r.Lease.ExpiresAt.After(time.Now().Add(301*time.Second)) {
+		t.Errorf("renew --json = %s", te.stdout)
+	}
+	if code := te.run(proofArgs("renew", leaseID, att, "--lease-seconds", "1")...); code != 0 ||
+		!strings.Contains(te.stdout.String(), "expires_at     "+cliTime(r.Lease.ExpiresAt)) {
+		t.Errorf("renew (never shortens): exit %d\n%s%s", code, te.stdout, te.stderr)
+	}
+	checkAttestationFile(t, te, att)
+
+	// The fence and the lease: a wrong binding is a conflict, an unknown
+	// lease not found.
+	if code := te.run(proofArgs("renew", leaseID, att, "--lease-seconds", "60", "--thread", "thread-2")...); code != 1 ||
+		!strings.Contains(te.stderr.String(), "sandboxwich renew: conflict: ") {
+		t.Errorf("renew with a wrong binding: exit %d\n%s", code, te.stderr)
+	}
+	if code := te.run(proofArgs("renew", uuid.Must(uuid.NewV7()), att, "--lease-seconds", "60", "--json")...); code != 1 ||
+		cliEnvelope(t, te).Code != "not_found" {
+		t.Errorf("renew of an unknown lease: exit %d\n%s", code, te.stdout)
+	}
+
+	// Usage: --lease-seconds is required, a whole number of at least 1.
+	for _, extra := range [][]string{nil, {"--lease-seconds", "0"}, {"--lease-seconds", "-5"}, {"--lease-seconds", "1.5"}} {
+		if code := te.run(proofArgs("renew", leaseID, att, extra...)...); code != 2 || !strings.Contains(te.stderr.String(), "lease-seconds") {
+			t.Errorf("renew %q: exit %d, want 2\n%s", extra, code, te.stderr)
+		}
+	}
+	if code := te.run("renew", "--lease-seconds", "60"); code != 2 || !strings.Contains(te.stderr.String(), "--lease-id") ||
+		!strings.Contains(te.stderr.String(), "--attestation-file") {
+		t.Errorf("renew without the fence: exit %d\n%s", code, te.stderr)
+	}
+}

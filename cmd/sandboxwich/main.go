@@ -78,6 +78,7 @@ var commands = []command{
 	{name: "lease", summary: "show the status of a lease", run: cliLease},
 	{name: "leases", summary: "list the tenant's leases, newest first (filters, --live, --all)", run: cliLeases},
 	{name: "evidence", summary: "show what the server read back from a lease's cell (runtime class, agent digest)", run: cliEvidence},
+	{name: "renew", summary: "extend a live lease: renew --lease-seconds N and the lease fence flags; prints the new expiry", run: cliRenew},
 	{name: "release", summary: "release a leased pool cell (optionally --wait for proven deletion)", run: cliRelease},
 	{name: "revoke", summary: "end a live lease without its attestation (a harness that lost it)", run: cliRevoke},
 	{name: "events", summary: "show the tenant's lifecycle events (member events with the operator token); --follow streams them", run: cliEvents},
