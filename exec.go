@@ -14,6 +14,8 @@ import (
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
 )
 
 // Exec limits (CONTRACT §6, §14).
@@ -82,8 +84,9 @@ type ExecRequest struct {
 	Cwd string
 	// User is who runs the command: UserCell ("" too) or UserRoot.
 	User User
-	// Timeout bounds the command; zero means DefaultExecTimeout. It is
-	// capped at the lease's remaining life.
+	// Timeout bounds the command; zero means DefaultExecTimeout. The lease
+	// bounds it too: at the lease's expiry, which a renewal moves, the cell
+	// kills every process (ReasonKilled, with a Message saying so).
 	Timeout time.Duration
 	// MaxOutput caps each of stdout and stderr, in bytes; zero means the
 	// plane's default (ExecMaxOutput). More than ExecMaxOutputCeiling is
@@ -159,14 +162,40 @@ func (p *Plane) exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 	if timeout == 0 {
 		timeout = DefaultExecTimeout
 	}
-	timeout = min(timeout, c.lease.ExpiresAt.Sub(p.Now()))
-	if timeout < time.Millisecond {
-		return ExecResult{}, errNotLive()
-	}
 	if c.conn == nil {
+		// Without the agent nothing in the cell holds the lease's expiry:
+		// the command's timeout does.
+		if timeout = min(timeout, c.lease.ExpiresAt.Sub(p.Now())); timeout < time.Millisecond {
+			return ExecResult{}, errNotLive()
+		}
 		return p.providerExec(ctx, c, req, timeout, out)
 	}
-	return p.agentExec(ctx, c, req, timeout, out)
+	// The agent kills every process of the cell at the lease's expiry,
+	// which a renewal moves (CONTRACT §20): a command's timeout is its
+	// own, and a command the expiry cuts short is killed, and says so.
+	res, err := p.agentExec(ctx, c, req, timeout, out)
+	if err == nil && res.Reason == ReasonKilled {
+		res.Message = p.whyKilled(ctx, c.member)
+	}
+	return res, err
+}
+
+// whyKilled says why the cell killed a command of m's lease: the lease
+// expired, or its stop was recorded. Its time is read from the store; a
+// store that cannot answer leaves the reason alone.
+func (p *Plane) whyKilled(ctx context.Context, m *store.Member) string {
+	now, err := p.store.Member(ctx, m.CellID)
+	switch {
+	case err != nil:
+		return ""
+	case now.State != lease.MemberLeased:
+		return "the lease was released or revoked: its cell ended the command"
+	// The agent's deadline runs on its own clock: a second's slack.
+	case now.Cell != nil && now.Cell.Lease != nil && !p.Now().Add(time.Second).Before(now.Cell.Lease.ExpiresAt):
+		return "the lease expired at " + now.Cell.Lease.ExpiresAt.UTC().Format(time.RFC3339) +
+			": its cell ended the command (renew a lease to keep it past its expiry)"
+	}
+	return ""
 }
 
 // providerExec runs a command with the exec of a provider without the

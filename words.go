@@ -47,6 +47,9 @@ type ExecResult struct {
 	Signal   string
 	Reason   Reason
 	Duration time.Duration
+	// Message says why the cell ended a command it killed (ReasonKilled):
+	// the lease expired, or was released or revoked; "" otherwise.
+	Message string
 }
 
 // Stream names an output stream of a command.

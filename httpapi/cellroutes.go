@@ -28,7 +28,8 @@ import (
 
 const (
 	// maxTimeoutSeconds bounds timeout_seconds before it becomes a
-	// Duration; the plane caps it further at the lease's remaining life.
+	// Duration. A command outlives its lease's expiry only if the lease
+	// is renewed: the cell kills it at the expiry.
 	maxTimeoutSeconds = 24 * 60 * 60
 	// maxStoredExecStream caps each output stream of a JSON exec answer
 	// kept by an Idempotency-Key record (its replay is cut there, with
@@ -113,11 +114,23 @@ func (h *handler) exec(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	outlive(c, req)
 	res, err := h.plane.Exec(c.ctx(), c.p.tenant, id, pr, req)
 	if err != nil {
 		return 0, nil, err
 	}
 	return http.StatusOK, execAnswer{res: res, outCap: h.plane.ExecOutputCap(req)}, nil
+}
+
+// outlive moves the answer's write deadline past the command's timeout: a
+// command of a renewed lease may run longer than the server's write
+// timeout, which bounds the other answers (CONTRACT §20).
+func outlive(c *call, req sandboxwich.ExecRequest) {
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = sandboxwich.DefaultExecTimeout
+	}
+	_ = http.NewResponseController(c.w).SetWriteDeadline(time.Now().Add(timeout + time.Minute))
 }
 
 // execAnswer is a JSON exec's answer and the cap of each stream that
@@ -160,7 +173,7 @@ func execResponse(res sandboxwich.ExecResult, outCap, limit int) wire.ExecRespon
 // without the agent) ended it by exit or timeout.
 func execExit(res sandboxwich.ExecResult, outCap int) wire.ExecExit {
 	e := wire.ExecExit{OK: true, ExitCode: res.ExitCode, Truncated: res.Truncated, MaxOutputBytes: outCap,
-		DurationMS: res.Duration.Milliseconds(), TimedOut: res.TimedOut, Reason: string(res.Reason)}
+		DurationMS: res.Duration.Milliseconds(), TimedOut: res.TimedOut, Reason: string(res.Reason), Message: res.Message}
 	if res.Signal != "" {
 		e.Signal = &res.Signal
 	}
@@ -204,6 +217,7 @@ func (h *handler) execStream(c *call, w http.ResponseWriter) {
 		h.writeError(w, c.r, err)
 		return
 	}
+	outlive(c, req)
 	s := newEventStream(w, h.keepAlive)
 	res, err := h.plane.ExecStream(c.ctx(), c.p.tenant, id, pr, req, func(o sandboxwich.Output) error {
 		var event string

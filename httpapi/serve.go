@@ -9,6 +9,7 @@ import (
 // call is one request to a JSON route, after authentication.
 type call struct {
 	r    *http.Request
+	w    http.ResponseWriter
 	p    principal
 	body []byte // the raw JSON body of body routes
 }
@@ -35,7 +36,7 @@ func (h *handler) serveRoute(rt *route) http.Handler {
 			rt.raw(h, w, r)
 			return
 		}
-		c := &call{r: r, p: p}
+		c := &call{r: r, w: w, p: p}
 		if rt.body || (rt.optBody && r.ContentLength != 0) {
 			if c.body, err = readBody(w, r, rt.bodyLimit()); err != nil {
 				h.writeError(w, r, err)

@@ -186,6 +186,9 @@ type ExecExit struct {
 	Signal *string `json:"signal"`
 	// Reason is ReasonExited, ReasonTimedOut or ReasonKilled.
 	Reason string `json:"reason"`
+	// Message says why a killed command was killed (its lease expired,
+	// or was released or revoked); absent otherwise.
+	Message string `json:"message,omitempty"`
 }
 
 // PrepareRequest is the body of POST /v1/workers/{id}/sterile-cells/prepare.

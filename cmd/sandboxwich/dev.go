@@ -95,6 +95,14 @@ func dev(ctx context.Context, e env, args []string) error {
 			settings["image_cache_dir"] = filepath.Join(abs, "images")
 		}
 	}
+	// dev takes the maximum lease from the environment, as serve does, so
+	// that long work and renewal can be tried with a short one.
+	maxLease := uint64(sandboxwich.MaxLeaseSeconds)
+	if v := e.getenv("SANDBOXWICH_MAX_LEASE_SECONDS"); v != "" {
+		if err := parseMaxLease(&maxLease, v); err != nil {
+			return fmt.Errorf("invalid SANDBOXWICH_MAX_LEASE_SECONDS: %w", err)
+		}
+	}
 	c := &config{
 		Listen:         *listen,
 		DatabaseURL:    "sqlite://" + filepath.Join(abs, "sandboxwich.db"),
@@ -110,7 +118,7 @@ func dev(ctx context.Context, e env, args []string) error {
 		LogLevel:           "info",
 		LogFormat:          "text",
 		ShutdownTimeout:    devShutdownGrace,
-		MaxLeaseSeconds:    sandboxwich.MaxLeaseSeconds,
+		MaxLeaseSeconds:    maxLease,
 		ExecMaxOutputBytes: sandboxwich.MaxExecOutput,
 		EventRetention:     sandboxwich.DefaultEventRetention,
 		MaxPrepareAhead:    sandboxwich.DefaultMaxPrepareAhead,
