@@ -76,3 +76,44 @@ def hang_task() -> Task:
         sandbox=("sandboxwich", os.environ["SANDBOXWICH_INSPECT_CONFIG"]),
         model=get_model(MODEL),
     )
+
+
+@task
+def long_task(seconds: int = 24) -> Task:
+    """One sample that runs ``seconds`` (longer than the server's maximum
+    lease in the test): a command every two seconds, a file written at the
+    start and read at the end. It passes only if the provider keeps the
+    sample's lease alive."""
+    import anyio
+    from inspect_ai.solver import Generate, solver
+
+    @solver
+    def work():  # type: ignore[no-untyped-def]
+        async def solve(state: TaskState, generate: Generate) -> TaskState:
+            await sandbox().write_file("start.txt", "started\n")
+            end = anyio.current_time() + seconds
+            while anyio.current_time() < end:
+                r = await sandbox().exec(["sh", "-c", "echo tick >> /home/cell/ticks"], timeout=5)
+                assert r.success, r.stderr
+                await anyio.sleep(2)
+            return state
+
+        return solve
+
+    @scorer(metrics=[accuracy()])
+    def ticked():  # type: ignore[no-untyped-def]
+        async def score(state: TaskState, target: Target) -> Score:
+            start = await sandbox().read_file("start.txt")
+            ticks = (await sandbox().read_file("/home/cell/ticks")).count("tick")
+            ok = start == "started\n" and ticks >= seconds // 2 - 1
+            return Score(value=CORRECT if ok else INCORRECT, explanation=f"{ticks} ticks")
+
+        return score
+
+    return Task(
+        dataset=[Sample(input="work", target="x")],
+        solver=[work()],
+        scorer=ticked(),
+        sandbox=("sandboxwich", os.environ["SANDBOXWICH_INSPECT_CONFIG"]),
+        model=get_model(MODEL),
+    )

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +77,9 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _dev(binary: Path, d: Path, *args: str) -> Iterator[Server]:
-    """Run ``sandboxwich dev`` in d with args until the generator closes."""
+def _dev(binary: Path, d: Path, *args: str, env: dict[str, str] | None = None) -> Generator[Server, None, None]:
+    """Run ``sandboxwich dev`` in d with args (and env added to the
+    environment) until the generator closes."""
     _need("runsc", shutil.which("runsc") is not None or Path("/usr/local/bin/runsc").exists())
     log = d / "server.log"
     logf = open(log, "wb")
@@ -88,6 +89,7 @@ def _dev(binary: Path, d: Path, *args: str) -> Iterator[Server]:
         stderr=logf,
         cwd=d,
         start_new_session=True,
+        env=os.environ | (env or {}),
     )
     assert proc.stdout is not None
     url = ""
@@ -142,6 +144,27 @@ def _dev(binary: Path, d: Path, *args: str) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     yield from _dev(binary, tmp_path_factory.mktemp("dev"), "--target", "2")
+
+
+SHORT_LEASE_SECONDS = 8
+"""The maximum lease of short_server: renewals must keep its leases alive."""
+
+
+@pytest.fixture(scope="session")
+def short_server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``sandboxwich dev`` (one cell) whose maximum lease is
+    SHORT_LEASE_SECONDS (SANDBOXWICH_MAX_LEASE_SECONDS): a lease lives past
+    it only by renewal (CONTRACT §20)."""
+    gen = _dev(binary, tmp_path_factory.mktemp("dev-short"), "--target", "1", env={"SANDBOXWICH_MAX_LEASE_SECONDS": str(SHORT_LEASE_SECONDS)})
+    srv = next(gen)
+    try:
+        with srv.client() as c:
+            got = c.inventory()[0].max_lease_seconds
+        if got != SHORT_LEASE_SECONDS:
+            pytest.fail(f"sandboxwich dev serves a maximum lease of {got} s: it must honour SANDBOXWICH_MAX_LEASE_SECONDS={SHORT_LEASE_SECONDS}")
+        yield srv
+    finally:
+        gen.close()
 
 
 @pytest.fixture(scope="session")

@@ -331,7 +331,16 @@ def _env_with(res: _Res, cap: int | None = None) -> tuple[SandboxwichSandboxEnvi
     env._session = S()  # type: ignore[assignment]
     env._proof = _proof()
     env._remaining = lambda: 60.0  # type: ignore[method-assign]
+    env._keepalive = _NoKeepAlive()  # type: ignore[assignment]
+    env._expiry = datetime.now(timezone.utc) + timedelta(seconds=60)
     return env, fake
+
+
+class _NoKeepAlive:
+    """The sample's keep-alive, as these tests need it: no failure."""
+
+    error = None
+    expires_at = None
 
 
 def test_provider_asks_for_inspects_limit_and_states_the_cap_that_applied() -> None:

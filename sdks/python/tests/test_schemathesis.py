@@ -388,6 +388,7 @@ EXERCISED = {
     "POST /v1/sterile-cells/claim": 200,
     "POST /v1/sterile-cell-leases/{lease_id}/validate": 200,
     "POST /v1/sterile-cell-leases/{lease_id}/release": 202,
+    "POST /v1/sterile-cell-leases/{lease_id}/renew": 200,
     "POST /v1/sterile-cell-leases/{lease_id}/revoke": 202,
     "GET /v1/sterile-cell-leases/{lease_id}/evidence": 200,
     "POST /v1/sterile-cell-leases/{lease_id}/exec": 501,  # past the fence: dry-run cells have no exec

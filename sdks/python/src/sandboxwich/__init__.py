@@ -23,6 +23,7 @@ from ._core import (
     __version__,
     uuid7,
 )
+from ._keepalive import AsyncKeepAlive, KeepAlive
 from .aclient import AsyncClient
 from .client import Client
 from .errors import (
@@ -45,6 +46,7 @@ from .errors import (
     InternalError,
     InvalidIdempotencyKeyError,
     InvalidRequestError,
+    LeaseRenewalError,
     MethodNotAllowedError,
     NotFoundError,
     PayloadTooLargeError,
@@ -104,6 +106,8 @@ from .models import (
     ProviderMode,
     Release,
     ReleaseRequest,
+    RenewRequest,
+    RenewResponse,
     RetireRequest,
     RevokeRequest,
     RuntimeClass,
@@ -126,6 +130,7 @@ from .webhooks import (
 __all__ = [
     "APIError",
     "AsyncClient",
+    "AsyncKeepAlive",
     "Attestation",
     "AuthNotConfiguredError",
     "AuthorizationDeniedError",
@@ -181,8 +186,10 @@ __all__ = [
     "LaunchPhase",
     "LaunchRequest",
     "LaunchResponse",
+    "KeepAlive",
     "Lease",
     "LeasePage",
+    "LeaseRenewalError",
     "LeaseStatus",
     "LeaseSummary",
     "LeasesResponse",
@@ -199,6 +206,8 @@ __all__ = [
     "ProviderMode",
     "Release",
     "ReleaseRequest",
+    "RenewRequest",
+    "RenewResponse",
     "RequestHeaderTooLargeError",
     "RetireRequest",
     "RetryPolicy",

@@ -7,6 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import _core
 from ._core import Claim, LeasePage, Proof, Req, RetryPolicy, StreamEvent, UploadSource
+from ._keepalive import AsyncKeepAlive
 from .client import _claim, _final, _sink
 from .errors import APIError, ProtocolError, TransportError
 from .models import (
@@ -38,6 +40,7 @@ from .models import (
     Pool,
     PoolsResponse,
     Release,
+    RenewResponse,
     StatusResponse,
     User,
     ValidateResponse,
@@ -82,11 +85,16 @@ class AsyncClient:
             transport=transport,
             follow_redirects=False,
         )
+        self._keepalives: dict[uuid.UUID, list[AsyncKeepAlive]] = {}
 
     def __repr__(self) -> str:
         return f"sandboxwich.AsyncClient({self._base!r})"
 
     async def aclose(self) -> None:
+        """Close the connections; every keep-alive of this client stops."""
+        kas = [k for ks in self._keepalives.values() for k in ks]
+        for k in kas:
+            await k.stop()
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncClient:
@@ -163,7 +171,38 @@ class AsyncClient:
         r = Req("POST", _core.lease_path(proof.lease_id, "/validate"), _core.encode(proof.body()), retry=True)
         return (await self._json(r, ValidateResponse)).lease
 
+    async def renew(self, proof: Proof, lease_seconds: int) -> Lease:
+        """See :meth:`sandboxwich.Client.renew`."""
+        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int):
+            raise TypeError("lease_seconds is a whole number of seconds")
+        body = proof.body() | {"lease_seconds": lease_seconds}
+        r = Req("POST", _core.lease_path(proof.lease_id, "/renew"), _core.encode(body), retry=True)
+        return (await self._json(r, RenewResponse)).lease
+
+    def keep_alive(self, proof: Proof, lease_seconds: int, *, expires_at: datetime | None = None) -> AsyncKeepAlive:
+        """Keep the lease alive from a task of the running event loop; see
+        :meth:`sandboxwich.Client.keep_alive` (the same schedule, errors and
+        stops). ``async with client.keep_alive(proof, 300) as ka: ...``, or
+        ``await ka.stop()``; ``ka.error`` holds a failed renewal. Call it
+        from a coroutine (it needs the running loop)."""
+        ka = AsyncKeepAlive(self.renew, proof, lease_seconds, expires_at, self._forget_keep_alive)
+        self._keepalives.setdefault(proof.lease_id, []).append(ka)
+        ka._start()
+        return ka
+
+    def _forget_keep_alive(self, ka: AsyncKeepAlive) -> None:
+        kas = self._keepalives.get(ka.lease_id, [])
+        if ka in kas:
+            kas.remove(ka)
+        if not kas:
+            self._keepalives.pop(ka.lease_id, None)
+
+    def _halt_keep_alives(self, lease_id: uuid.UUID) -> None:
+        for k in list(self._keepalives.get(lease_id, [])):
+            k.halt()
+
     async def release(self, proof: Proof, disposition: Disposition = "destroyed") -> LeaseStatus:
+        self._halt_keep_alives(proof.lease_id)
         body = proof.body() | {"disposition": disposition}
         r = Req("POST", _core.lease_path(proof.lease_id, "/release"), _core.encode(body))
         return (await self._json(r, StatusResponse)).status
@@ -213,6 +252,7 @@ class AsyncClient:
             cursor = page.next_cursor
 
     async def revoke(self, lease_id: uuid.UUID | str, disposition: Disposition | None = None) -> LeaseStatus:
+        self._halt_keep_alives(uuid.UUID(str(lease_id)))
         r = Req("POST", _core.lease_path(lease_id, "/revoke"), _core.encode({"disposition": disposition}))
         return (await self._json(r, StatusResponse)).status
 

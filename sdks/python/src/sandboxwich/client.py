@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
@@ -14,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import _core
 from ._core import Claim, LeasePage, Proof, Req, RetryPolicy, StreamEvent, UploadSource
+from ._keepalive import KeepAlive
 from .errors import APIError, ProtocolError, SandboxwichError, TransportError
 from .models import (
     ClaimResponse,
@@ -37,6 +40,7 @@ from .models import (
     Pool,
     PoolsResponse,
     Release,
+    RenewResponse,
     StatusResponse,
     User,
     ValidateResponse,
@@ -67,7 +71,8 @@ class Client:
     :meth:`pools`), :meth:`validate` and :meth:`read_file` (until the
     content starts) retry the same way, since repeating them changes
     nothing; so does :meth:`launch`, which the server answers once per
-    lease. :meth:`release`, :meth:`revoke`, :meth:`exec`,
+    lease, and :meth:`renew`, each of which sets the expiry from its own
+    now (never twice the extension). :meth:`release`, :meth:`revoke`, :meth:`exec`,
     :meth:`exec_stream` and :meth:`write_file` are sent exactly once: after
     a lost response their outcome is unknown and a blind repeat is not
     harmless (a command would run twice, an upload's file object is
@@ -103,11 +108,15 @@ class Client:
             transport=transport,
             follow_redirects=False,
         )
+        self._keepalives: dict[uuid.UUID, list[KeepAlive]] = {}
+        self._keepalives_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"sandboxwich.Client({self._base!r})"
 
     def close(self) -> None:
+        """Close the connections; every keep-alive of this client stops."""
+        self._halt_keep_alives(None)
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -201,10 +210,73 @@ class Client:
         r = Req("POST", _core.lease_path(proof.lease_id, "/validate"), _core.encode(proof.body()), retry=True)
         return self._json(r, ValidateResponse).lease
 
+    def renew(self, proof: Proof, lease_seconds: int) -> Lease:
+        """Extend the lease (``POST /v1/sterile-cell-leases/{id}/renew``,
+        CONTRACT §20) and return it with its new ``expires_at``: at most
+        ``lease_seconds`` from now (clamped by the server into [1, its
+        maximum lease length], as a claim's), never earlier than before, and
+        never past the cell's lifetime cap (the pool's ``max_cell_seconds``
+        from the claim), so the answer may show less than asked for. The
+        attestation does not change. Retried like a read: each renewal sets
+        the expiry from its own now, so a repeat never extends twice. A wrong
+        fence, or a lease that is no longer live (expired, released or
+        revoked), raises ``ConflictError``; an unknown or foreign lease
+        ``NotFoundError``; a ``lease_seconds`` the server refuses
+        ``InvalidRequestError``. :meth:`keep_alive` renews for you."""
+        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int):
+            raise TypeError("lease_seconds is a whole number of seconds")
+        body = proof.body() | {"lease_seconds": lease_seconds}
+        r = Req("POST", _core.lease_path(proof.lease_id, "/renew"), _core.encode(body), retry=True)
+        return self._json(r, RenewResponse).lease
+
+    def keep_alive(self, proof: Proof, lease_seconds: int, *, expires_at: datetime | None = None) -> KeepAlive:
+        """Keep the lease alive from a background thread: renew it (with
+        ``lease_seconds``, see :meth:`renew`) at about a third of its
+        remaining life, by the last answer's ``expires_at``, until stopped.
+        The first renewal is at once, or, given the lease's current
+        ``expires_at`` (``claim.lease.expires_at``), at a third of its
+        remaining life.
+
+        ``with client.keep_alive(proof, 300) as ka: ...`` stops it on leaving
+        the block and then raises its failure, a
+        :class:`~sandboxwich.LeaseRenewalError`, if the block itself did not
+        raise; ``ka.error`` holds that failure as soon as it happens (check
+        it between steps of long work, or call ``ka.check()``). Transient
+        failures (transport errors, 5xx, 429) are retried until the lease
+        would expire; a refusal (409 ``ConflictError``: the lease is no
+        longer live; 404; 422) ends it at once. When the lease reaches the
+        cell's lifetime cap its expiry stops moving; the keep-alive then
+        renews no faster than before and reports the lease expired once the
+        cap passes. :meth:`release` or :meth:`revoke` of the lease and
+        :meth:`close` stop it without an error. Clocks are assumed roughly
+        in step (the expiry is the server's time)."""
+        ka = KeepAlive(self.renew, proof, lease_seconds, expires_at, self._forget_keep_alive)
+        with self._keepalives_lock:
+            self._keepalives.setdefault(proof.lease_id, []).append(ka)
+        ka._start()
+        return ka
+
+    def _forget_keep_alive(self, ka: KeepAlive) -> None:
+        with self._keepalives_lock:
+            kas = self._keepalives.get(ka.lease_id, [])
+            if ka in kas:
+                kas.remove(ka)
+            if not kas:
+                self._keepalives.pop(ka.lease_id, None)
+
+    def _halt_keep_alives(self, lease_id: uuid.UUID | None) -> None:
+        """Stop the keep-alives of a lease (of every lease when None)."""
+        with self._keepalives_lock:
+            kas = [k for lid, ks in self._keepalives.items() if lease_id is None or lid == lease_id for k in ks]
+        for k in kas:
+            k.halt()
+
     def release(self, proof: Proof, disposition: Disposition = "destroyed") -> LeaseStatus:
         """Record the stop of a pool cell; the status after the intent was
         recorded. Sent once, never retried (see the class documentation);
-        :meth:`wait_provider_absent` waits for the proof of deletion."""
+        :meth:`wait_provider_absent` waits for the proof of deletion. The
+        lease's keep-alives stop first."""
+        self._halt_keep_alives(proof.lease_id)
         body = proof.body() | {"disposition": disposition}
         r = Req("POST", _core.lease_path(proof.lease_id, "/release"), _core.encode(body))
         return self._json(r, StatusResponse).status
@@ -260,7 +332,9 @@ class Client:
 
     def revoke(self, lease_id: uuid.UUID | str, disposition: Disposition | None = None) -> LeaseStatus:
         """End a live lease of the tenant without its attestation (for a
-        harness that lost it). Sent once, never retried."""
+        harness that lost it). Sent once, never retried. The lease's
+        keep-alives stop first."""
+        self._halt_keep_alives(uuid.UUID(str(lease_id)))
         r = Req("POST", _core.lease_path(lease_id, "/revoke"), _core.encode({"disposition": disposition}))
         return self._json(r, StatusResponse).status
 

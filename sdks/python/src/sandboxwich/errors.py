@@ -28,6 +28,27 @@ class StreamIncompleteError(SandboxwichError):
     outcome is unknown."""
 
 
+class LeaseRenewalError(SandboxwichError):
+    """A keep-alive (:meth:`Client.keep_alive`, :meth:`AsyncClient.keep_alive`)
+    could not keep its lease alive: a renewal was refused (``cause`` is the
+    :class:`APIError`, e.g. a :class:`ConflictError` when the lease is no
+    longer live), the server could not be reached before the lease expired
+    (``cause`` is the last failure), or the lease reached the cell's lifetime
+    cap and expired (``cause`` is None). ``expired`` says whether the lease's
+    last known expiry has passed. The lease's work should stop: the cell is
+    gone or about to be."""
+
+    def __init__(self, lease_id: object, message: str, cause: BaseException | None = None, expired: bool = False) -> None:
+        self.lease_id = lease_id
+        self.message = message
+        self.cause = cause
+        self.expired = expired
+        super().__init__(f"lease {lease_id} could not be renewed: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.lease_id, self.message, self.cause, self.expired))
+
+
 class APIError(SandboxwichError):
     """A non-2xx answer of the server."""
 

@@ -88,6 +88,18 @@ class ValidateResponse(_Model):
     lease: Lease
 
 
+class RenewRequest(ValidateRequest):
+    """Body of renew (CONTRACT §20): the lease fence plus the lease length
+    asked for from now (clamped by the server into [1, its maximum])."""
+
+    lease_seconds: int
+
+
+class RenewResponse(ValidateResponse):
+    """Answer of renew: the same lease with the expiry it now has (never
+    earlier than before; at most the cell's lifetime cap)."""
+
+
 class ReleaseRequest(ValidateRequest):
     """Body of release: the lease fence plus the requested disposition."""
 
@@ -396,6 +408,7 @@ EventType = Literal[
     "lease.released",
     "lease.revoked",
     "lease.expired",
+    "lease.renewed",
 ]
 
 
@@ -421,6 +434,7 @@ class Event(_Model):
         "released",
         "revoked",
         "expired",
+        "renewed",
         "ready_ttl",
         "fence_mismatch",
         "runtime_unverified",

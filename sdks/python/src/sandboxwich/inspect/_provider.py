@@ -11,7 +11,7 @@ import posixpath
 import re
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal, Union, overload
 
@@ -29,6 +29,7 @@ from typing_extensions import override
 
 from .. import errors
 from .._core import Claim, Proof, uuid7
+from .._keepalive import AsyncKeepAlive
 from ..aclient import AsyncClient
 from ..models import Evidence, Release, User
 
@@ -63,6 +64,18 @@ class SandboxwichConfigError(_Prerequisite, ValueError):
         return str(self.message)
 
 
+class SandboxwichLeaseError(RuntimeError):
+    """The sample's lease ended under it: it could not be renewed, or it
+    expired during a command. A RuntimeError, not a SandboxUnavailableError,
+    so that it fails the sample (Inspect turns a SandboxUnavailableError of a
+    tool call into a tool error and lets the sample go on, but the cell is
+    gone). ``lease_id`` names the lease."""
+
+    def __init__(self, message: str, lease_id: uuid.UUID) -> None:
+        super().__init__(message)
+        self.lease_id = lease_id
+
+
 class SandboxwichConfig(BaseModel):
     """Configuration of the ``sandboxwich`` sandbox (each field defaults to
     its ``SANDBOXWICH_*`` environment variable where it has one)."""
@@ -79,7 +92,13 @@ class SandboxwichConfig(BaseModel):
     release: Release | None = None
     """The pool's signed release; default from SANDBOXWICH_RELEASE_FILE (its JSON)."""
     lease_seconds: int = Field(default=300, ge=1)
-    """Requested lease length (the server clamps it to its maximum)."""
+    """Requested lease length (the server clamps it to its maximum,
+    SANDBOXWICH_MAX_LEASE_SECONDS, default 300)."""
+    renew_lease_seconds: int | None = Field(default=None, ge=1)
+    """The lease length asked for at each renewal: each sample's lease is
+    kept alive from sample_init until sample_cleanup, renewed at about a
+    third of its remaining life, up to the cell's lifetime cap (the pool's
+    max_cell_seconds, default a day). Default: lease_seconds."""
     exec_output_cap: int | None = Field(default=None, ge=1)
     """Per-stream cap of exec output in bytes, asked of the server as
     ``max_output_bytes`` (at most its SANDBOXWICH_EXEC_MAX_OUTPUT_CEILING_BYTES,
@@ -281,6 +300,12 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
         self._lease_claim = claim
         self._proof: Proof = claim.proof()
         self.metadata: dict[str, Any] = {}
+        assert claim.lease is not None
+        self._expiry = claim.lease.expires_at
+        """The latest expiry the server answered (claim, renewals)."""
+        # The lease is renewed until the sample ends (CONTRACT §20); a
+        # failed renewal fails the sample's next sandbox operation.
+        self._keepalive: AsyncKeepAlive = session.client.keep_alive(self._proof, self._renew_seconds(), expires_at=claim.lease.expires_at)
         # The evidence is what the plane verified before it leased the
         # cell: read it while the sample runs, so that the cleanup waits
         # only for the release.
@@ -392,9 +417,17 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
             if isinstance(env, SandboxwichSandboxEnvironment):
                 await env._release(wait=env._session.config.wait_for_deletion and not interrupted)
 
+    def _renew_seconds(self) -> int:
+        return self._session.config.renew_lease_seconds or self._session.config.lease_seconds
+
     async def _release(self, *, wait: bool) -> None:
         c = self._session.client
         lease_id = self._proof.lease_id
+        await self._keepalive.stop()
+        ka = self._keepalive
+        self.metadata["renewals"] = ka.renewals
+        if ka.error is not None:
+            self.metadata["renewal_error"] = ka.error.message
         # The evidence read started at the claim; the release does not wait
         # for it (the evidence stays readable after the release).
         ev, rel = await asyncio.gather(self._evidence, c.release(self._proof, "destroyed"), return_exceptions=True)
@@ -490,12 +523,80 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
 
     # Commands and files.
 
+    def _expires_at(self) -> datetime:
+        """The latest expiry the server answered."""
+        ka = self._keepalive.expires_at
+        if ka is not None and ka > self._expiry:
+            self._expiry = ka
+        return self._expiry
+
     def _remaining(self) -> float:
         """The lease's remaining life: the bound of a command without a
         timeout (the server's default would be 60 s)."""
-        assert self._lease_claim.lease is not None
-        left = (self._lease_claim.lease.expires_at - datetime.now(timezone.utc)).total_seconds()
+        left = (self._expires_at() - datetime.now(timezone.utc)).total_seconds()
         return max(1.0, left)
+
+    def _lease_error(self) -> SandboxwichLeaseError | None:
+        """The failure of the sample's keep-alive, as the sample's error."""
+        err = self._keepalive.error
+        if err is None:
+            return None
+        return SandboxwichLeaseError(
+            f"sandboxwich: the lease {self._proof.lease_id} of this sample could not be renewed ({err.message}); the cell is gone or going",
+            self._proof.lease_id,
+        )
+
+    def _check_lease(self) -> None:
+        err = self._lease_error()
+        if err is not None:
+            raise err
+
+    async def _failed(self, e: errors.SandboxwichError) -> Exception:
+        """The Inspect exception of an SDK failure of an operation: the
+        lease's own failure first, when the keep-alive reported one; a
+        conflict after the lease's expiry says that it expired."""
+        err = self._lease_error()
+        if err is not None:
+            return err
+        if isinstance(e, errors.ConflictError) and await self._ended_by_expiry():
+            return self._expired(str(e))
+        return _unavailable(e)
+
+    def _expired(self, how: str) -> SandboxwichLeaseError:
+        return SandboxwichLeaseError(
+            f"sandboxwich: the lease {self._proof.lease_id} expired ({how}; it expired at {self._expires_at().isoformat()});"
+            " the cell is gone. The lease is renewed while the sample runs, up to the cell's lifetime cap",
+            self._proof.lease_id,
+        )
+
+    async def _extend_for(self, timeout: float) -> None:
+        """Before a command that may run longer than the lease's remaining
+        life (the server bounds a command by it): renew now, asking for the
+        command's length (clamped by the server to its maximum lease)."""
+        if timeout <= self._remaining() - 1:
+            return
+        try:
+            lz = await self._session.client.renew(self._proof, max(self._renew_seconds(), int(-(-timeout // 1)) + 5))
+        except errors.SandboxwichError as e:
+            logger.warning("sandboxwich: renewal of lease %s before a command failed (%s)", self._proof.lease_id, e.__class__.__name__)
+            return  # the keep-alive reports a lasting failure
+        if lz.expires_at > self._expiry:
+            self._expiry = lz.expires_at
+
+    async def _ended_by_expiry(self) -> bool:
+        """Whether a command answered "killed" because the lease expired
+        (not a release or revoke): its known expiry has passed, and the
+        lease's events record no release or revocation."""
+        ka = self._keepalive.error
+        if ka is not None and ka.expired:
+            return True
+        if datetime.now(timezone.utc) < self._expires_at() - timedelta(seconds=1):
+            return False
+        try:
+            page = await self._session.client.events(lease_id=self._proof.lease_id, limit=100)
+        except errors.SandboxwichError:
+            return True
+        return not any(ev.type in ("lease.released", "lease.revoked") for ev in page.events)
 
     def _path(self, p: str) -> str:
         return p if posixpath.isabs(p) else posixpath.normpath(posixpath.join(self._session.config.working_dir, p))
@@ -514,6 +615,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     ) -> Any:
         from inspect_ai.util import ExecResult
 
+        self._check_lease()
         u = _user(user)
         c = self._session.client
         cap = self._session.config.exec_output_cap or SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
@@ -526,6 +628,9 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                 await c.write_file(self._proof, staged, stdin, mode=0o600, user=u)
                 argv = ["/bin/sh", "-c", 'exec 0<"$0" || exit 126; rm -f -- "$0"; exec "$@"', staged, *argv]
                 stdin = None
+            if timeout:
+                await self._extend_for(timeout)
+            bound = timeout or self._remaining()
             res = await c.exec(
                 self._proof,
                 argv,
@@ -533,15 +638,25 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                 env=env,
                 cwd=self._path(cwd or "."),
                 user=u,
-                timeout=timeout or self._remaining(),
+                timeout=bound,
                 max_output_bytes=cap,
             )
         except (errors.InvalidRequestError, errors.BadRequestError) as e:
             raise ValueError(f"sandboxwich: {e}") from None
         except errors.SandboxwichError as e:
-            raise _unavailable(e) from None
+            raise (await self._failed(e)) from None
+        if (res.reason == "killed" or res.timed_out) and await self._ended_by_expiry():
+            # The server bounds a command by the lease's remaining life, so
+            # a lease that ran out under a command answers killed or
+            # timed_out; either way the cell is gone.
+            raise self._lease_error() or self._expired(f"during the command, which answered {res.reason}")
         if res.timed_out:
-            raise TimeoutError(f"command timed out after {timeout} s" if timeout else "command outlived the lease")
+            if timeout and res.duration_ms < timeout * 1000 - 1000:
+                raise TimeoutError(
+                    f"command timed out after {res.duration_ms / 1000:.0f} s of the {timeout} s asked for:"
+                    " the server bounds a command by the lease's remaining life when it starts"
+                )
+            raise TimeoutError(f"command timed out after {timeout} s" if timeout else f"command timed out after {bound:.0f} s (the lease's remaining life)")
         if res.reason in ("killed", "cell_lost"):
             raise SandboxUnavailableError(f"sandboxwich: the cell ended during the command ({res.reason})")
         longest = max(len(res.stdout), len(res.stderr))
@@ -560,13 +675,14 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
 
     @override
     async def write_file(self, file: str, contents: str | bytes) -> None:
+        self._check_lease()
         data = contents.encode("utf-8") if isinstance(contents, str) else contents
         try:
             await self._session.client.write_file(self._proof, self._path(file), data)
         except errors.InvalidRequestError as e:
             raise IsADirectoryError(f"{file}: {e.message}") from None
         except errors.SandboxwichError as e:
-            raise _unavailable(e) from None
+            raise (await self._failed(e)) from None
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
@@ -576,6 +692,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
 
     @override
     async def read_file(self, file: str, text: bool = True) -> Union[str | bytes]:
+        self._check_lease()
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         try:
             data = await self._session.client.read_file(self._proof, self._path(file), max_bytes=limit)
@@ -584,7 +701,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
         except errors.InvalidRequestError as e:
             raise IsADirectoryError(f"{file}: {e.message}") from None
         except errors.SandboxwichError as e:
-            raise _unavailable(e) from None
+            raise (await self._failed(e)) from None
         return data.decode("utf-8") if text else data
 
     def default_polling_interval(self) -> float:
