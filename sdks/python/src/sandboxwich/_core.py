@@ -372,6 +372,7 @@ def decode_exec(r: ExecResponse) -> ExecResult:
         reason=r.reason,
         duration_ms=r.duration_ms,
         max_output_bytes=r.max_output_bytes,
+        message=r.message,
     )
 
 

@@ -151,6 +151,9 @@ class ExecExit(_Model):
     timed_out: bool
     signal: str | None
     reason: ExecReason
+    message: str | None = None
+    """Why a killed command was killed (its lease expired, or was released
+    or revoked); absent otherwise (CONTRACT §20)."""
 
 
 class ExecResponse(ExecExit):
@@ -391,6 +394,9 @@ class ExecResult(_Model):
     duration_ms: int
     max_output_bytes: int | None = None
     """The cap of each of stdout and stderr that applied."""
+    message: str | None = None
+    """Why a killed command was killed (its lease expired, or was released
+    or revoked); ``None`` otherwise."""
 
 
 EventType = Literal[
