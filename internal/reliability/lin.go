@@ -52,30 +52,40 @@ type LinConfig struct {
 // LinReport is the outcome of a run.
 type LinReport struct {
 	Ops, Unknown, Leased, Empty, Conflicts, Prepared int
-	Requests, Dropped, FiveXX, ProxyErrors           int64
-	Partitions                                       int
-	Result                                           porcupine.CheckResult
-	CheckTime                                        time.Duration
-	Visualization                                    string
+	// Renewed counts renewals answered 200, RenewRefused those answered
+	// 409 (the lease's stop recorded).
+	Renewed, RenewRefused                  int
+	Requests, Dropped, FiveXX, ProxyErrors int64
+	Partitions                             int
+	Result                                 porcupine.CheckResult
+	CheckTime                              time.Duration
+	Visualization                          string
 	// Unexpected lists answers outside the model (e.g. a 400 or a 500).
 	Unexpected []string
 	// Canary is porcupine's verdict on the same history with one injected
 	// violation (a second lease on a cell): it must be Illegal, or the
 	// check proves nothing.
 	Canary porcupine.CheckResult
+	// RenewTwice and RenewShorter are the verdicts on the history with
+	// one renewal's answer changed as a broken store would give it: the
+	// extension counted twice, and an expiry 30 s short of what the
+	// renewal must grant. Both must be Illegal.
+	RenewTwice, RenewShorter porcupine.CheckResult
 }
 
 // Passed reports whether the run proved what it should.
 func (r LinReport) Passed(minDrop float64) bool {
-	return r.Result == porcupine.Ok && r.Canary == porcupine.Illegal && len(r.Unexpected) == 0 && r.FiveXX == 0 &&
+	return r.Result == porcupine.Ok && r.Canary == porcupine.Illegal && r.RenewTwice == porcupine.Illegal &&
+		r.RenewShorter == porcupine.Illegal && len(r.Unexpected) == 0 && r.FiveXX == 0 &&
 		r.Requests > 0 && float64(r.Dropped) >= minDrop*float64(r.Requests)
 }
 
 func (r LinReport) String() string {
-	s := fmt.Sprintf("%d ops (%d unknown, %d leased, %d empty, %d conflict, %d prepared) in %d partitions, "+
-		"%d requests, %d answers dropped (%.1f%%), %d 5xx, porcupine %s in %s (canary %s)",
-		r.Ops, r.Unknown, r.Leased, r.Empty, r.Conflicts, r.Prepared, r.Partitions, r.Requests, r.Dropped,
-		100*float64(r.Dropped)/math.Max(1, float64(r.Requests)), r.FiveXX, r.Result, r.CheckTime.Round(time.Millisecond), r.Canary)
+	s := fmt.Sprintf("%d ops (%d unknown, %d leased, %d empty, %d conflict, %d prepared, %d renewed, %d renewals refused) in %d partitions, "+
+		"%d requests, %d answers dropped (%.1f%%), %d 5xx, porcupine %s in %s (canary %s; renewal canaries: twice %s, shorter %s)",
+		r.Ops, r.Unknown, r.Leased, r.Empty, r.Conflicts, r.Prepared, r.Renewed, r.RenewRefused, r.Partitions, r.Requests, r.Dropped,
+		100*float64(r.Dropped)/math.Max(1, float64(r.Requests)), r.FiveXX, r.Result, r.CheckTime.Round(time.Millisecond), r.Canary,
+		r.RenewTwice, r.RenewShorter)
 	if len(r.Unexpected) > 0 {
 		s += fmt.Sprintf(", %d unexpected answers (first: %s)", len(r.Unexpected), r.Unexpected[0])
 	}
@@ -231,6 +241,11 @@ func RunLinearizability(ctx context.Context, env *Env, cfg LinConfig) (LinReport
 			rep.Empty++
 		case in.Kind == Prepare:
 			rep.Prepared++
+		case in.Kind == Renew && out.Result == OK:
+			rep.Renewed++
+		case in.Kind == Renew && out.Result == Conflict:
+			rep.RenewRefused++
+			rep.Conflicts++
 		case out.Result == Conflict:
 			rep.Conflicts++
 		}
@@ -245,6 +260,7 @@ func RunLinearizability(ctx context.Context, env *Env, cfg LinConfig) (LinReport
 		rep.Visualization = visualize(model, ops, cfg)
 	}
 	rep.Canary = canary(model, ops)
+	rep.RenewTwice, rep.RenewShorter = renewCanaries(model, ops)
 	return rep, nil
 }
 
@@ -304,6 +320,29 @@ func canary(model porcupine.Model, ops []porcupine.Operation) porcupine.CheckRes
 		}
 	}
 	return porcupine.Unknown // no two leases to build the canary from
+}
+
+// renewCanaries changes the answer of one renewal that asked for the
+// maximum lease (a 200 of a few seconds) as a broken store would give it,
+// once with the extension counted twice (expiry + lease_seconds) and once
+// 30 s short of it, and returns porcupine's verdicts on both histories.
+func renewCanaries(model porcupine.Model, ops []porcupine.Operation) (twice, shorter porcupine.CheckResult) {
+	for i, op := range ops {
+		in, out := op.Input.(Input), op.Output.(Output)
+		if in.Kind != Renew || out.Result != OK || out.Expiry == 0 || in.LeaseSeconds < 300 ||
+			in.RetWall-in.CallWall > int64(5*time.Second/time.Microsecond) {
+			continue
+		}
+		verdict := func(e int64) porcupine.CheckResult {
+			mutated := slices.Clone(ops)
+			o := out
+			o.Expiry = e
+			mutated[i].Output = o
+			return porcupine.CheckOperationsTimeout(model, mutated, time.Minute)
+		}
+		return verdict(out.Expiry + int64(in.LeaseSeconds)*1e6), verdict(out.Expiry - 30e6)
+	}
+	return porcupine.Unknown, porcupine.Unknown // no renewal to build them from
 }
 
 // opCtx returns a context that counts the operation's attempts. It
@@ -401,7 +440,9 @@ func (w *linRun) claim(id int, claimID uuid.UUID, ls uint64) (*wire.Lease, strin
 	ctx, cancel, a := opCtx()
 	defer cancel()
 	call := w.rec.now()
+	in.CallWall = time.Now().UnixMicro()
 	c, err := w.tenant.Claim(ctx, wire.ClaimRequest{ClaimID: &claimID, Release: w.env.Release, Binding: w.binding, LeaseSeconds: &ls})
+	in.RetWall = time.Now().UnixMicro()
 	ret := w.rec.now()
 	out := Output{Result: w.classify("claim", err, a, true)}
 	switch {
@@ -412,7 +453,7 @@ func (w *linRun) claim(id int, claimID uuid.UUID, ls uint64) (*wire.Lease, strin
 	case out.Result == OK && c.Empty():
 		out.Result = Empty
 	case out.Result == OK:
-		out.Lease, out.Cell = c.Lease.LeaseID.String(), c.Lease.CellID.String()
+		out.Lease, out.Cell, out.Expiry = c.Lease.LeaseID.String(), c.Lease.CellID.String(), c.Lease.ExpiresAt.UnixMicro()
 		if _, dup := w.seen.LoadOrStore(out.Lease, true); !dup {
 			w.leased.Add(1)
 		}
@@ -424,12 +465,15 @@ func (w *linRun) claim(id int, claimID uuid.UUID, ls uint64) (*wire.Lease, strin
 	return nil, ""
 }
 
-// simple runs one operation with no result but its class.
-func (w *linRun) simple(id int, in Input, effect bool, fn func(ctx context.Context) (string, error)) Result {
+// simple runs one operation whose answer is its class and, when fn gives
+// them, a state and an expiry.
+func (w *linRun) simple(id int, in Input, effect bool, fn func(ctx context.Context) (Output, error)) Result {
 	ctx, cancel, a := opCtx()
 	defer cancel()
 	call := w.rec.now()
-	state, err := fn(ctx)
+	in.CallWall = time.Now().UnixMicro()
+	got, err := fn(ctx)
+	in.RetWall = time.Now().UnixMicro()
 	ret := w.rec.now()
 	out := Output{Result: w.classify(in.Kind.String(), err, a, effect)}
 	if out.Result == Unknown && err != nil {
@@ -438,7 +482,7 @@ func (w *linRun) simple(id int, in Input, effect bool, fn func(ctx context.Conte
 		}
 	}
 	if out.Result == OK {
-		out.State = state
+		out.State, out.Expiry = got.State, got.Expiry
 	}
 	w.rec.add(id, in, out, call, ret)
 	return out.Result
@@ -448,22 +492,22 @@ func (w *linRun) validate(id int, l *wire.Lease, proof wire.LeaseProof, bad bool
 	if bad {
 		proof.Binding.ThreadID = "thread-other"
 	}
-	w.simple(id, Input{Kind: Validate, Lease: l.LeaseID.String(), BadProof: bad}, false, func(ctx context.Context) (string, error) {
-		_, err := w.tenant.Validate(ctx, l.LeaseID, proof)
-		return "", err
+	w.simple(id, Input{Kind: Validate, Lease: l.LeaseID.String(), BadProof: bad}, false, func(ctx context.Context) (Output, error) {
+		got, err := w.tenant.Validate(ctx, l.LeaseID, proof)
+		return Output{Expiry: got.ExpiresAt.UnixMicro()}, err
 	})
 }
 
 func (w *linRun) status(id int, l *wire.Lease) {
-	w.simple(id, Input{Kind: Status, Lease: l.LeaseID.String()}, false, func(ctx context.Context) (string, error) {
+	w.simple(id, Input{Kind: Status, Lease: l.LeaseID.String()}, false, func(ctx context.Context) (Output, error) {
 		st, err := w.tenant.Lease(ctx, l.LeaseID)
-		return string(st.State), err
+		return Output{State: string(st.State)}, err
 	})
 }
 
 func (w *linRun) release(id int, l *wire.Lease, proof wire.LeaseProof, d lease.Disposition) {
-	w.simple(id, Input{Kind: Release, Lease: l.LeaseID.String(), Disposition: string(d)}, true, func(ctx context.Context) (string, error) {
-		return "", retry(ctx, w.cfg.Attempts, func() error {
+	w.simple(id, Input{Kind: Release, Lease: l.LeaseID.String(), Disposition: string(d)}, true, func(ctx context.Context) (Output, error) {
+		return Output{}, retry(ctx, w.cfg.Attempts, func() error {
 			_, err := w.tenant.Release(ctx, l.LeaseID, proof, d)
 			return err
 		})
@@ -472,15 +516,47 @@ func (w *linRun) release(id int, l *wire.Lease, proof wire.LeaseProof, d lease.D
 
 func (w *linRun) destroy(id int, cell, leaseID uuid.UUID, d lease.Disposition, wrong bool) {
 	in := Input{Kind: Destroy, Cell: cell.String(), Lease: leaseID.String(), Disposition: string(d), WrongLease: wrong}
-	w.simple(id, in, true, func(ctx context.Context) (string, error) {
+	w.simple(id, in, true, func(ctx context.Context) (Output, error) {
 		var c wire.Cell
 		err := retry(ctx, w.cfg.Attempts, func() error {
 			var err error
 			c, err = w.worker.Destroy(ctx, w.env.WorkerID, cell, wire.DestroyRequest{LeaseID: leaseID, Generation: 2, Disposition: d})
 			return err
 		})
-		return string(c.State), err
+		return Output{State: string(c.State)}, err
 	})
+}
+
+// maxLease is the servers' maximum lease length (the default): a
+// renewal's lease_seconds is clamped into [1, maxLease].
+const maxLease = 300
+
+// renew renews l for ls seconds (clamped as the server clamps them)
+// through the Go client, which retries it after a lost answer.
+func (w *linRun) renew(id int, l *wire.Lease, proof wire.LeaseProof, ls uint64) {
+	in := Input{Kind: Renew, Lease: l.LeaseID.String(), LeaseSeconds: min(max(ls, 1), maxLease)}
+	w.simple(id, in, true, func(ctx context.Context) (Output, error) {
+		got, err := w.tenant.Renew(ctx, l.LeaseID, proof, ls)
+		return Output{Expiry: got.ExpiresAt.UnixMicro()}, err
+	})
+}
+
+// pickRenewal chooses lease_seconds: mostly the maximum (it extends),
+// sometimes less than the lease has left (nothing moves), 0 or huge
+// (clamped).
+func pickRenewal(rng *rand.Rand) uint64 {
+	switch r := rng.Float64(); {
+	case r < 0.5:
+		return maxLease
+	case r < 0.7:
+		return 120
+	case r < 0.8:
+		return 30
+	case r < 0.9:
+		return 0
+	default:
+		return 1 << 40
+	}
 }
 
 func pick[T any](rng *rand.Rand, p float64, a, b T) T {
@@ -498,6 +574,14 @@ func (w *linRun) useLease(id int, rng *rand.Rand, l *wire.Lease, att string) {
 	if rng.Float64() < 0.05 {
 		w.validate(id, l, proof, true)
 	}
+	// Renewals: sometimes two in a row, or a second client's through a
+	// shared claim ID, racing the stop below.
+	for rng.Float64() < 0.6 {
+		w.renew(id, l, proof, pickRenewal(rng))
+		if rng.Float64() < 0.5 {
+			w.validate(id, l, proof, false)
+		}
+	}
 	w.status(id, l)
 	if _, worker := w.prepared.Load(l.CellID.String()); worker {
 		if rng.Float64() < 0.2 {
@@ -513,6 +597,9 @@ func (w *linRun) useLease(id int, rng *rand.Rand, l *wire.Lease, att string) {
 		case r < 0.35:
 			w.release(id, l, proof, pick(rng, 0.5, lease.Destroyed, lease.Quarantined))
 		}
+	}
+	if rng.Float64() < 0.3 {
+		w.renew(id, l, proof, pickRenewal(rng)) // after the stop: 409
 	}
 	w.validate(id, l, proof, false)
 	w.status(id, l)

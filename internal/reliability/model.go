@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 )
@@ -28,10 +29,13 @@ const (
 	Destroy
 	// Prepare is the worker's POST …/sterile-cells/prepare.
 	Prepare
+	// Renew is POST /v1/sterile-cell-leases/{id}/renew (CONTRACT §20),
+	// retried by the Go client with the same body.
+	Renew
 )
 
 var kindNames = map[Kind]string{Claim: "claim", Validate: "validate", Release: "release",
-	Status: "status", Destroy: "destroy", Prepare: "prepare"}
+	Status: "status", Destroy: "destroy", Prepare: "prepare", Renew: "renew"}
 
 func (k Kind) String() string { return kindNames[k] }
 
@@ -51,6 +55,13 @@ type Input struct {
 	BadProof bool
 	// WrongLease marks a Destroy that names a lease the cell never had.
 	WrongLease bool
+	// LeaseSeconds is a Renew's lease_seconds as the server clamps it.
+	LeaseSeconds uint64
+	// CallWall and RetWall bound, in Unix microseconds of the wall clock
+	// the servers share, when the operation (all its attempts) ran: a
+	// renewal sets the expiry from a now between them. Zero when not
+	// recorded.
+	CallWall, RetWall int64
 }
 
 // Result is the class of an operation's answer.
@@ -87,6 +98,9 @@ type Output struct {
 	WorkerCell bool
 	// State is the cell state reported by Status and Destroy.
 	State string
+	// Expiry is the lease's expires_at (Unix microseconds) answered by a
+	// Claim that leased, a Validate or a Renew; zero when not recorded.
+	Expiry int64
 }
 
 // The sequential specification. Each partition of the history (the claim
@@ -121,6 +135,10 @@ type leaseRec struct {
 	disp   string // disposition of the recorded stop
 	worker bool
 	final  string // terminal state once known
+	// lo and hi bound the lease's current expiry (Unix microseconds): an
+	// unknown renewal widens them; an answer that shows the expiry pins
+	// them. Both zero: not recorded.
+	lo, hi int64
 }
 
 type cellState uint8
@@ -162,7 +180,7 @@ func (s *mstate) key() string {
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.leases)) {
 		l := s.leases[k]
-		fmt.Fprintf(&b, "l%s=%s/%d/%s/%t/%s;", k, l.cell, l.st, l.disp, l.worker, l.final)
+		fmt.Fprintf(&b, "l%s=%s/%d/%s/%t/%s/%d/%d;", k, l.cell, l.st, l.disp, l.worker, l.final, l.lo, l.hi)
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.cells)) {
 		c := s.cells[k]
@@ -189,7 +207,7 @@ func (s *mstate) kill(leaseID, final string) bool {
 // adopt records a new lease on a cell; false when the cell cannot be
 // leased (already leased by another lease, terminal, or a worker cell not
 // prepared yet).
-func (s *mstate) adopt(leaseID, cellID string, worker bool) bool {
+func (s *mstate) adopt(leaseID, cellID string, worker bool, expiry int64) bool {
 	if _, seen := s.leases[leaseID]; seen {
 		return false
 	}
@@ -200,7 +218,7 @@ func (s *mstate) adopt(leaseID, cellID string, worker bool) bool {
 	case !worker && known:
 		return false // pool cells are seen first by the claim that leases them
 	}
-	s.leases[leaseID] = leaseRec{cell: cellID, st: leaseLive, worker: worker}
+	s.leases[leaseID] = leaseRec{cell: cellID, st: leaseLive, worker: worker, lo: expiry, hi: expiry}
 	s.cells[cellID] = cellRec{st: cellLeased, lease: leaseID}
 	return true
 }
@@ -231,7 +249,7 @@ func stepClaim(s *mstate, in Input, out Output) []any {
 		if ok && f.st == fenceLease {
 			l := s.leases[f.lease]
 			if f.lease == out.Lease && l.cell == out.Cell && l.st != leaseDead {
-				return one(s)
+				return s.observeExpiry(f.lease, out.Expiry) // a fenced retry answers the current expiry
 			}
 			return nil
 		}
@@ -239,7 +257,7 @@ func stepClaim(s *mstate, in Input, out Output) []any {
 			return nil
 		}
 		n := s.clone()
-		if !n.adopt(out.Lease, out.Cell, out.WorkerCell) {
+		if !n.adopt(out.Lease, out.Cell, out.WorkerCell, out.Expiry) {
 			return nil
 		}
 		n.fences[in.ClaimID] = fenceRec{digest: in.Digest, st: fenceLease, lease: out.Lease}
@@ -295,7 +313,7 @@ func stepValidate(s *mstate, in Input, out Output) []any {
 	}
 	switch {
 	case out.Result == OK && l.st != leaseDead:
-		return one(s)
+		return s.observeExpiry(in.Lease, out.Expiry)
 	case out.Result == Conflict && l.st == leaseDead:
 		return one(s)
 	case out.Result == Conflict && l.st == leaseStopping:
@@ -433,6 +451,83 @@ func stepPrepare(s *mstate, in Input, out Output) []any {
 	return one(n)
 }
 
+// expirySlack absorbs the distance between the harness's reading of the
+// wall clock and the server's (the same host's clock, or the database's):
+// far below any extension the harness asks for.
+const expirySlack = int64(time.Second / time.Microsecond)
+
+// observeExpiry accepts an answer that shows leaseID's current expiry e
+// (zero: not shown) when e is within what the model allows, and pins it.
+func (s *mstate) observeExpiry(leaseID string, e int64) []any {
+	l := s.leases[leaseID]
+	if e == 0 || l.hi == 0 {
+		return one(s)
+	}
+	if e < l.lo-expirySlack || e > l.hi+expirySlack {
+		return nil
+	}
+	n := s.clone()
+	l.lo, l.hi = e, e
+	n.leases[leaseID] = l
+	return one(n)
+}
+
+// renewBounds is the range of the expiry after a renewal of l ran at some
+// now in [in.CallWall, in.RetWall] (CONTRACT §20): max(current, now +
+// lease_seconds). However often it was retried, each attempt sets the
+// expiry from its own now, so the extensions never add up. The lifetime
+// cap is far beyond any run's renewals, so it never binds here.
+func renewBounds(l leaseRec, in Input) (lo, hi int64) {
+	ext := int64(in.LeaseSeconds) * int64(time.Second/time.Microsecond)
+	return max(l.lo, in.CallWall+ext), max(l.hi, in.RetWall+ext)
+}
+
+func stepRenew(s *mstate, in Input, out Output) []any {
+	l, ok := s.leases[in.Lease]
+	switch {
+	case !ok && out.Result == Unknown:
+		return one(s)
+	case !ok:
+		return nil
+	case out.Result == Unknown:
+		if l.st != leaseLive || l.hi == 0 || in.CallWall == 0 {
+			return one(s)
+		}
+		n := s.clone()
+		nl := l
+		nl.lo, nl.hi = renewBounds(l, in)
+		n.leases[in.Lease] = nl
+		return []any{s, n} // lost, or renewed
+	}
+	switch l.st {
+	case leaseLive:
+		// Never shorter, never two extensions; nothing but the expiry
+		// changes. Leases outlive the run: a live one is never expired.
+		if out.Result != OK {
+			return nil
+		}
+		if l.hi == 0 || in.CallWall == 0 || out.Expiry == 0 {
+			return one(s)
+		}
+		lo, hi := renewBounds(l, in)
+		if out.Expiry < lo-expirySlack || out.Expiry > hi+expirySlack {
+			return nil
+		}
+		n := s.clone()
+		nl := l
+		nl.lo, nl.hi = out.Expiry, out.Expiry
+		n.leases[in.Lease] = nl
+		return one(n)
+	case leaseStopping, leaseDead:
+		// The stop is recorded: 409, and nothing changes (a 409 alone
+		// does not say whether the stop completed).
+		if out.Result == Conflict {
+			return one(s)
+		}
+	}
+	return nil
+}
+
 func step(state, input, output any) []any {
 	s, in, out := state.(*mstate), input.(Input), output.(Output)
 	switch in.Kind {
@@ -448,6 +543,8 @@ func step(state, input, output any) []any {
 		return stepDestroy(s, in, out)
 	case Prepare:
 		return stepPrepare(s, in, out)
+	case Renew:
+		return stepRenew(s, in, out)
 	}
 	return nil
 }
@@ -539,6 +636,8 @@ func describeOperation(input, output any) string {
 		}
 	case Prepare:
 		args = short(in.Cell)
+	case Renew:
+		args = fmt.Sprintf("%s,%ds,at[%d,%d]", short(in.Lease), in.LeaseSeconds, in.CallWall, in.RetWall)
 	}
 	res := out.Result.String()
 	switch {
@@ -549,6 +648,9 @@ func describeOperation(input, output any) string {
 		}
 	case out.State != "":
 		res += " " + out.State
+	}
+	if out.Expiry != 0 {
+		res += fmt.Sprintf(" expires %d", out.Expiry)
 	}
 	return fmt.Sprintf("%s(%s) -> %s", in.Kind, args, res)
 }

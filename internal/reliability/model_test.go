@@ -213,3 +213,76 @@ func TestDropProxy(t *testing.T) {
 		t.Fatalf("backend saw %d requests, want 2 (a dropped answer is still served)", hits.Load())
 	}
 }
+
+// Renewal histories: times in seconds of the wall clock, expiries in
+// Unix microseconds.
+const sec = int64(1_000_000)
+
+func leasedAt(l, c string, expiry int64) Output {
+	return Output{Result: OK, Lease: l, Cell: c, Expiry: expiry}
+}
+
+func renewIn(l string, ls uint64, call, ret int64) Input {
+	return Input{Kind: Renew, Lease: l, LeaseSeconds: ls, CallWall: call * sec, RetWall: ret * sec}
+}
+
+func expires(e int64) Output { return Output{Result: OK, Expiry: e * sec} }
+
+func TestModelRenewals(t *testing.T) {
+	base := func() *hb { return new(hb).add(0, 0, 1, claim("a", "d"), leasedAt("L1", "C1", 300*sec)) }
+	legal := map[string]*hb{
+		"renew extends from its own now": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), expires(400)).
+			add(0, 4, 5, Input{Kind: Validate, Lease: "L1"}, expires(400)),
+		"a shorter request changes nothing": base().
+			add(0, 2, 3, renewIn("L1", 30, 100, 101), expires(300)),
+		"a retried renewal after a lost answer extends once": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 120), expires(420)),
+		"an unknown renewal may or may not have happened": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), res(Unknown)).
+			add(0, 4, 5, Input{Kind: Validate, Lease: "L1"}, expires(400)),
+		"an unknown renewal that did not happen": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), res(Unknown)).
+			add(0, 4, 5, Input{Kind: Validate, Lease: "L1"}, expires(300)),
+		"a fenced claim retry answers the current expiry": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), expires(400)).
+			add(1, 4, 5, claim("a", "d"), leasedAt("L1", "C1", 400*sec)),
+		"renew after the release conflicts": base().
+			add(0, 2, 3, release("L1", "destroyed"), res(OK)).
+			add(0, 4, 5, renewIn("L1", 300, 100, 101), res(Conflict)).
+			add(0, 6, 7, validate("L1"), res(OK)),
+	}
+	for name, b := range legal {
+		t.Run("legal/"+name, func(t *testing.T) {
+			if r := porcupine.CheckOperationsTimeout(Model(), b.ops, 10*time.Second); r != porcupine.Ok {
+				t.Fatalf("legal history judged %s", r)
+			}
+		})
+	}
+	illegal := map[string]*hb{
+		"two extensions": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), expires(700)),
+		"shorter": base().
+			add(0, 2, 3, renewIn("L1", 30, 100, 101), expires(130)),
+		"an extension not from the renewal's now": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), expires(350)),
+		"a renewal lost afterwards": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), expires(400)).
+			add(0, 4, 5, Input{Kind: Validate, Lease: "L1"}, expires(300)),
+		"a claim retry with the old expiry after a renewal": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), expires(400)).
+			add(1, 4, 5, claim("a", "d"), leasedAt("L1", "C1", 300*sec)),
+		"renew after the release succeeds": base().
+			add(0, 2, 3, release("L1", "destroyed"), res(OK)).
+			add(0, 4, 5, renewIn("L1", 300, 100, 101), expires(400)),
+		"a live lease refused renewal": base().
+			add(0, 2, 3, renewIn("L1", 300, 100, 101), res(Conflict)),
+	}
+	for name, b := range illegal {
+		t.Run("illegal/"+name, func(t *testing.T) {
+			if r := porcupine.CheckOperationsTimeout(Model(), b.ops, 10*time.Second); r != porcupine.Illegal {
+				t.Fatalf("violation judged %s", r)
+			}
+		})
+	}
+}
