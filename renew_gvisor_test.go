@@ -233,14 +233,18 @@ func TestRenewBeforeTheFirstExec(t *testing.T) {
 
 // TestUnrenewedLeaseKillsItsCommand (issue 42): a lease that is not
 // renewed ends at its expiry, and a command running across it answers
-// reason killed; the cell is then deleted. (ExecResult carries no
-// message saying the lease expired in this branch: only the reason is
-// checked.)
+// reason killed (its agent activated by an earlier exec); the cell is
+// then deleted. (ExecResult carries no message saying the lease expired
+// in this branch: only the reason is checked.)
 func TestUnrenewedLeaseKillsItsCommand(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const short = 5
 	r := claimRenewCell(ctx, t, "renewnot", short)
+	// An earlier command activates the cell's agent, as in a real sample.
+	if res, err := r.c.Run(ctx, r.id, r.proof, client.Command{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("a first exec: %+v %v", res, err)
+	}
 	var out bytes.Buffer
 	res, err := r.c.ExecStream(ctx, r.id, r.proof, client.Command{
 		Argv: []string{"sh", "-c", "echo started; sleep 30; echo done"}, Timeout: time.Minute,
