@@ -90,22 +90,12 @@ func (r renewCell) releaseAndProveGone(ctx context.Context, t *testing.T, k *cli
 	}
 }
 
-// execOutlivesRenewal says whether an exec started before a renewal runs
-// on to the new expiry (issue 42: "a process started before a renewal
-// runs on to the new expiry"). It does not yet: Plane.exec caps the
-// command's timeout at the lease's remaining life when it starts
-// (CONTRACT §6 "capped at the lease's remaining life"; exec.go), so the
-// agent's timer kills it at the old expiry and it answers timed_out
-// although the lease lives on. A launched process does run on. Set this
-// to true once the plane stops capping an exec at the expiry it had when
-// it started.
-const execOutlivesRenewal = false
-
 // TestRenewKeepsARealCellAlive (issue 42): a real gVisor cell whose plane
 // grants leases of at most 10 s is kept alive by the Go keep-alive for
 // three times that, while one launched process (sleep 30) runs from
 // before the first renewal to its end and exits 0, not killed (and a
-// streamed exec started then, see execOutlivesRenewal). Then the keep-alive
+// streamed exec started then: a renewal moves the expiry that bounds it in
+// the cell, CONTRACT §20). Then the keep-alive
 // stops, the lease is released and the cell proven deleted.
 func TestRenewKeepsARealCellAlive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -158,14 +148,8 @@ func TestRenewKeepsARealCellAlive(t *testing.T) {
 		t.Errorf("the launched sleep 30: %+v %v, want exited 0 (not killed)", st, err)
 	}
 	a := <-streamed
-	switch {
-	case execOutlivesRenewal:
-		if a.err != nil || a.res.Reason != wire.ReasonExited || a.res.ExitCode != 0 || a.out != "started\ndone\n" {
-			t.Errorf("the streamed sleep 25: %+v output %q %v, want exited 0 with started and done", a.res, a.out, a.err)
-		}
-	case a.err != nil || a.res.Reason != wire.ReasonTimedOut || a.res.Duration > (renewMaxLease+2)*time.Second || a.out != "started\n":
-		t.Errorf("the streamed sleep 25: %+v output %q %v; want it timed out at the claim's expiry, as the plane "+
-			"caps an exec's timeout at the lease's remaining life (or set execOutlivesRenewal)", a.res, a.out, a.err)
+	if a.err != nil || a.res.Reason != wire.ReasonExited || a.res.ExitCode != 0 || a.out != "started\ndone\n" {
+		t.Errorf("the streamed sleep 25: %+v output %q %v, want exited 0 with started and done", a.res, a.out, a.err)
 	}
 	if lived := time.Since(claimed); lived < 3*renewMaxLease*time.Second {
 		t.Fatalf("the launch ended after %v, before three maximum leases", lived)
@@ -249,8 +233,8 @@ func TestUnrenewedLeaseKillsItsCommand(t *testing.T) {
 	res, err := r.c.ExecStream(ctx, r.id, r.proof, client.Command{
 		Argv: []string{"sh", "-c", "echo started; sleep 30; echo done"}, Timeout: time.Minute,
 	}, func(o client.Output) error { out.Write(o.Data); return nil })
-	if err != nil || res.Reason != wire.ReasonKilled || out.String() != "started\n" {
-		t.Errorf("a command across the expiry: %+v output %q %v, want reason killed", res, out.String(), err)
+	if err != nil || res.Reason != wire.ReasonKilled || out.String() != "started\n" || !strings.Contains(res.Message, "lease expired") {
+		t.Errorf("a command across the expiry: %+v output %q %v, want reason killed saying the lease expired", res, out.String(), err)
 	}
 	if late := time.Since(r.expires); late < -time.Second || late > 5*time.Second {
 		t.Errorf("the command ended %v after the lease's expiry", late)

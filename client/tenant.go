@@ -214,8 +214,9 @@ type Command struct {
 	// User runs the command as wire.UserCell (empty too) or wire.UserRoot.
 	User string
 	// Timeout bounds the command, rounded up to whole seconds; zero means
-	// the server's default (60 s). The server caps it at the lease's
-	// remaining life.
+	// the server's default (60 s). The lease bounds it too: at the lease's
+	// expiry, which a renewal moves, the cell kills the command (reason
+	// killed, with a Message saying so).
 	Timeout time.Duration
 	// IdempotencyKey, when set, is sent as the Idempotency-Key of Run: a
 	// repeat of the same command with the same key (by the tenant token;
@@ -279,6 +280,9 @@ type ExecResult struct {
 	// instead: errcode.ErrConflict, the lease is over.
 	Reason   string
 	Duration time.Duration
+	// Message says why a killed command was killed (its lease expired, or
+	// was released or revoked); "" otherwise.
+	Message string
 }
 
 // Run runs cmd in the cell of a live lease, like [Client.Exec], and decodes
@@ -314,7 +318,7 @@ func DecodeExec(r wire.ExecResponse) (ExecResult, error) {
 // exitResult decodes how a command ended.
 func exitResult(e wire.ExecExit) ExecResult {
 	res := ExecResult{ExitCode: e.ExitCode, Truncated: e.Truncated, MaxOutputBytes: e.MaxOutputBytes, TimedOut: e.TimedOut,
-		Reason: e.Reason, Duration: time.Duration(e.DurationMS) * time.Millisecond}
+		Reason: e.Reason, Duration: time.Duration(e.DurationMS) * time.Millisecond, Message: e.Message}
 	if e.Signal != nil {
 		res.Signal = *e.Signal
 	}

@@ -76,7 +76,7 @@ func cliExec(ctx context.Context, e env, args []string) error {
 	f := newCLIFlags(e, "exec")
 	pf := cliProofFlags(f.fs)
 	stdinFile := f.fs.String("stdin-file", "", "send this file as the command's stdin; - reads this process's stdin (at most 1 MiB)")
-	timeoutSeconds := cliUint(f.fs, "timeout-seconds", "command timeout in seconds (server default 60, capped at the lease's remaining life)")
+	timeoutSeconds := cliUint(f.fs, "timeout-seconds", "command timeout in seconds (server default 60; the lease's expiry, which renew moves, ends it too)")
 	cwd := f.fs.String("cwd", "", "absolute working directory in the cell (default: the cell's home)")
 	user := cliUserFlag(f.fs, "run the command")
 	cmdEnv := cliEnvFlag(e, f.fs)
