@@ -14,8 +14,6 @@ import (
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
-	"github.com/sandboxwich/sandboxwich/lease"
-	"github.com/sandboxwich/sandboxwich/store"
 )
 
 // Exec limits (CONTRACT §6, §14).
@@ -175,27 +173,17 @@ func (p *Plane) exec(ctx context.Context, tenantID string, leaseID uuid.UUID, pr
 	// own, and a command the expiry cuts short is killed, and says so.
 	res, err := p.agentExec(ctx, c, req, timeout, out)
 	if err == nil && res.Reason == ReasonKilled {
-		res.Message = p.whyKilled(ctx, c.member)
+		// The agent's deadline runs on its own clock: a second's slack.
+		switch ended, expired := p.leaseEnd(ctx, c.member, time.Second); {
+		case !ended:
+		case expired.IsZero():
+			res.Message = "the lease was released or revoked: its cell ended the command"
+		default:
+			res.Message = "the lease expired at " + expired.UTC().Format(time.RFC3339) +
+				": its cell ended the command (renew a lease to keep it past its expiry)"
+		}
 	}
 	return res, err
-}
-
-// whyKilled says why the cell killed a command of m's lease: the lease
-// expired, or its stop was recorded. Its time is read from the store; a
-// store that cannot answer leaves the reason alone.
-func (p *Plane) whyKilled(ctx context.Context, m *store.Member) string {
-	now, err := p.store.Member(ctx, m.CellID)
-	switch {
-	case err != nil:
-		return ""
-	case now.State != lease.MemberLeased:
-		return "the lease was released or revoked: its cell ended the command"
-	// The agent's deadline runs on its own clock: a second's slack.
-	case now.Cell != nil && now.Cell.Lease != nil && !p.Now().Add(time.Second).Before(now.Cell.Lease.ExpiresAt):
-		return "the lease expired at " + now.Cell.Lease.ExpiresAt.UTC().Format(time.RFC3339) +
-			": its cell ended the command (renew a lease to keep it past its expiry)"
-	}
-	return ""
 }
 
 // providerExec runs a command with the exec of a provider without the

@@ -42,15 +42,32 @@ func (p *Plane) openFenced(ctx context.Context, tenantID string, leaseID uuid.UU
 // leased has no live lease. A store that cannot answer is taken for "no":
 // the caller then treats the cell as lost, as before.
 func (p *Plane) leaseEnded(ctx context.Context, m *store.Member) bool {
+	ended, _ := p.leaseEnd(ctx, m, 0)
+	return ended
+}
+
+// leaseEnd reads from the store whether m's lease has ended: its stop was
+// recorded, or its expiry is within slack of now (then expired is that
+// expiry; zero for a stop). A store that cannot answer is taken for "no".
+func (p *Plane) leaseEnd(ctx context.Context, m *store.Member, slack time.Duration) (ended bool, expired time.Time) {
 	now, err := p.store.Member(ctx, m.CellID)
-	if err != nil {
-		return false
+	switch {
+	case err != nil:
+		return false, time.Time{}
+	case now.State != lease.MemberLeased:
+		return true, time.Time{}
+	case now.Cell != nil && now.Cell.Lease != nil && !p.Now().Add(slack).Before(now.Cell.Lease.ExpiresAt):
+		return true, now.Cell.Lease.ExpiresAt
 	}
-	if now.State != lease.MemberLeased {
-		return true
-	}
-	c := now.Cell
-	return c != nil && c.Lease != nil && !p.Now().Before(c.Lease.ExpiresAt)
+	return false, time.Time{}
+}
+
+// activation is the sanitized activation of lease l in m's cell until
+// expires (CONTRACT §13): never the attestation, its digest, the binding
+// or a token.
+func activation(m *store.Member, l *lease.Lease, expires, now time.Time) agent.Activation {
+	f := agent.Fence{CellID: m.CellID.String(), LeaseID: l.ID.String(), Generation: int64(l.Generation)}
+	return agent.Activation{Version: agent.ProtocolVersion, Fence: f, ExpiresAt: expires, TTLMillis: expires.Sub(now).Milliseconds()}
 }
 
 // How long the plane waits for its cell's agent beyond what the request
@@ -134,12 +151,12 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 		c.execer = execer
 		return c, nil
 	}
-	ttl := l.ExpiresAt.Sub(p.Now())
-	if ttl < time.Millisecond {
+	now := p.Now()
+	if l.ExpiresAt.Sub(now) < time.Millisecond {
 		return nil, errNotLive()
 	}
-	c.fence = agent.Fence{CellID: m.CellID.String(), LeaseID: l.ID.String(), Generation: int64(l.Generation)}
-	c.activation = &agent.Activation{Version: agent.ProtocolVersion, Fence: c.fence, ExpiresAt: l.ExpiresAt, TTLMillis: ttl.Milliseconds()}
+	act := activation(m, l, l.ExpiresAt, now)
+	c.fence, c.activation = act.Fence, &act
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
 	conn, err := host.Agent(actx, c.obj)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -114,8 +113,7 @@ func (p *Plane) tellAgent(ctx context.Context, rec store.LeaseRecord, to, now ti
 	if !ok {
 		return nil
 	}
-	fence := agent.Fence{CellID: m.CellID.String(), LeaseID: l.ID.String(), Generation: int64(l.Generation)}
-	act := agent.Activation{Version: agent.ProtocolVersion, Fence: fence, ExpiresAt: to, TTLMillis: to.Sub(now).Milliseconds()}
+	act := activation(m, l, to, now)
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
 	conn, err := host.Agent(actx, driver.Object{CellID: m.CellID, Identity: m.Identity})

@@ -224,9 +224,11 @@ func TestE2EKeepAlive(t *testing.T) {
 		if time.Now().Before(capAt) || !ka.ExpiresAt().Equal(capAt) {
 			t.Errorf("ended at %s with expiry %s, cap %s", time.Now(), ka.ExpiresAt(), capAt)
 		}
-		// About three a lease up to the cap, one that found the expiry
-		// held, and none while waiting for the end.
-		if n := renewals.Load(); n < 3 || n > 8 {
+		// Reaching the cap took renewals (checked above); a keep-alive that
+		// kept renewing once the expiry held would make dozens: renewals
+		// are a third of the remaining life apart, at least 100 ms, so no
+		// load makes more.
+		if n := renewals.Load(); n == 0 || n > 8 {
 			t.Errorf("%d renewals", n)
 		}
 	})
