@@ -47,8 +47,12 @@ func (p *Plane) RenewLease(ctx context.Context, tenantID string, leaseID uuid.UU
 	}
 	chk := store.LeaseCheck{TenantID: tenantID, LeaseID: leaseID, Now: p.Now(),
 		Proof: lease.Proof{Generation: rec.Cell.Generation, Binding: l.Binding, AttestationDigest: l.AttestationDigest}}
-	if rec, err = p.store.CheckLease(ctx, chk); err != nil {
-		return lease.Lease{}, err
+	// The fence is the lease's own: only its liveness can fail, and then
+	// CheckLease answers (quarantining a lease found expired).
+	if rec.Cell.CheckProof(chk.Proof, chk.Now) != nil {
+		if _, err := p.store.CheckLease(ctx, chk); err != nil {
+			return lease.Lease{}, err
+		}
 	}
 	return p.renew(ctx, rec, chk, leaseSeconds)
 }

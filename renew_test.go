@@ -1,6 +1,7 @@
 package sandboxwich_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
+	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 )
@@ -64,6 +66,9 @@ func TestRenewLifetimeCap(t *testing.T) {
 		t.Fatalf("lease.renewed events: %d (%v), want 2 (the clamped renewal moved nothing)", len(evs), err)
 	}
 	e.now = t0.Add(10 * time.Minute)
+	if _, err := e.plane.RenewLease(e.ctx, "acme", id, 300); !errors.Is(err, errcode.ErrConflict) {
+		t.Fatalf("a tenant-scoped renewal at the cap's expiry: %v, want a conflict (the lease has ended)", err)
+	}
 	if _, err := e.plane.Renew(e.ctx, "acme", id, proof, 300); err == nil {
 		t.Fatal("a renewal at the cap's expiry succeeded; the lease has ended")
 	}

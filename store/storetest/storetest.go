@@ -95,48 +95,28 @@ var (
 // under test: the store itself, or a decorator of its Leases.
 func RunLeases(t *testing.T, newStore func(t *testing.T) (store.Store, store.Leases)) {
 	t.Helper()
-	run(t, "Leases", leasesSuite, func(t *testing.T) *env {
-		s, r := newStore(t)
-		c := split(s)
-		c.Leases = r
-		return newEnv(t, c)
-	}, nil)
+	runRole(t, "Leases", leasesSuite, newStore, func(c *roles, r store.Leases) { c.Leases = r })
 }
 
 // RunWorkers runs the scenarios of the store.Workers role, as RunLeases
 // runs those of Leases.
 func RunWorkers(t *testing.T, newStore func(t *testing.T) (store.Store, store.Workers)) {
 	t.Helper()
-	run(t, "Workers", workersSuite, func(t *testing.T) *env {
-		s, r := newStore(t)
-		c := split(s)
-		c.Workers = r
-		return newEnv(t, c)
-	}, nil)
+	runRole(t, "Workers", workersSuite, newStore, func(c *roles, r store.Workers) { c.Workers = r })
 }
 
 // RunPools runs the scenarios of the store.Pools role, as RunLeases
 // runs those of Leases.
 func RunPools(t *testing.T, newStore func(t *testing.T) (store.Store, store.Pools)) {
 	t.Helper()
-	run(t, "Pools", membersSuite, func(t *testing.T) *env {
-		s, r := newStore(t)
-		c := split(s)
-		c.Pools = r
-		return newEnv(t, c)
-	}, nil)
+	runRole(t, "Pools", membersSuite, newStore, func(c *roles, r store.Pools) { c.Pools = r })
 }
 
 // RunEventLog runs the scenarios of the store.EventLog role, as RunLeases
 // runs those of Leases.
 func RunEventLog(t *testing.T, newStore func(t *testing.T) (store.Store, store.EventLog)) {
 	t.Helper()
-	run(t, "EventLog", eventLogSuite, func(t *testing.T) *env {
-		s, r := newStore(t)
-		c := split(s)
-		c.EventLog = r
-		return newEnv(t, c)
-	}, nil)
+	runRole(t, "EventLog", eventLogSuite, newStore, func(c *roles, r store.EventLog) { c.EventLog = r })
 }
 
 // RunWebhooks runs the scenarios of the optional store.Webhooks ability:
@@ -161,6 +141,18 @@ func RunIdempotency(t *testing.T, newStore func(t *testing.T) (store.Store, stor
 		e := newEnv(t, s)
 		e.s.IdempotencyStore = i
 		return e
+	}, nil)
+}
+
+// runRole runs suite over fresh stores, each with the role under test set
+// in place of the store's own by set.
+func runRole[R any](t *testing.T, name string, suite [][]scenario, newStore func(t *testing.T) (store.Store, R), set func(*roles, R)) {
+	t.Helper()
+	run(t, name, suite, func(t *testing.T) *env {
+		s, r := newStore(t)
+		c := split(s)
+		set(c, r)
+		return newEnv(t, c)
 	}, nil)
 }
 
