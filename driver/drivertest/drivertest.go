@@ -88,13 +88,11 @@ const (
 	prompt = 15 * time.Second
 	// execTimeout is the command timeout used by the timeout subtest.
 	execTimeout = time.Second
-	// execTimeoutSlack is how long past execTimeout a timed-out command may
-	// take to be reported. It tells a command killed at its timeout from
-	// one run to its end (the subtest's command sleeps 600 s or more); it
-	// is not a speed figure. A real-node cell under a 50m CPU quota on a
-	// loaded CI machine once took 27 s to report its kill (15 s was the
-	// bound then).
-	execTimeoutSlack = time.Minute
+	// killGuard is how long a killed command's process may stay visible in
+	// the cell. It is a hang guard, not a speed figure: a real-node cell
+	// under a 50m CPU quota on a loaded CI machine once took 78 s to report
+	// a kill at its 1 s timeout (bounds of 15 s, then 60 s, both failed).
+	killGuard = 5 * time.Minute
 )
 
 // Run runs the conformance suite against the providers h makes.
@@ -485,9 +483,15 @@ func (s *suite) testExec(t *testing.T) {
 		}
 	})
 	t.Run("Timeout", func(t *testing.T) {
+		// The command sleeps 600 s or more: an Exec that returns before
+		// then, timed out and without its last line, was killed at its
+		// timeout. How soon after the timeout is the bench's business.
 		secs := 600 + rand.IntN(300)
+		natural := time.Duration(secs) * time.Second
+		c, cancel := context.WithTimeout(context.Background(), natural)
+		defer cancel()
 		start := time.Now()
-		res, err := e.Exec(ctx(t), obj, driver.ExecRequest{
+		res, err := e.Exec(c, obj, driver.ExecRequest{
 			Argv:      sh(fmt.Sprintf("echo started; sleep %d; echo not reached", secs)),
 			Timeout:   execTimeout,
 			MaxOutput: 1024,
@@ -502,8 +506,8 @@ func (s *suite) testExec(t *testing.T) {
 		if res.ExitCode == 0 {
 			t.Error("a timed-out command reports exit code 0")
 		}
-		if took < execTimeout || took > execTimeout+execTimeoutSlack {
-			t.Errorf("Exec took %v, want between %v and %v", took, execTimeout, execTimeout+execTimeoutSlack)
+		if took < execTimeout || took >= natural {
+			t.Errorf("Exec took %v, want at least its timeout %v and less than the command's own %v", took, execTimeout, natural)
 		}
 		if bytes.Contains(res.Stdout, []byte("not reached")) {
 			t.Errorf("command ran past its timeout: %q", res.Stdout)
@@ -545,11 +549,11 @@ func (s *suite) testExec(t *testing.T) {
 }
 
 // waitGone fails unless no process with the given command line is visible
-// in the cell within execTimeoutSlack (a kill that is slow under load
-// still ends the process; one that never does fails).
+// in the cell within killGuard (a kill that is slow under load still ends
+// the process; one that never does fails).
 func waitGone(t *testing.T, e driver.Execer, obj driver.Object, marker []byte) {
 	t.Helper()
-	deadline := time.Now().Add(execTimeoutSlack)
+	deadline := time.Now().Add(killGuard)
 	for {
 		procs := processList(t, e, obj)
 		if !bytes.Contains(procs, marker) {
