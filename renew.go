@@ -74,7 +74,7 @@ func (p *Plane) renew(ctx context.Context, rec store.LeaseRecord, chk store.Leas
 	if err := p.tellAgent(ctx, rec, to, now); err != nil {
 		return lease.Lease{}, err
 	}
-	rec, err := p.store.Renew(ctx, store.RenewParams{LeaseCheck: chk, ExpiresAt: to})
+	rec, err := p.store.Renew(ctx, store.RenewParams{LeaseCheck: chk, ExpiresAt: to, Read: &rec})
 	if err != nil {
 		return lease.Lease{}, err
 	}

@@ -498,6 +498,11 @@ type RenewParams struct {
 	// ExpiresAt is the expiry asked for, already bounded by the cell's
 	// lifetime cap; an earlier one than the lease's changes nothing.
 	ExpiresAt time.Time
+	// Read, when not nil, is the lease's record as the caller read it to
+	// decide the renewal. A store may renew with one compare-and-set of
+	// the fence and Read's expiry instead of reading the record again; it
+	// answers as it would without Read.
+	Read *LeaseRecord
 }
 
 // ReleaseParams is a tenant's release of a lease.

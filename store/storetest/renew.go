@@ -21,6 +21,7 @@ var renewScenarios = []scenario{
 	{"Renew/UnknownAndForeign", testRenewForeign},
 	{"Renew/PreparedCell", testRenewPrepared},
 	{"Renew/ClaimRetryAfterRenewal", testRenewClaimRetry},
+	{"Renew/StaleRead", testRenewStaleRead},
 }
 
 func (k *tracker) Renew(ctx context.Context, p store.RenewParams) (store.LeaseRecord, error) {
@@ -31,8 +32,11 @@ func (k *tracker) Renew(ctx context.Context, p store.RenewParams) (store.LeaseRe
 	return rec, err
 }
 
+// renew renews l to to, passing the store the lease's record read just
+// before, as the plane does (RenewParams.Read).
 func (e *env) renew(l lease.Lease, to time.Time) (store.LeaseRecord, error) {
-	return e.s.Renew(e.ctx, store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: to})
+	read := e.record(l.ID)
+	return e.s.Renew(e.ctx, store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: to, Read: &read})
 }
 
 // renewed is l after a renewal to the expiry to.
@@ -141,14 +145,65 @@ func testRenewWrongFence(e *env) {
 		"binding":     func(p *store.RenewParams) { p.Proof.Binding.ThreadID = "other" },
 		"attestation": func(p *store.RenewParams) { p.Proof.AttestationDigest = e.sign(lease.Lease{ID: newID()}) },
 	} {
-		p := store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: e.now.Add(time.Hour)}
-		wrong(&p)
-		before := e.snapshot()
-		_, err := e.s.Renew(e.ctx, p)
-		e.wantErr(err, lease.ErrFenceMismatch, "Renew with a wrong "+what)
-		e.wantErr(err, errcode.ErrConflict, "Renew with a wrong "+what)
-		e.unchanged(before, "Renew with a wrong "+what)
+		read := e.record(l.ID)
+		for _, read := range []*store.LeaseRecord{nil, &read} {
+			p := store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: e.now.Add(time.Hour), Read: read}
+			wrong(&p)
+			before := e.snapshot()
+			_, err := e.s.Renew(e.ctx, p)
+			e.wantErr(err, lease.ErrFenceMismatch, "Renew with a wrong "+what)
+			e.wantErr(err, errcode.ErrConflict, "Renew with a wrong "+what)
+			e.unchanged(before, "Renew with a wrong "+what)
+		}
 	}
+}
+
+// testRenewStaleRead: a renewal given a read of the lease taken before
+// another renewal, a release, a revocation or the lease's expiry answers
+// as it would without the read.
+func testRenewStaleRead(e *env) {
+	// Another renewal moved the expiry since the read: this one still
+	// moves it, from where it now is.
+	_, c, l := e.poolLease()
+	stale := e.record(l.ID)
+	_, err := e.renew(l, e.now.Add(10*time.Minute))
+	e.wantOK(err, "the first renewal")
+	mark := e.lastEvent()
+	to := e.now.Add(20 * time.Minute)
+	rec, err := e.s.Renew(e.ctx, store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: to, Read: &stale})
+	e.wantOK(err, "Renew with a read older than the last renewal")
+	e.wantLease(rec.Cell.Lease, renewed(l, to), "Renew with a read older than the last renewal")
+	e.wantLease(e.record(l.ID).Cell.Lease, renewed(l, to), "lease after a renewal with an old read")
+	e.wantEvents(mark, []string{ev("lease.renewed", c.ID, "", "", store.ReasonRenewed)}, "Renew with an old read")
+	// ... and one to an expiry the other renewal already passed moves
+	// nothing.
+	mark = e.lastEvent()
+	rec, err = e.s.Renew(e.ctx, store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: e.now.Add(15 * time.Minute), Read: &stale})
+	e.wantOK(err, "Renew with an old read to an earlier expiry")
+	e.wantLease(rec.Cell.Lease, renewed(l, to), "Renew with an old read to an earlier expiry")
+	e.wantEvents(mark, nil, "Renew with an old read to an earlier expiry")
+
+	// The lease was stopped since the read: a conflict, nothing changed.
+	for _, stop := range []func(l lease.Lease) error{
+		func(l lease.Lease) error { _, err := e.release(l, lease.Destroyed); return err },
+		func(l lease.Lease) error { _, err := e.revoke(tenantA, l.ID, lease.Destroyed); return err },
+	} {
+		_, _, l := e.poolLease()
+		stale := e.record(l.ID)
+		e.wantOK(stop(l), "the stop")
+		before := e.snapshot()
+		_, err := e.s.Renew(e.ctx, store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: e.now.Add(time.Hour), Read: &stale})
+		e.wantErr(err, errcode.ErrConflict, "Renew with a read taken before the stop")
+		e.unchanged(before, "Renew with a read taken before the stop")
+	}
+
+	// The lease expired since the read: quarantined, never revived.
+	_, c, l = e.poolLease()
+	stale = e.record(l.ID)
+	e.now = l.ExpiresAt
+	_, err = e.s.Renew(e.ctx, store.RenewParams{LeaseCheck: e.check(l), ExpiresAt: e.now.Add(time.Hour), Read: &stale})
+	e.wantErr(err, lease.ErrNotLive, "Renew with a read taken before the expiry")
+	e.wantCell(e.record(l.ID).Cell, withState(leasedCell(c, l), lease.Quarantined), "cell after Renew with a read taken before the expiry")
 }
 
 // testRenewForeign: an unknown lease and another tenant's are not found.

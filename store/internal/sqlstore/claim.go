@@ -607,10 +607,24 @@ func (s *Store) stopLeased(ctx context.Context, tx txn, rec *store.LeaseRecord, 
 	return errcode.New(errcode.Conflict, "lease membership is "+string(m.State))
 }
 
-// Renew implements store.Leases.
+// Renew implements store.Leases. With the caller's read of the record
+// (p.Read), it first tries the renewal as one compare-and-set; when that
+// finds the lease changed, or without a read, it reads the record, applies
+// the fence and answers from what it found.
 func (s *Store) Renew(ctx context.Context, p store.RenewParams) (store.LeaseRecord, error) {
 	var rec store.LeaseRecord
+	to := fromUS(us(p.ExpiresAt))
 	err := s.inTx(ctx, func(tx txn) error {
+		if r := p.Read; r != nil && r.Cell.Lease != nil && to.After(r.Cell.Lease.ExpiresAt) {
+			moved, err := s.renewFrom(ctx, tx, p, *r.Cell.Lease, to)
+			if err != nil {
+				return err
+			}
+			if moved {
+				rec = renewedRecord(*r, to)
+				return nil
+			}
+		}
 		var err error
 		if rec, err = s.lockedRecord(ctx, tx, p.TenantID, p.LeaseID); err != nil {
 			return err
@@ -622,19 +636,37 @@ func (s *Store) Renew(ctx context.Context, p store.RenewParams) (store.LeaseReco
 			return errcode.New(errcode.Conflict, "the lease's stop is already recorded (its cell is "+string(m.State)+")")
 		}
 		l := rec.Cell.Lease
-		to := fromUS(us(p.ExpiresAt))
 		if !to.After(l.ExpiresAt) {
 			return nil // never shorter, and nothing moved
 		}
-		n, err := affected(tx.exec(ctx, s.q.renew, us(to), us(p.Now), rec.Cell.ID.String(), l.ID.String(), us(l.ExpiresAt)))
+		moved, err := s.renewFrom(ctx, tx, p, *l, to)
 		if err != nil {
 			return err
 		}
-		if n != 1 {
+		if !moved {
 			return errRetry
 		}
-		l.ExpiresAt = to
+		rec = renewedRecord(rec, to)
 		return nil
 	})
 	return rec, s.fail(ctx, "renew", err)
+}
+
+// renewFrom moves the lease's expiry from l's to to, under p's fence: it
+// reports whether the row still had l's expiry and passed the fence.
+func (s *Store) renewFrom(ctx context.Context, tx txn, p store.RenewParams, l lease.Lease, to time.Time) (bool, error) {
+	b := p.Proof.Binding
+	n, err := affected(tx.exec(ctx, s.q.renew, us(to), us(p.Now), p.LeaseID.String(), p.TenantID,
+		int64(p.Proof.Generation), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
+		p.Proof.AttestationDigest, us(l.ExpiresAt), us(p.Now)))
+	return n == 1, err
+}
+
+// renewedRecord is rec with its lease's expiry moved to to (a copy: rec's
+// lease is not changed).
+func renewedRecord(rec store.LeaseRecord, to time.Time) store.LeaseRecord {
+	l := *rec.Cell.Lease
+	l.ExpiresAt = to
+	rec.Cell.Lease = &l
+	return rec
 }

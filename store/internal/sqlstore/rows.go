@@ -291,10 +291,17 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		quarantine: `UPDATE cells SET state = 'quarantined', updated_us = ?, retired_us = ?, event_reason = ?
 			WHERE id = ? AND state = ? AND generation = ? AND state IN ('ready', 'leased')`,
 		// renew moves a live lease's expiry later (CONTRACT §20), keeping
-		// the expiry the claim granted; the guard allows nothing else.
+		// the expiry the claim granted. Its guard is the whole lease fence
+		// (tenant, generation, binding, attestation digest, live at now),
+		// the expiry the caller read, and a membership, if any, still
+		// leased: it needs no read before it.
 		renew: `UPDATE cells SET lease_expires_us = ?, lease_granted_us = coalesce(lease_granted_us, lease_expires_us),
 			updated_us = ?
-			WHERE id = ? AND state = 'leased' AND lease_id = ? AND lease_expires_us = ?`,
+			WHERE lease_id = ? AND tenant_id = ? AND state = 'leased' AND generation = ?
+			AND organization_id = ? AND workspace_id = ? AND thread_id = ? AND runner_session_id = ?
+			AND attestation_digest = ? AND lease_expires_us = ? AND lease_expires_us > ?
+			AND NOT EXISTS (SELECT 1 FROM pool_members m
+				WHERE m.cell_id = cells.id AND m.pool_name = cells.pool_name AND m.state <> 'leased')`,
 		toTerminal: `UPDATE cells SET state = ?, updated_us = ?, retired_us = ?, event_reason = ?
 			WHERE id = ? AND state = 'leased' AND generation = 2 AND lease_id = ?`,
 		// A cell ID reserved by a pool member can never be prepared.
