@@ -74,6 +74,16 @@ const (
 	// requests in flight as the server allows it
 	// (SANDBOXWICH_MAX_REQUESTS_PER_PRINCIPAL, CONTRACT §25).
 	TooManyRequests Code = "too_many_requests"
+
+	// ImageNotAllowed (422): no pool of the tenant whose release equals the
+	// claim's has an image equal to, or images allowing, the claim's
+	// image, or the image is a tag without a digest (CONTRACT §21).
+	// Nothing is recorded.
+	ImageNotAllowed Code = "image_not_allowed"
+	// EgressNotAllowed (422): no candidate pool's egress policy covers the
+	// claim's egress (CONTRACT §22). A malformed egress list is
+	// InvalidRequest instead.
+	EgressNotAllowed Code = "egress_not_allowed"
 )
 
 // statuses is the one table of codes and HTTP statuses: the status each
@@ -113,6 +123,8 @@ var statuses = [...]struct {
 	{EventsExpired, http.StatusGone},
 	{StoreUnavailable, http.StatusServiceUnavailable},
 	{TooManyRequests, http.StatusTooManyRequests},
+	{ImageNotAllowed, http.StatusUnprocessableEntity},
+	{EgressNotAllowed, http.StatusUnprocessableEntity},
 }
 
 // HTTPStatus is the status a code is answered with; 500 for a code this
@@ -212,4 +224,6 @@ var (
 	ErrEventsExpired                  = &Error{Code: EventsExpired}
 	ErrStoreUnavailable               = &Error{Code: StoreUnavailable}
 	ErrTooManyRequests                = &Error{Code: TooManyRequests}
+	ErrImageNotAllowed                = &Error{Code: ImageNotAllowed}
+	ErrEgressNotAllowed               = &Error{Code: EgressNotAllowed}
 )

@@ -29,7 +29,7 @@ func TestHTTPStatus(t *testing.T) {
 		ExecUnsupported: http.StatusNotImplemented, RequestHeaderTooLarge: 431,
 		CellAgentUnverified: 409, ImageDigestUnverified: 409, UserUnsupported: 422, FileNotFound: 404,
 		FileAccessDenied: 403, InsufficientStorage: 507, EventsExpired: 410, StoreUnavailable: 503,
-		TooManyRequests: 429,
+		TooManyRequests: 429, ImageNotAllowed: 422, EgressNotAllowed: 422,
 	} {
 		if got := code.HTTPStatus(); got != status {
 			t.Errorf("%s: %d, want %d", code, got, status)
@@ -56,7 +56,7 @@ func TestForStatus(t *testing.T) {
 			t.Errorf("ForStatus(%d) = %s, want %s", status, got, code)
 		}
 	}
-	if len(statuses) != 27 {
+	if len(statuses) != 29 {
 		t.Errorf("the table holds %d codes; a new code needs its status here", len(statuses))
 	}
 }

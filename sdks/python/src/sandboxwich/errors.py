@@ -246,6 +246,21 @@ class TooManyRequestsError(APIError):
     code, default_status = "too_many_requests", 429
 
 
+class ImageNotAllowedError(APIError):
+    """422 image_not_allowed: no pool of the claim's release allows the
+    claim's image (or the image is a tag without a digest); nothing was
+    recorded."""
+
+    code, default_status = "image_not_allowed", 422
+
+
+class EgressNotAllowedError(APIError):
+    """422 egress_not_allowed: no pool's egress policy covers the claim's
+    egress."""
+
+    code, default_status = "egress_not_allowed", 422
+
+
 ERRORS: dict[str, type[APIError]] = {
     c.code: c
     for c in (
@@ -276,6 +291,8 @@ ERRORS: dict[str, type[APIError]] = {
         StoreUnavailableError,
         EventsExpiredError,
         TooManyRequestsError,
+        ImageNotAllowedError,
+        EgressNotAllowedError,
     )
 }
 """The exception class of each wire code."""
