@@ -1,7 +1,8 @@
-// Package fence implements the claim fence of CONTRACT.md 3.4 and section 5
-// step 1: the digest that identifies a fenced claim request, and what a
-// retried claim does given the fence row stored under its (tenant, claim_id).
-// It imports only package lease of this module.
+// Package fence implements the claim fence of CONTRACT.md 3.4, section 21's
+// fence digest v2 and section 5 step 1: the digest that identifies a fenced
+// claim request, and what a retried claim does given the fence row stored
+// under its (tenant, claim_id). It imports only package lease of this
+// module; the caller computes a claim's canonical egress (package egress).
 package fence
 
 import (
@@ -13,7 +14,11 @@ import (
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
-const domain = "sandboxwich-sterile-claim-v1"
+const (
+	domain   = "sandboxwich-sterile-claim-v1"
+	domainV2 = "sandboxwich-sterile-claim-v2"
+	none     = "none"
+)
 
 // ClaimRequest holds the fields the claim-request digest covers. The tenant
 // and the claim ID are the key of the fence row, not part of the digest.
@@ -27,19 +32,58 @@ type ClaimRequest struct {
 	ThreadID        string
 	RunnerSessionID string
 	LeaseSeconds    *uint64 // the raw requested value, before clamping; nil when omitted
+
+	// Image is the claim's image reference exactly as sent (CONTRACT §21),
+	// or "" when the claim has none. A valid reference is pinned by digest
+	// (it holds "@sha256:"), so it is never the literal "none".
+	Image string
+	// WaitSeconds is the claim's wait_seconds (CONTRACT §21); 0 when it was
+	// absent or 0, which the digest does not tell apart.
+	WaitSeconds uint64
+	// Egress is nil when the claim has no egress field (absent or null).
+	// Otherwise it points to the claim's canonical egress of CONTRACT §22:
+	// the canonical host:port lines joined by "\n" — and, unlike the
+	// canonical form of a policy, the empty string for an empty list (the
+	// claim asked for no egress at all; CONTRACT §21). egress.Policy's
+	// FenceString gives exactly this string. It is never "none": every
+	// canonical line holds a ':'.
+	Egress *string
 }
 
-// Digest returns the claim-request digest of CONTRACT.md 3.4: the unpadded
-// base64url SHA-256 of "sandboxwich-sterile-claim-v1", the eight strings of r
-// in field order, and LeaseSeconds in decimal or "none" when it is nil, joined
-// by NUL. An omitted lease_seconds and an explicit 120 (its default) are
+// V2 reports whether r is fenced by digest v2 (CONTRACT §21): it carries an
+// image, a wait_seconds above 0 or an egress field. Any other claim keeps
+// the v1 digest of 3.4.
+func (r ClaimRequest) V2() bool {
+	return r.Image != "" || r.WaitSeconds != 0 || r.Egress != nil
+}
+
+// Digest returns the claim-request digest: the unpadded base64url SHA-256
+// of its message, whose fields are joined by NUL.
+//
+// A Part I claim ([ClaimRequest.V2] false) has the v1 message of
+// CONTRACT.md 3.4, byte for byte: "sandboxwich-sterile-claim-v1", the eight
+// strings of r in field order, and LeaseSeconds in decimal or "none" when it
+// is nil. An omitted lease_seconds and an explicit 120 (its default) are
 // different claims, as are two values that clamp to the same lease.
 //
-// Callers validate the fields first (CONTRACT.md section 2), so none contains
-// a NUL byte and the message has exactly one parse.
+// Any other claim has the v2 message of CONTRACT §21, 13 fields:
+// "sandboxwich-sterile-claim-v2", the nine fields that follow the v1
+// prefix, then Image or "none" when it is empty, WaitSeconds in decimal or
+// "none" when it is 0, and *Egress or "none" when Egress is nil. The two
+// prefixes differ, so a v1 and a v2 message never coincide.
+//
+// Callers validate the fields first (CONTRACT.md section 2; the image as a
+// reference pinned by digest, section 15; the egress through package
+// egress), so none contains a NUL byte and the message has exactly one
+// parse.
 func Digest(r ClaimRequest) string {
-	msg := make([]byte, 0, 256)
-	msg = append(msg, domain...)
+	v2 := r.V2()
+	msg := make([]byte, 0, 384)
+	if v2 {
+		msg = append(msg, domainV2...)
+	} else {
+		msg = append(msg, domain...)
+	}
 	for _, s := range [...]string{
 		r.ReleaseSetID, r.RuntimeClass, r.PolicyDigest, r.Signature,
 		r.OrganizationID, r.WorkspaceID, r.ThreadID, r.RunnerSessionID,
@@ -48,23 +92,53 @@ func Digest(r ClaimRequest) string {
 	}
 	msg = append(msg, 0)
 	if r.LeaseSeconds == nil {
-		msg = append(msg, "none"...)
+		msg = append(msg, none...)
 	} else {
 		msg = strconv.AppendUint(msg, *r.LeaseSeconds, 10)
+	}
+	if v2 {
+		msg = append(msg, 0)
+		if r.Image == "" {
+			msg = append(msg, none...)
+		} else {
+			msg = append(msg, r.Image...)
+		}
+		msg = append(msg, 0)
+		if r.WaitSeconds == 0 {
+			msg = append(msg, none...)
+		} else {
+			msg = strconv.AppendUint(msg, r.WaitSeconds, 10)
+		}
+		msg = append(msg, 0)
+		if r.Egress == nil {
+			msg = append(msg, none...)
+		} else {
+			msg = append(msg, *r.Egress...)
+		}
 	}
 	sum := sha256.Sum256(msg)
 	return base64.RawURLEncoding.EncodeToString(sum[:])
 }
 
-// DigestOf returns the claim-request digest of a claim for release r under
-// binding b, with the raw requested lease_seconds (nil when omitted): the
-// one mapping from a claim to the fields its fence covers.
-func DigestOf(r lease.Release, b lease.Binding, leaseSeconds *uint64) string {
-	return Digest(ClaimRequest{
+// ClaimRequestOf returns the fields of a claim for release r under binding
+// b, with the raw requested lease_seconds (nil when omitted): the one
+// mapping from a claim's release and binding to its fence fields. The
+// caller sets Image, WaitSeconds and Egress when the claim carries them.
+func ClaimRequestOf(r lease.Release, b lease.Binding, leaseSeconds *uint64) ClaimRequest {
+	return ClaimRequest{
 		ReleaseSetID: r.ReleaseSetID, RuntimeClass: string(r.RuntimeClass), PolicyDigest: r.PolicyDigest,
 		Signature: r.Signature, OrganizationID: b.OrganizationID, WorkspaceID: b.WorkspaceID,
 		ThreadID: b.ThreadID, RunnerSessionID: b.RunnerSessionID, LeaseSeconds: leaseSeconds,
-	})
+	}
+}
+
+// DigestOf returns the claim-request digest of a Part I claim (no image,
+// wait_seconds or egress: the v1 digest) for release r under binding b,
+// with the raw requested lease_seconds (nil when omitted). A claim with
+// any of the fields of CONTRACT §21 uses Digest of ClaimRequestOf with
+// those fields set.
+func DigestOf(r lease.Release, b lease.Binding, leaseSeconds *uint64) string {
+	return Digest(ClaimRequestOf(r, b, leaseSeconds))
 }
 
 // Decision is what a fenced claim does given its fence row.

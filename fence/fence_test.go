@@ -1,10 +1,14 @@
 package fence_test
 
 import (
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/fence"
+	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // Vectors of CONTRACT.md 3.6.
@@ -77,6 +81,9 @@ func TestDigestCoversEveryField(t *testing.T) {
 		"ThreadID":        func(r *fence.ClaimRequest) { r.ThreadID = "thread-2" },
 		"RunnerSessionID": func(r *fence.ClaimRequest) { r.RunnerSessionID = "session-2" },
 		"LeaseSeconds":    func(r *fence.ClaimRequest) { r.LeaseSeconds = seconds(121) },
+		"Image":           func(r *fence.ClaimRequest) { r.Image = vectorImage },
+		"WaitSeconds":     func(r *fence.ClaimRequest) { r.WaitSeconds = 1 },
+		"Egress":          func(r *fence.ClaimRequest) { r.Egress = new("") },
 		// Moving a byte across a field boundary changes the message.
 		"field boundary": func(r *fence.ClaimRequest) { r.ThreadID, r.RunnerSessionID = "thread-1s", "ession-1" },
 	} {
@@ -147,5 +154,143 @@ func BenchmarkDigest(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		fence.Digest(r)
+	}
+}
+
+// The fence digest v2 vectors of CONTRACT §21: the inputs of 3.6, kata
+// release, this image, and the claim egress ["PKGS.test.",
+// "*.files.test:8443"] in its canonical form.
+var (
+	vectorImage  = "registry.test/swe/task-1@sha256:" + strings.Repeat("b", 64)
+	vectorEgress = []string{"PKGS.test.", "*.files.test:8443"}
+)
+
+const (
+	digestV2Image        = "6nE1neE4Ajp_YVqqnkSGRmVT68yPfp9At06din-N7XA"
+	digestV2ImageWaitEgr = "CiF-izpnZHmzHlLSbsiJkKz0vRrhx01EA9uUtAOQSkQ"
+	digestV2EgressOnly   = "CHZWI4uXRqx-KUZz8N8F8-VxoIP9v55JrkC5vgdEOyQ"
+)
+
+func vectorEgressCanonical(t *testing.T) *string {
+	t.Helper()
+	p, err := egress.Parse(vectorEgress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := p.FenceString()
+	return &s
+}
+
+func TestDigestV2Vectors(t *testing.T) {
+	eg := vectorEgressCanonical(t)
+	if *eg != "*.files.test:8443\npkgs.test:443\npkgs.test:80" {
+		t.Fatalf("canonical egress %q", *eg)
+	}
+	for _, tc := range []struct {
+		name string
+		r    fence.ClaimRequest
+		want string
+	}{
+		{"lease_seconds 120, image", func() fence.ClaimRequest {
+			r := vectorRequest(seconds(120))
+			r.Image = vectorImage
+			return r
+		}(), digestV2Image},
+		{"lease_seconds 120, image, wait_seconds 60, egress", func() fence.ClaimRequest {
+			r := vectorRequest(seconds(120))
+			r.Image, r.WaitSeconds, r.Egress = vectorImage, 60, eg
+			return r
+		}(), digestV2ImageWaitEgr},
+		{"lease_seconds omitted, egress only", func() fence.ClaimRequest {
+			r := vectorRequest(nil)
+			r.Egress = eg
+			return r
+		}(), digestV2EgressOnly},
+	} {
+		if !tc.r.V2() {
+			t.Errorf("%s: V2 is false", tc.name)
+		}
+		if got := fence.Digest(tc.r); got != tc.want {
+			t.Errorf("%s: Digest = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestDigestV1Unchanged: a claim without image, with wait_seconds 0 and
+// without egress keeps the v1 digest of 3.4 byte for byte, through Digest,
+// ClaimRequestOf and DigestOf alike.
+func TestDigestV1Unchanged(t *testing.T) {
+	for _, tc := range []struct {
+		leaseSeconds *uint64
+		want         string
+	}{{seconds(120), digest120}, {nil, digestNone}} {
+		r := vectorRequest(tc.leaseSeconds)
+		r.WaitSeconds = 0
+		if r.V2() {
+			t.Error("V2 of a Part I claim")
+		}
+		if got := fence.Digest(r); got != tc.want {
+			t.Errorf("Digest = %q, want %q", got, tc.want)
+		}
+		rel := lease.Release{ReleaseSetID: r.ReleaseSetID, RuntimeClass: lease.RuntimeClass(r.RuntimeClass),
+			PolicyDigest: r.PolicyDigest, Signature: r.Signature}
+		b := lease.Binding{OrganizationID: r.OrganizationID, WorkspaceID: r.WorkspaceID,
+			ThreadID: r.ThreadID, RunnerSessionID: r.RunnerSessionID}
+		if got := fence.ClaimRequestOf(rel, b, tc.leaseSeconds); !reflect.DeepEqual(got, r) {
+			t.Errorf("ClaimRequestOf = %+v, want %+v", got, r)
+		}
+		if got := fence.DigestOf(rel, b, tc.leaseSeconds); got != tc.want {
+			t.Errorf("DigestOf = %q, want %q", got, tc.want)
+		}
+	}
+}
+
+// TestDigestV2Fields: each v2 field alone makes a v2 digest, different from
+// the v1 digest of the same inputs and from every other such claim; the
+// "none" spellings are the absent values (wait_seconds 0, no egress), and
+// an empty egress list ("") is not the absence of egress ("none").
+func TestDigestV2Fields(t *testing.T) {
+	empty, eg := "", vectorEgressCanonical(t)
+	seen := map[string]string{}
+	for _, ls := range []*uint64{nil, seconds(120)} {
+		for _, tc := range []struct {
+			name   string
+			mutate func(*fence.ClaimRequest)
+		}{
+			{"v1", func(*fence.ClaimRequest) {}},
+			{"image", func(r *fence.ClaimRequest) { r.Image = vectorImage }},
+			{"other image", func(r *fence.ClaimRequest) { r.Image = vectorImage[:len(vectorImage)-1] + "c" }},
+			{"wait 1", func(r *fence.ClaimRequest) { r.WaitSeconds = 1 }},
+			{"wait 60", func(r *fence.ClaimRequest) { r.WaitSeconds = 60 }},
+			{"wait 300", func(r *fence.ClaimRequest) { r.WaitSeconds = 300 }},
+			{"egress empty list", func(r *fence.ClaimRequest) { r.Egress = &empty }},
+			{"egress", func(r *fence.ClaimRequest) { r.Egress = eg }},
+			{"image, egress empty list", func(r *fence.ClaimRequest) { r.Image, r.Egress = vectorImage, &empty }},
+			{"image, wait 60", func(r *fence.ClaimRequest) { r.Image, r.WaitSeconds = vectorImage, 60 }},
+			{"all", func(r *fence.ClaimRequest) { r.Image, r.WaitSeconds, r.Egress = vectorImage, 60, eg }},
+		} {
+			r := vectorRequest(ls)
+			tc.mutate(&r)
+			name := fmt.Sprintf("%s (lease_seconds %v)", tc.name, ls != nil)
+			if r.V2() != (tc.name != "v1") {
+				t.Errorf("%s: V2 = %v", name, r.V2())
+			}
+			d := fence.Digest(r)
+			if prev, ok := seen[d]; ok {
+				t.Errorf("%s and %s have the same digest %q", prev, name, d)
+			}
+			seen[d] = name
+		}
+	}
+}
+
+func TestDigestV2DoesNotKeepPointer(t *testing.T) {
+	s := "pkgs.test:443"
+	r := vectorRequest(nil)
+	r.Egress = &s
+	before := fence.Digest(r)
+	s = "pkgs.test:80"
+	if after := fence.Digest(r); after == before {
+		t.Error("Digest ignores the value Egress points to")
 	}
 }
