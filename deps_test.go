@@ -92,6 +92,7 @@ func TestCloudflareNarrowImport(t *testing.T) {
 // package in the module):
 //
 //   - lease and errcode import nothing of ours; fence and attest only lease;
+//     egress (the policy form) only errcode;
 //   - agent (the protocol) only those; agent/cellagent only agent and those;
 //   - store and driver (and their implementations) only the layers above,
 //     and a driver never the root package or another driver (shared helpers
@@ -152,7 +153,7 @@ func TestDependencyDirection(t *testing.T) {
 	in := func(allowed ...string) func(string) bool {
 		return func(p string) bool { return slices.Contains(allowed, p) }
 	}
-	pure := in("lease", "errcode", "fence", "attest")
+	pure := in("lease", "errcode", "fence", "attest", "egress")
 	protocol := func(p string) bool { return pure(p) || p == "agent" }
 	// isDriver reports whether p is a driver implementation (driver/<name>,
 	// not the conformance suite or the shared helpers).
@@ -170,6 +171,8 @@ func TestDependencyDirection(t *testing.T) {
 			func(_, imp string) bool { return false }},
 		{"fence and attest import only lease", in("fence", "attest"),
 			func(_, imp string) bool { return imp == "lease" }},
+		{"egress imports only errcode", in("egress"),
+			func(_, imp string) bool { return imp == "errcode" }},
 		{"agent imports only lease, errcode, fence and attest", in("agent"),
 			func(_, imp string) bool { return pure(imp) }},
 		{"agent/cellagent imports only agent and the pure cores", func(p string) bool { return under(p, "agent/cellagent") },

@@ -60,6 +60,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -105,6 +106,8 @@ type Plane struct {
 	// maxOutputCeiling is the largest cap an exec may ask for (0 until
 	// New: DefaultExecMaxOutputCeiling, or maxOutput when that is more).
 	maxOutputCeiling int
+
+	waits waits // claims waiting for a cell (wait.go)
 
 	clockEvery time.Duration // 0: Now is the plane's own clock
 	clock      clockOffset   // from the database's clock (clock.go)
@@ -215,6 +218,7 @@ func New(st store.Store, keys *attest.Keyring, opts ...Option) (*Plane, error) {
 	}
 	poolOpts := append([]pool.Option{pool.WithClock(p.Now), pool.WithIDs(p.newID), pool.WithLogger(p.log),
 		pool.WithMaxLease(time.Duration(p.maxLease) * time.Second)}, p.poolOpts...)
+	poolOpts = append(poolOpts, pool.WithOnReady(func(string) { p.waits.wake() }))
 	r, err := pool.New(p.store, p.poolCfgs, poolOpts...)
 	if err != nil {
 		return nil, err
@@ -310,6 +314,12 @@ type ClaimRequest struct {
 	// LeaseSeconds is the requested lease duration; nil means the default.
 	// It is clamped into [MinLeaseSeconds, Plane.MaxLeaseSeconds()].
 	LeaseSeconds *uint64
+	// WaitSeconds is how long the claim may wait for a cell when none is
+	// claimable (CONTRACT §21): 0 (the default) answers at once, as Part
+	// I; at most MaxWaitSeconds. Waiting claims of one inventory are
+	// served first come first served; one that waited in vain answers
+	// empty with EmptyWaitElapsed, and a fenced one records that outcome.
+	WaitSeconds uint64
 }
 
 // ClaimResult is a claim's outcome. Lease is nil when no cell was available.
@@ -396,6 +406,9 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if tenantID == "" {
 		return ClaimResult{}, errcode.New(errcode.InvalidRequest, "tenant is required")
 	}
+	if req.WaitSeconds > MaxWaitSeconds {
+		return ClaimResult{}, errcode.New(errcode.InvalidRequest, "wait_seconds must be 0 to "+strconv.Itoa(MaxWaitSeconds))
+	}
 	r, b := req.Release, req.Binding
 	// signed is the last token Sign made: a new lease's, since the store
 	// signs each lease it tries just before writing it.
@@ -415,15 +428,23 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		},
 	}
 	if req.ClaimID != uuid.Nil {
-		params.Digest = fence.DigestOf(r, b, req.LeaseSeconds)
+		fr := fence.ClaimRequestOf(r, b, req.LeaseSeconds)
+		fr.WaitSeconds = req.WaitSeconds
+		params.Digest = fence.Digest(fr)
 	}
-	res, err := p.store.Claim(ctx, params)
+	var res store.ClaimResult
+	var err error
+	if req.WaitSeconds > 0 {
+		res, err = p.claimWaiting(ctx, params, time.Duration(req.WaitSeconds)*time.Second)
+	} else {
+		res, err = p.store.Claim(ctx, params)
+	}
 	if err != nil {
 		return ClaimResult{}, err
 	}
-	out := ClaimResult{Lease: res.Lease, Replayed: res.Replayed, PoolName: res.PoolName}
+	out := ClaimResult{Lease: res.Lease, Replayed: res.Replayed, PoolName: res.PoolName, EmptyReason: EmptyReason(res.EmptyReason)}
 	if res.Lease == nil {
-		if !res.Replayed {
+		if !res.Replayed && out.EmptyReason == "" {
 			out.EmptyReason = p.emptyReason(ctx, tenantID, &params)
 		}
 		return out, nil

@@ -26,6 +26,9 @@ import (
 type Claim struct {
 	Lease   *wire.Lease
 	ClaimID uuid.UUID
+	// EmptyReason says why a claim that waited (req.WaitSeconds) found no
+	// cell, such as "wait_elapsed"; "" otherwise (CONTRACT §21).
+	EmptyReason string
 
 	attestation string
 }
@@ -80,6 +83,11 @@ func (c Claim) LogValue() slog.Value {
 // An empty claim (no matching ready cell) is not an error: Lease is nil. The
 // returned Claim carries ClaimID even with an error, so the caller can retry
 // later under the same fence.
+//
+// With req.WaitSeconds (at most 300), the server holds the claim until a
+// cell is leased to it or the wait ends (EmptyReason "wait_elapsed"):
+// there is no need to poll. A retry during the wait, with the same
+// claim_id and body, joins it. Bound ctx by more than the wait.
 func (c *Client) Claim(ctx context.Context, req wire.ClaimRequest) (Claim, error) {
 	if req.ClaimID == nil || *req.ClaimID == uuid.Nil {
 		id, err := c.newClaimID()
@@ -93,6 +101,7 @@ func (c *Client) Claim(ctx context.Context, req wire.ClaimRequest) (Claim, error
 	if err := c.do(ctx, request{method: http.MethodPost, path: "/sterile-cells/claim", body: req, retry: true}, &resp); err != nil {
 		return out, err
 	}
+	out.EmptyReason = resp.EmptyReason
 	if resp.Lease != nil {
 		if resp.LeaseAttestation == nil || *resp.LeaseAttestation == "" {
 			return out, errors.New("client: claim response has a lease without lease_attestation")

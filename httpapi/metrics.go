@@ -52,16 +52,21 @@ func newMetrics(reg *prometheus.Registry, plane *sandboxwich.Plane) (*metrics, e
 		}, []string{"outcome"}),
 		empty: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandboxwich_claims_empty_total",
-			Help: "Sterile-cell claims that found no cell, by reason: no_inventory, expires_too_soon (no ready cell outlives the lease) or held_back (ready floor, concurrent claims).",
+			Help: "Sterile-cell claims that found no cell, by reason: no_inventory, expires_too_soon (no ready cell outlives the lease), held_back (ready floor, concurrent claims) or wait_elapsed (a claim that waited in vain).",
 		}, []string{"reason"}),
 	}
 	for _, o := range []string{outcomeLeased, outcomeEmpty, outcomeReplayed, outcomeConflict, outcomeContended, outcomeError} {
 		m.claims.WithLabelValues(o)
 	}
-	for _, r := range []sandboxwich.EmptyReason{sandboxwich.EmptyNoInventory, sandboxwich.EmptyExpiresTooSoon, sandboxwich.EmptyHeldBack} {
+	for _, r := range []sandboxwich.EmptyReason{sandboxwich.EmptyNoInventory, sandboxwich.EmptyExpiresTooSoon, sandboxwich.EmptyHeldBack,
+		sandboxwich.EmptyWaitElapsed} {
 		m.empty.WithLabelValues(string(r))
 	}
-	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, newCellCollector(plane), newClockCollector(plane),
+	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sandboxwich_claims_waiting",
+		Help: "Claims of this replica waiting for a cell (wait_seconds), first come first served per tenant and release.",
+	}, func() float64 { return float64(plane.WaitingClaims()) })
+	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, waiting, newCellCollector(plane), newClockCollector(plane),
 		newPoolCollector(plane), buildInfo()}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {

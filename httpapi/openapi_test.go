@@ -134,6 +134,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 	for code, resp := range map[errcode.Code]string{
 		errcode.BadRequest: "BadRequest", errcode.InvalidIdempotencyKey: "BadRequest",
 		errcode.InvalidRequest: "Unprocessable", errcode.UserUnsupported: "Unprocessable",
+		errcode.ImageNotAllowed: "Unprocessable", errcode.EgressNotAllowed: "Unprocessable",
 		errcode.Unauthorized: "Unauthorized", errcode.AuthorizationDenied: "Forbidden", errcode.FileAccessDenied: "Forbidden",
 		errcode.NotFound: "NotFound", errcode.FileNotFound: "NotFound", errcode.MethodNotAllowed: "MethodNotAllowed",
 		errcode.Conflict: "Conflict", errcode.ClaimContended: "Conflict", errcode.RuntimeClassBoundaryUnverified: "Conflict",

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -23,8 +24,15 @@ func (h *handler) claim(c *call) (int, any, error) {
 			return 0, nil, invalid("claim_id must not be the nil UUID")
 		}
 	}
+	var wait uint64
+	if req.WaitSeconds != nil {
+		wait = *req.WaitSeconds
+		// A wait may outlast the server's write timeout, which bounds the
+		// other answers.
+		_ = http.NewResponseController(c.w).SetWriteDeadline(time.Now().Add(time.Duration(min(wait, sandboxwich.MaxWaitSeconds)+60) * time.Second))
+	}
 	res, err := h.plane.Claim(c.ctx(), c.p.tenant, sandboxwich.ClaimRequest{
-		ClaimID: claimID, Release: req.Release, Binding: req.Binding, LeaseSeconds: req.LeaseSeconds,
+		ClaimID: claimID, Release: req.Release, Binding: req.Binding, LeaseSeconds: req.LeaseSeconds, WaitSeconds: wait,
 	})
 	h.metrics.claims.WithLabelValues(claimOutcome(res, err)).Inc()
 	if res.EmptyReason != "" {
@@ -34,6 +42,9 @@ func (h *handler) claim(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	resp := wire.ClaimResponse{OK: true, Lease: wire.LeaseOf(res.Lease)}
+	if wait > 0 && res.Lease == nil {
+		resp.EmptyReason = string(res.EmptyReason)
+	}
 	if res.Lease != nil {
 		att := res.Attestation()
 		resp.LeaseAttestation = &att

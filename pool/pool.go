@@ -134,6 +134,7 @@ type options struct {
 	Now                              func() time.Time
 	NewID                            func() uuid.UUID
 	Logger                           *slog.Logger
+	OnReady                          func(pool string)
 }
 
 // Option tunes a Reconciler. A zero or negative duration or count, a nil
@@ -185,6 +186,11 @@ func WithIDs(newID func() uuid.UUID) Option { return func(o *options) { o.NewID 
 // WithLogger sets the logger (default slog.Default; a Plane passes its
 // own).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.Logger = l } }
+
+// WithOnReady sets a function called, with the pool's name, each time
+// this reconciler admits a cell as ready (a Plane passes its own, to wake
+// the claims waiting for one). It must not block.
+func WithOnReady(fn func(pool string)) Option { return func(o *options) { o.OnReady = fn } }
 
 func (o options) withDefaults() options {
 	def := func(d *time.Duration, v time.Duration) {
@@ -696,6 +702,9 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 	})
 	if err == nil {
 		r.opt.Logger.Info("cell ready", "pool", cfg.Name, "cell_id", m.CellID)
+		if r.opt.OnReady != nil {
+			r.opt.OnReady(cfg.Name)
+		}
 	}
 	return err
 }

@@ -357,6 +357,16 @@ type ClaimParams struct {
 	Now     time.Time
 	// ReadyFloors maps pool name to ready_floor for pools with a floor.
 	ReadyFloors map[string]int
+	// Waiting marks an attempt of a claim that waits for a cell (CONTRACT
+	// §21): when it finds no cell it records nothing, since the caller
+	// tries again; an outcome already recorded under its fence still
+	// decides it (Replayed). The caller's last attempt leaves Waiting
+	// false, so that an empty outcome is recorded.
+	Waiting bool
+	// EmptyReason is recorded with the empty outcome of a fenced claim and
+	// answered by its replays (CONTRACT §21); "" records none (a Part I
+	// claim's).
+	EmptyReason string
 	// Sign returns the attestation digest of a new lease. It runs between
 	// picking a cell and writing its lease (inside the transaction, when
 	// there is one), so it must be pure and fast; it may run more than
@@ -372,6 +382,9 @@ type ClaimResult struct {
 	Replayed bool
 	// PoolName is the pool of the leased cell, if any.
 	PoolName string
+	// EmptyReason is the reason recorded with an empty outcome
+	// (ClaimParams.EmptyReason), when one was; "" otherwise.
+	EmptyReason string
 }
 
 // CountReadyParams selects an inventory for CountReady.

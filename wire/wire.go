@@ -60,6 +60,9 @@ type ClaimRequest struct {
 	Release Release    `json:"release"`
 	Binding
 	LeaseSeconds *uint64 `json:"lease_seconds,omitempty"`
+	// WaitSeconds is how long the claim may wait for a cell (CONTRACT §21):
+	// 0 to 300; absent or 0 answers at once.
+	WaitSeconds *uint64 `json:"wait_seconds,omitempty"`
 }
 
 // Lease is the lease object of claim and validate responses.
@@ -87,6 +90,9 @@ type ClaimResponse struct {
 	OK               bool    `json:"ok"`
 	Lease            *Lease  `json:"lease"`
 	LeaseAttestation *string `json:"lease_attestation"`
+	// EmptyReason says why a claim that carried wait_seconds (CONTRACT
+	// §21) found no cell; absent otherwise, and from every Part I answer.
+	EmptyReason string `json:"empty_reason,omitempty"`
 }
 
 // LeaseProof is the lease fence a tenant presents (validate, release, exec).

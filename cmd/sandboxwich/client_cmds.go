@@ -398,6 +398,7 @@ type claimJSON struct {
 	ClaimID         uuid.UUID   `json:"claim_id"`
 	Lease           *wire.Lease `json:"lease"`
 	AttestationFile *string     `json:"attestation_file"`
+	EmptyReason     string      `json:"empty_reason,omitempty"`
 }
 
 func cliClaim(ctx context.Context, e env, args []string) error {
@@ -406,11 +407,16 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 	b := cliBinding(f.fs)
 	leaseSeconds := cliUint(f.fs, "lease-seconds", "requested lease duration in seconds (server default 120, clamped into [1, 300])")
 	claimID := cliUUID(f.fs, "claim-id", "claim ID fence (default: a new UUIDv7); repeat a claim with the same ID to get the same outcome")
+	waitSeconds := cliUint(f.fs, "wait-seconds", "wait up to this many seconds (at most 300) for a cell when none is ready (default 0: answer at once)")
 	attFile := f.fs.String("attestation-file", "", "NEW file to write the lease attestation to, mode 0600 (required; never printed)")
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
-	req := wire.ClaimRequest{Release: *rel, Binding: *b, LeaseSeconds: *leaseSeconds}
+	req := wire.ClaimRequest{Release: *rel, Binding: *b, LeaseSeconds: *leaseSeconds, WaitSeconds: *waitSeconds}
+	if w := *waitSeconds; w != nil && !f.set("timeout") {
+		// Give the wait its time unless --timeout was set explicitly.
+		f.timeout = max(f.timeout, time.Duration(*w)*time.Second+30*time.Second)
+	}
 	if *claimID != uuid.Nil {
 		req.ClaimID = claimID
 	}
@@ -444,11 +450,15 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 	if cl.Empty() {
 		discard()
 		if f.json {
-			if err := cliJSON(e.stdout, claimJSON{OK: true, ClaimID: cl.ClaimID}); err != nil {
+			if err := cliJSON(e.stdout, claimJSON{OK: true, ClaimID: cl.ClaimID, EmptyReason: cl.EmptyReason}); err != nil {
 				return err
 			}
 		}
-		fmt.Fprintf(e.stderr, "sandboxwich claim: no ready cell matched; nothing was leased (claim_id %s)\n", cl.ClaimID)
+		why := "no ready cell matched"
+		if cl.EmptyReason == "wait_elapsed" {
+			why = "no cell came within --wait-seconds"
+		}
+		fmt.Fprintf(e.stderr, "sandboxwich claim: %s; nothing was leased (claim_id %s)\n", why, cl.ClaimID)
 		return cliEmptyClaim
 	}
 	_, werr := out.WriteString(cl.Attestation())

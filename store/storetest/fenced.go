@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"strings"
 	"time"
 
@@ -20,6 +21,8 @@ var fencedScenarios = []scenario{
 	{"FencedClaim/ReplayAfterExpiry", testFencedReplayExpired},
 	{"FencedClaim/ReplayAfterDestroy", func(e *env) { testFencedReplayTerminal(e, lease.Destroyed) }},
 	{"FencedClaim/ReplayAfterQuarantine", func(e *env) { testFencedReplayTerminal(e, lease.Quarantined) }},
+	{"FencedClaim/WaitingRecordsNothing", testFencedWaiting},
+	{"FencedClaim/EmptyReasonReplayed", testFencedEmptyReason},
 }
 
 func testFencedReplay(e *env) {
@@ -91,6 +94,68 @@ func testFencedEmptyDurable(e *env) {
 	// The inventory is still there for other claims.
 	if l := e.mustLease(fenced(newID())); l.CellID != c.ID {
 		e.t.Errorf("new fenced claim leased %s, want %s", l.CellID, c.ID)
+	}
+}
+
+// waiting marks a claim attempt as one of a waiting claim.
+func waiting(p *store.ClaimParams) { p.Waiting = true }
+
+// testFencedWaiting: an attempt of a waiting claim that finds no cell
+// records nothing, however often it is made; an outcome recorded under its
+// fence meanwhile (a lease, or an empty one) decides it, and another
+// request under the claim_id is a conflict; once a cell is claimable, the
+// waiting claim leases it like any claim.
+func testFencedWaiting(e *env) {
+	claimID := newID()
+	before := e.snapshot()
+	for range 2 {
+		if res := e.mustEmpty(fenced(claimID), waiting); res.Replayed || res.EmptyReason != "" {
+			e.t.Errorf("a waiting attempt without inventory = %+v, want empty, not replayed", res)
+		}
+	}
+	e.unchanged(before, "waiting attempts without inventory")
+	c := e.prepare()
+	if l := e.mustLease(fenced(claimID), waiting); l.CellID != c.ID {
+		e.t.Errorf("the waiting claim leased %s, want %s", l.CellID, c.ID)
+	}
+	if again := e.claim(fenced(claimID), waiting); !again.Replayed || again.Lease == nil || again.Lease.CellID != c.ID {
+		e.t.Errorf("a waiting attempt after its lease was recorded = %+v, want the lease replayed", again)
+	}
+
+	// Recorded empty (the wait's last attempt) decides later attempts.
+	claimID = newID()
+	e.mustEmpty(fenced(claimID), withEmptyReason("wait_elapsed"))
+	e.prepare()
+	if res := e.claim(fenced(claimID), waiting); !res.Replayed || res.Lease != nil || res.EmptyReason != "wait_elapsed" {
+		e.t.Errorf("a waiting attempt after an empty outcome was recorded = %+v, want it replayed", res)
+	}
+	p := e.claimParams(fenced(claimID), waiting, leaseSeconds(300))
+	if _, err := e.s.Claim(e.ctx, p); !errors.Is(err, errcode.ErrConflict) {
+		e.t.Errorf("a waiting attempt with another request under a recorded claim_id: %v, want a conflict", err)
+	}
+}
+
+func withEmptyReason(r string) func(*store.ClaimParams) {
+	return func(p *store.ClaimParams) { p.EmptyReason = r }
+}
+
+// testFencedEmptyReason: the reason given with a fenced claim that ends
+// empty is recorded with its fence and answered by its replays; without
+// one (Part I), replays answer none.
+func testFencedEmptyReason(e *env) {
+	withReason, without := newID(), newID()
+	if res := e.mustEmpty(fenced(withReason), withEmptyReason("wait_elapsed")); res.EmptyReason != "wait_elapsed" || res.Replayed {
+		e.t.Errorf("an empty claim with a reason = %+v, want wait_elapsed, not replayed", res)
+	}
+	if res := e.mustEmpty(fenced(without)); res.EmptyReason != "" {
+		e.t.Errorf("an empty claim without a reason = %+v, want none", res)
+	}
+	e.prepare()
+	if res := e.mustEmpty(fenced(withReason), withEmptyReason("wait_elapsed")); !res.Replayed || res.EmptyReason != "wait_elapsed" {
+		e.t.Errorf("the replay = %+v, want wait_elapsed replayed", res)
+	}
+	if res := e.mustEmpty(fenced(without)); !res.Replayed || res.EmptyReason != "" {
+		e.t.Errorf("the Part I replay = %+v, want no reason", res)
 	}
 }
 

@@ -119,11 +119,20 @@ func (s *Store) claimOnce(ctx context.Context, tx txn, cl *claim) error {
 		c, err = s.pickCell(ctx, tx, p)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
-		if fenced {
-			_, err = tx.exec(ctx, s.q.fenceInsert, p.TenantID, p.ClaimID.String(), p.Digest, nil, us(p.Now))
-			return s.fenceTaken(err, cl)
+		switch {
+		case !fenced:
+			return nil
+		case p.Waiting:
+			// Nothing to record yet, but an outcome recorded meanwhile (by
+			// a retry elsewhere) decides the claim.
+			_, err := s.replay(ctx, tx, p, &cl.res)
+			return err
 		}
-		return nil
+		_, err = tx.exec(ctx, s.q.fenceEmpty, p.TenantID, p.ClaimID.String(), p.Digest, us(p.Now), nullString(p.EmptyReason))
+		if err == nil {
+			cl.res.EmptyReason = p.EmptyReason
+		}
+		return s.fenceTaken(err, cl)
 	}
 	if err != nil {
 		return err
@@ -396,8 +405,9 @@ func (s *Store) fenceTaken(err error, cl *claim) error {
 // reports done when the claim's outcome is decided by the row.
 func (s *Store) replay(ctx context.Context, tx txn, p *store.ClaimParams, res *store.ClaimResult) (bool, error) {
 	var digest string
+	var reason sql.NullString
 	var c cellRow
-	err := tx.row(ctx, s.q.fence, p.TenantID, p.ClaimID.String()).Scan(append([]any{&digest}, c.dest()...)...)
+	err := tx.row(ctx, s.q.fence, p.TenantID, p.ClaimID.String()).Scan(append([]any{&digest, &reason}, c.dest()...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
@@ -416,7 +426,7 @@ func (s *Store) replay(ctx context.Context, tx txn, p *store.ClaimParams, res *s
 	case fence.Conflict:
 		return true, errDigestMismatch
 	case fence.ReplayEmpty:
-		*res = store.ClaimResult{Replayed: true}
+		*res = store.ClaimResult{Replayed: true, EmptyReason: reason.String}
 		return true, nil
 	case fence.ReplayLease:
 		*res = store.ClaimResult{Lease: cell.Lease, Replayed: true, PoolName: cell.PoolName}

@@ -208,10 +208,10 @@ func nullString(s string) sql.NullString { return sql.NullString{String: s, Vali
 type queries struct {
 	schemaVersion, installation string
 
-	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, memberLeased string
-	recordByLease, cellByWorker, claimOfCell                                             string
-	quarantine, renew, toTerminal, prepare                                               string
-	expireReady, expireLeased, expireIdempotency                                         string
+	fence, candidate, candidateOrder, readyMembers, leaseCell, fenceInsert, fenceEmpty, memberLeased string
+	recordByLease, cellByWorker, claimOfCell                                                         string
+	quarantine, renew, toTerminal, prepare                                                           string
+	expireReady, expireLeased, expireIdempotency                                                     string
 
 	memberInsert, memberLive, memberAdmit, cellInsertPool, memberStop, memberByID string
 	memberCleanup, memberDone, memberLock, memberUnlock                           string
@@ -256,7 +256,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		schemaVersion: `SELECT max(version_id) FROM goose_db_version WHERE is_applied`,
 		installation:  `SELECT id FROM installation WHERE singleton = 1`,
 
-		fence: `SELECT f.request_digest, ` + cellCols + `
+		fence: `SELECT f.request_digest, f.empty_reason, ` + cellCols + `
 			FROM claim_fences f LEFT JOIN cells c ON c.tenant_id = f.tenant_id AND c.lease_id = f.lease_id
 			WHERE f.tenant_id = ? AND f.claim_id = ?`,
 		// The CASTs keep SQLite from re-preparing the statement whenever
@@ -276,6 +276,8 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			  AND lease_id IS NULL`,
 		fenceInsert: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
 			VALUES (?, ?, ?, ?, ?)`,
+		fenceEmpty: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us, empty_reason)
+			VALUES (?, ?, ?, NULL, ?, ?)`,
 		memberLeased: `UPDATE pool_members SET state = 'leased', updated_us = ?, event_reason = 'claimed' WHERE cell_id = ? AND state = 'ready'`,
 
 		recordByLease: `SELECT ` + cellCols + `, ` + memberCols + `
@@ -446,7 +448,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 // all points at every fixed query that needs rebinding.
 func (q *queries) all() []*string {
 	return []*string{
-		&q.schemaVersion, &q.installation, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.memberLeased,
+		&q.schemaVersion, &q.installation, &q.fence, &q.candidate, &q.readyMembers, &q.leaseCell, &q.fenceInsert, &q.fenceEmpty, &q.memberLeased,
 		&q.recordByLease, &q.cellByWorker, &q.claimOfCell, &q.quarantine, &q.renew, &q.toTerminal,
 		&q.prepare, &q.expireReady, &q.expireLeased, &q.expireIdempotency, &q.memberInsert, &q.memberLive, &q.memberAdmit,
 		&q.cellInsertPool, &q.memberStop, &q.memberByID, &q.memberCleanup, &q.memberDone, &q.memberLock,
