@@ -81,6 +81,12 @@ type Capabilities struct {
 	// Identity is the provider identity that owns pool cells, reported as
 	// the cells' worker_id (e.g. "gvisor:hostname").
 	Identity string
+	// Images reports that the provider provisions a cell of any image
+	// pinned by digest that a request names (ProvisionRequest.Image), as
+	// an image class needs (CONTRACT §21). A provider whose cell image the
+	// plane does not choose (agent-sandbox templates) reports false, and
+	// its pools refuse images at start-up.
+	Images bool
 }
 
 // Object names one provider object: the cell it backs and the identity the
@@ -97,6 +103,14 @@ type Object struct {
 type ProvisionRequest struct {
 	CellID       uuid.UUID
 	RuntimeClass lease.RuntimeClass
+	// Image is the cell's image, an OCI reference pinned by digest
+	// ("host/repo@sha256:<hex>"), for a cell of an image class (CONTRACT
+	// §21); "" means the provider's own configured image, if any. Only a
+	// provider whose Capabilities report Images is given one. The provider
+	// fetches it (from its content-addressed cache when it is there,
+	// never resolving a tag) within the call's context, and reports the
+	// digest it admitted in Observation.ImageDigest.
+	Image string
 }
 
 // Observation is what the provider reports about an object when asked
