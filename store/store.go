@@ -357,6 +357,10 @@ type ClaimParams struct {
 	Now     time.Time
 	// ReadyFloors maps pool name to ready_floor for pools with a floor.
 	ReadyFloors map[string]int
+	// Image restricts the claim to cells of that image, pinned by digest,
+	// of image classes and fixed pools alike (CONTRACT §21); "" takes
+	// only cells that are not an image class's (Part I).
+	Image string
 	// Waiting marks an attempt of a claim that waits for a cell (CONTRACT
 	// §21): when it finds no cell it records nothing, since the caller
 	// tries again; an outcome already recorded under its fence still
@@ -578,7 +582,11 @@ type Member struct {
 	ProviderAbsent bool
 	// Identity is what the provider reported when the object was verified
 	// (e.g. a Pod UID).
-	Identity  string
+	Identity string
+	// Image is the image, pinned by digest, the member of an image class
+	// is made of (CONTRACT §21); "" for a fixed pool's member, whose image
+	// is its pool's.
+	Image     string
 	LastError string
 	Attempts  int
 	CreatedAt time.Time
@@ -592,7 +600,9 @@ type CreateMemberParams struct {
 	CellID   uuid.UUID
 	Pool     string
 	TenantID string
-	Now      time.Time
+	// Image is the member's image (Member.Image); "" for a fixed pool.
+	Image string
+	Now   time.Time
 }
 
 // ReplenishParams asks for new provisioning members.
@@ -601,6 +611,11 @@ type ReplenishParams struct {
 	TenantID        string
 	Target          int
 	MaxProvisioning int
+	// Images, for an image class (CONTRACT §21), are the images of the
+	// members to create, in order, one member each (an image repeated
+	// makes several), as many as Target and MaxProvisioning allow. Nil
+	// for a fixed pool: its members are as many as they allow.
+	Images []string
 	// NewID returns the cell ID of each new member (UUIDv7).
 	NewID     func() uuid.UUID
 	Owner     string
@@ -624,6 +639,10 @@ type AdmitParams struct {
 	AdmittedClass lease.RuntimeClass
 	AgentDigest   string
 	ImageDigest   string
+	// Image is the image reference, pinned by digest, the cell runs: its
+	// member's (an image class's cell, which only claims that name the
+	// image take) or its fixed pool's; "" when the pool pins none.
+	Image string
 }
 
 // StopIntent records that a member's provider object is to be destroyed.

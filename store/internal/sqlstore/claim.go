@@ -340,13 +340,14 @@ func (s *Store) leaseAll(p *store.ClaimParams, l *lease.Lease) (string, []any) {
 	// the next claim asks for: its compare-and-set checks the deadline.
 	r := p.Release
 	return q, append(args, p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
-		us(p.Now), l.CellID.String())
+		us(p.Now), p.Image, p.Image, l.CellID.String())
 }
 
-// inventory is the key of a claim's inventory: tenant and exact release.
+// inventory is the key of a claim's inventory: tenant, exact release and
+// image.
 func inventory(p *store.ClaimParams) string {
 	r := p.Release
-	return strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature}, "\x1f")
+	return strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature, p.Image}, "\x1f")
 }
 
 // leaseCell writes lease l: the cell's compare-and-set from ready, its
@@ -459,7 +460,7 @@ func (s *Store) pickCell(ctx context.Context, tx txn, p *store.ClaimParams) (can
 func (s *Store) candidateArgs(p *store.ClaimParams) []any {
 	r := p.Release
 	return []any{p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
-		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
+		us(p.Now.Add(secondsDuration(p.LeaseSeconds))), p.Image, p.Image}
 }
 
 func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, first, lockClause string) (candidate, error) {

@@ -20,9 +20,9 @@ var errMemberNotFound = errcode.New(errcode.NotFound, "pool member not found")
 // CreateMember implements store.Store.
 func (s *Store) CreateMember(ctx context.Context, p store.CreateMemberParams) (store.Member, error) {
 	m := store.Member{CellID: p.CellID, Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
-		CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
+		Image: p.Image, CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
 	n, err := affected(s.w.exec(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID, nil, nil,
-		us(p.Now), us(p.Now), m.CellID.String()))
+		us(p.Now), us(p.Now), nullString(m.Image), m.CellID.String()))
 	if (err != nil && s.d.UniqueViolation(err)) || (err == nil && n != 1) {
 		return m, errcode.New(errcode.Conflict, "cell_id was already used")
 	}
@@ -45,11 +45,17 @@ func (s *Store) Replenish(ctx context.Context, p store.ReplenishParams) ([]store
 			return err
 		}
 		n := min(p.Target-live, p.MaxProvisioning-provisioning)
-		for range max(n, 0) {
+		if p.Images != nil {
+			n = min(n, len(p.Images))
+		}
+		for i := range max(n, 0) {
 			m := store.Member{CellID: p.NewID(), Pool: p.Pool, TenantID: p.TenantID, State: lease.MemberProvisioning,
 				CreatedAt: fromUS(us(p.Now)), UpdatedAt: fromUS(us(p.Now))}
+			if p.Images != nil {
+				m.Image = p.Images[i]
+			}
 			if _, err := tx.exec(ctx, s.q.memberInsert, m.CellID.String(), m.Pool, m.TenantID,
-				nullString(p.Owner), us(p.LockUntil), us(p.Now), us(p.Now), m.CellID.String()); err != nil {
+				nullString(p.Owner), us(p.LockUntil), us(p.Now), us(p.Now), nullString(m.Image), m.CellID.String()); err != nil {
 				return err
 			}
 			out = append(out, m)
@@ -87,9 +93,13 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 			return errcode.New(errcode.Conflict, "member is "+string(m.State)+", not provisioning")
 		}
 		c.TenantID = m.TenantID
+		image, class := p.Image, 0
+		if m.Image != "" {
+			image, class = m.Image, 1
+		}
 		if _, err := tx.exec(ctx, s.q.cellInsertPool, c.ID.String(), c.TenantID, c.WorkerID, c.PoolName,
 			c.ProviderCellID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature,
-			us(c.ExpiresAt), us(p.Now), us(p.Now)); err != nil {
+			us(c.ExpiresAt), us(p.Now), us(p.Now), nullString(image), class); err != nil {
 			if s.d.UniqueViolation(err) {
 				return errcode.New(errcode.Conflict, "cell_id or provider_cell_id was already used")
 			}

@@ -20,7 +20,7 @@ const (
 	c.lease_id, c.organization_id, c.workspace_id, c.thread_id, c.runner_session_id, c.lease_expires_us,
 	c.attestation_digest, c.lease_granted_us, c.leased_us`
 	memberCols = `m.cell_id, m.pool_name, m.tenant_id, m.state, m.requested_disposition, m.stop_lease_id,
-	m.stop_generation, m.provider_absent, m.identity, m.last_error, m.attempts, m.created_us, m.updated_us`
+	m.stop_generation, m.provider_absent, m.identity, m.last_error, m.attempts, m.created_us, m.updated_us, m.image`
 )
 
 // memberCellJoin joins a member to its own cell only: a cell of the same ID
@@ -109,11 +109,12 @@ type memberRow struct {
 	identity, lastError         sql.NullString
 	attempts                    sql.NullInt64
 	created, updated            sql.NullInt64
+	image                       sql.NullString
 }
 
 func (r *memberRow) dest() []any {
 	return []any{&r.cellID, &r.pool, &r.tenant, &r.state, &r.disposition, &r.stopLease,
-		&r.stopGeneration, &r.absent, &r.identity, &r.lastError, &r.attempts, &r.created, &r.updated}
+		&r.stopGeneration, &r.absent, &r.identity, &r.lastError, &r.attempts, &r.created, &r.updated, &r.image}
 }
 
 // member returns nil when the joined row had no membership.
@@ -134,6 +135,7 @@ func (r *memberRow) member() (*store.Member, error) {
 		StopGeneration:       uint64(r.stopGeneration.Int64),
 		ProviderAbsent:       r.absent.Bool,
 		Identity:             r.identity.String,
+		Image:                r.image.String,
 		LastError:            r.lastError.String,
 		Attempts:             int(r.attempts.Int64),
 		CreatedAt:            fromUS(r.created.Int64),
@@ -266,7 +268,8 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		candidate: `SELECT c.id, c.pool_name, c.ready_deadline_us FROM cells c
 			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)
 			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'
-			  AND c.ready_deadline_us > CAST(? AS BIGINT)`,
+			  AND c.ready_deadline_us > CAST(? AS BIGINT)
+			  AND ((CAST(? AS TEXT) = '' AND c.image_class = 0) OR c.image = CAST(? AS TEXT))`,
 		candidateOrder: oldestFirst + ` LIMIT 1`,
 		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = CAST(? AS TEXT) AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
@@ -322,7 +325,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 
 		// A cell ID already used by any cell can never become a member.
 		memberInsert: `INSERT INTO pool_members (cell_id, pool_name, tenant_id, state, lock_owner, lock_until_us,
-			created_us, updated_us) SELECT ?, ?, ?, 'provisioning', ?, ?, ?, ?
+			created_us, updated_us, image) SELECT ?, ?, ?, 'provisioning', ?, ?, ?, ?, ?
 			WHERE NOT EXISTS (SELECT 1 FROM cells WHERE id = ?)`,
 		memberLive: `SELECT count(*), count(CASE WHEN state = 'provisioning' THEN 1 END) FROM pool_members
 			WHERE pool_name = ? AND state IN ('provisioning', 'ready', 'leased', 'stopping', 'cleanup_pending')`,
@@ -333,8 +336,9 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			admitted_us = ?, verified_us = ?, updated_us = ?, event_reason = NULL, lock_owner = NULL, lock_until_us = NULL
 			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
 		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
-			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us)
-			VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?)`,
+			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us,
+			image, image_class)
+			VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		memberStop: `UPDATE pool_members SET state = 'stopping', requested_disposition = ?, stop_lease_id = ?,
 			stop_generation = ?, last_error = ?, updated_us = ?, event_reason = ?
 			WHERE cell_id = ? AND state = ?`,
