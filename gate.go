@@ -142,7 +142,7 @@ func (p *Plane) open(ctx context.Context, rec store.LeaseRecord, execOK bool) (*
 			"the cell's runtime class could not be verified; the cell is quarantined", err))
 	}
 	if cfg, ok := p.pools.Pool(m.Pool); ok { // p.pools is set: prov is the pool's
-		if err := pool.VerifyImage(cfg, obs); err != nil {
+		if err := pool.VerifyImage(cfg, *m, obs); err != nil {
 			return nil, p.quarantine(ctx, m, string(errcode.ImageDigestUnverified), store.ReasonImageUnverified, err, errcode.Wrap(errcode.ImageDigestUnverified,
 				"the cell's admitted image is not the one its pool pins; the cell is quarantined", err))
 		}

@@ -314,6 +314,14 @@ type ClaimRequest struct {
 	// LeaseSeconds is the requested lease duration; nil means the default.
 	// It is clamped into [MinLeaseSeconds, Plane.MaxLeaseSeconds()].
 	LeaseSeconds *uint64
+	// Image, when not "", asks for a cell of that image, pinned by digest
+	// (CONTRACT §21): one of the tenant's pools of the release must run it
+	// (a fixed pool's Image) or allow its repository (an image class),
+	// else errcode.ErrImageNotAllowed, as for a reference with a tag and
+	// no digest. Only cells of that image serve it; with WaitSeconds, the
+	// first image class that allows it (in configuration order) makes one
+	// for it. "" is Part I: image classes never serve it.
+	Image string
 	// WaitSeconds is how long the claim may wait for a cell when none is
 	// claimable (CONTRACT §21): 0 (the default) answers at once, as Part
 	// I; at most MaxWaitSeconds. Waiting claims of one inventory are
@@ -409,6 +417,10 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if req.WaitSeconds > MaxWaitSeconds {
 		return ClaimResult{}, errcode.New(errcode.InvalidRequest, "wait_seconds must be 0 to "+strconv.Itoa(MaxWaitSeconds))
 	}
+	image, maker, err := p.imagePools(tenantID, req)
+	if err != nil {
+		return ClaimResult{}, err
+	}
 	r, b := req.Release, req.Binding
 	// signed is the last token Sign made: a new lease's, since the store
 	// signs each lease it tries just before writing it.
@@ -422,6 +434,7 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		LeaseID:      p.newID(),
 		Now:          p.Now(),
 		ReadyFloors:  p.floors,
+		Image:        image,
 		Sign: func(l lease.Lease) string {
 			signed = p.token(l)
 			return attest.Digest(signed)
@@ -429,15 +442,23 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	}
 	if req.ClaimID != uuid.Nil {
 		fr := fence.ClaimRequestOf(r, b, req.LeaseSeconds)
-		fr.WaitSeconds = req.WaitSeconds
+		fr.Image, fr.WaitSeconds = req.Image, req.WaitSeconds
 		params.Digest = fence.Digest(fr)
 	}
+	if image != "" {
+		// A claim of an image answers empty with a reason, recorded with
+		// its fence (CONTRACT §21); the cells of one image are its
+		// inventory.
+		params.EmptyReason = string(EmptyNoInventory)
+	}
 	var res store.ClaimResult
-	var err error
 	if req.WaitSeconds > 0 {
-		res, err = p.claimWaiting(ctx, params, time.Duration(req.WaitSeconds)*time.Second)
+		res, err = p.claimWaiting(ctx, params, time.Duration(req.WaitSeconds)*time.Second, maker)
 	} else {
 		res, err = p.store.Claim(ctx, params)
+	}
+	if maker != "" {
+		p.pools.Claimed(maker, image) // the image stays warm
 	}
 	if err != nil {
 		return ClaimResult{}, err

@@ -2,12 +2,14 @@ package sandboxwich
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
@@ -150,15 +152,15 @@ func (w *waits) join(key, digest string, run func() (store.ClaimResult, error)) 
 // recorded whether or not its caller still listens, and a retry of it
 // (same tenant, claim_id and digest) joins it and answers it as a replay.
 // An unfenced one ends with ctx.
-func (p *Plane) claimWaiting(ctx context.Context, params store.ClaimParams, d time.Duration) (store.ClaimResult, error) {
+func (p *Plane) claimWaiting(ctx context.Context, params store.ClaimParams, d time.Duration, maker string) (store.ClaimResult, error) {
 	if params.ClaimID == uuid.Nil {
-		return p.wait(ctx, params, d)
+		return p.wait(ctx, params, d, maker)
 	}
 	key := params.TenantID + "\x00" + params.ClaimID.String()
 	c, first, err := p.waits.join(key, params.Digest, func() (store.ClaimResult, error) {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d+time.Minute)
 		defer cancel()
-		return p.wait(wctx, params, d)
+		return p.wait(wctx, params, d, maker)
 	})
 	if err != nil {
 		return store.ClaimResult{}, err
@@ -180,11 +182,15 @@ func (p *Plane) claimWaiting(ctx context.Context, params store.ClaimParams, d ti
 // cell admitted, a waiter gone) or waitPoll passed, recording nothing while
 // it finds no cell; after d it tries once more, and records an empty
 // outcome (wait_elapsed) if that finds none. d is measured on the
-// monotonic clock, not the plane's (WithClock).
-func (p *Plane) wait(ctx context.Context, params store.ClaimParams, d time.Duration) (store.ClaimResult, error) {
+// monotonic clock, not the plane's (WithClock). While it waits, the image
+// class maker (if any) keeps a cell of the claim's image coming for it.
+func (p *Plane) wait(ctx context.Context, params store.ClaimParams, d time.Duration, maker string) (store.ClaimResult, error) {
 	r := params.Release
-	wt := p.waits.enqueue(params.TenantID + "\x00" + r.ReleaseSetID + "\x00" + string(r.RuntimeClass) + "\x00" + r.PolicyDigest)
+	wt := p.waits.enqueue(strings.Join([]string{params.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, params.Image}, "\x00"))
 	defer p.waits.leave(wt)
+	if maker != "" {
+		defer p.pools.Want(maker, params.Image)()
+	}
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	poll := time.NewTimer(0)
@@ -210,4 +216,32 @@ func (p *Plane) wait(ctx context.Context, params store.ClaimParams, d time.Durat
 			return store.ClaimResult{}, ctx.Err()
 		}
 	}
+}
+
+// imagePools checks the image a claim names (CONTRACT §21) and returns it
+// in canonical form, with the image class that makes cells of it for
+// waiting claims: the first of the tenant's pools of the release that
+// serves the image, when that pool is an image class ("" otherwise). A
+// claim without an image returns "", "". An image no such pool serves, or
+// one not pinned by digest, is errcode.ErrImageNotAllowed.
+func (p *Plane) imagePools(tenantID string, req ClaimRequest) (image, maker string, err error) {
+	if req.Image == "" {
+		return "", "", nil
+	}
+	image, _, err = pool.CanonicalImage(req.Image)
+	if err != nil {
+		return "", "", err
+	}
+	if p.pools != nil {
+		for _, name := range p.pools.Names() {
+			cfg, _ := p.pools.Pool(name)
+			if cfg.TenantID == tenantID && cfg.Release == req.Release && cfg.Serves(image) {
+				if cfg.ImageClass() {
+					maker = name
+				}
+				return image, maker, nil
+			}
+		}
+	}
+	return "", "", errcode.New(errcode.ImageNotAllowed, "no pool of this release allows the image "+image)
 }

@@ -58,6 +58,7 @@ func readClaim(o *object) wire.ClaimRequest {
 		Release:      readRelease(o),
 		Binding:      readBinding(o),
 		LeaseSeconds: o.optUint("lease_seconds"),
+		Image:        o.optStrPtr("image"),
 		WaitSeconds:  o.optUint("wait_seconds"),
 	}
 }

@@ -143,6 +143,18 @@ func (o *object) optStr(name string) string {
 	return s
 }
 
+// optStrPtr reads an optional string: nil when missing or null, so that
+// an empty string is told from none.
+func (o *object) optStrPtr(name string) *string {
+	v, ok := o.value(name)
+	if !ok {
+		return nil
+	}
+	var s string
+	o.decodeInto(name, v, &s, "must be a string")
+	return &s
+}
+
 // uint reads a required unsigned integer.
 func (o *object) uint(name string) uint64 {
 	if v, ok := o.required(name); ok {

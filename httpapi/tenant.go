@@ -31,8 +31,15 @@ func (h *handler) claim(c *call) (int, any, error) {
 		// other answers.
 		_ = http.NewResponseController(c.w).SetWriteDeadline(time.Now().Add(time.Duration(min(wait, sandboxwich.MaxWaitSeconds)+60) * time.Second))
 	}
+	var image string
+	if req.Image != nil {
+		if image = *req.Image; image == "" {
+			return 0, nil, errcode.New(errcode.ImageNotAllowed, "image must be a reference pinned by digest, not empty")
+		}
+	}
 	res, err := h.plane.Claim(c.ctx(), c.p.tenant, sandboxwich.ClaimRequest{
-		ClaimID: claimID, Release: req.Release, Binding: req.Binding, LeaseSeconds: req.LeaseSeconds, WaitSeconds: wait,
+		ClaimID: claimID, Release: req.Release, Binding: req.Binding, LeaseSeconds: req.LeaseSeconds,
+		Image: image, WaitSeconds: wait,
 	})
 	h.metrics.claims.WithLabelValues(claimOutcome(res, err)).Inc()
 	if res.EmptyReason != "" {
@@ -42,7 +49,7 @@ func (h *handler) claim(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	resp := wire.ClaimResponse{OK: true, Lease: wire.LeaseOf(res.Lease)}
-	if wait > 0 && res.Lease == nil {
+	if (wait > 0 || image != "") && res.Lease == nil {
 		resp.EmptyReason = string(res.EmptyReason)
 	}
 	if res.Lease != nil {

@@ -37,12 +37,14 @@ type Config struct {
 	// Release is the signed trust class of every cell of the pool.
 	Release lease.Release
 	// Target is the number of live members to keep (provisioning, ready,
-	// leased, stopping and cleanup_pending all count).
+	// leased, stopping and cleanup_pending all count). For an image class
+	// it is max_cells: the most live members, of all images together.
 	Target int
 	// ReadyFloor holds back the pool's last ReadyFloor ready cells from
 	// claims (default 0, at most Target).
 	ReadyFloor int
-	// MaxProvisioning bounds concurrent provisions (default Target).
+	// MaxProvisioning bounds concurrent provisions (default Target). For
+	// an image class it is max_cold.
 	MaxProvisioning int
 	// ReadyTTL is how long a ready cell may wait for a claim. A claim takes
 	// only a cell that outlives the lease it asks for, so a pool serves
@@ -63,6 +65,22 @@ type Config struct {
 	// root filesystem serves. Every verification requires the provider to
 	// report exactly that digest as admitted (driver.Observation.ImageDigest).
 	Image string
+	// Images makes the pool an image class (CONTRACT §21; pool key
+	// images): the repositories whose images, pinned by digest, its cells
+	// are made of, per image, on demand — "host/repo", or "host/prefix/*"
+	// for every repository under a prefix. An image class has no Image and
+	// no ReadyFloor; its provider must provision per-cell images
+	// (driver.Capabilities.Images). Only claims that name an image take
+	// its cells.
+	Images []string
+	// WarmPerImage is how many ready cells an image class keeps of each
+	// image claimed (or waited for) within WarmIdle (default
+	// DefaultWarmPerImage), within Target.
+	WarmPerImage int
+	// WarmIdle is how long an image stays warm after its last claim or
+	// wait (default DefaultWarmIdle); then its ready cells beyond the
+	// claims waiting for it are stopped.
+	WarmIdle time.Duration
 }
 
 // imageDigest is the digest c.Image is pinned by, or "" without an image.
@@ -91,6 +109,17 @@ func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 	}
 	if c.MaxCell == 0 {
 		c.MaxCell = DefaultMaxCell
+	}
+	if c.WarmPerImage == 0 {
+		c.WarmPerImage = DefaultWarmPerImage
+	}
+	if c.WarmIdle == 0 {
+		c.WarmIdle = DefaultWarmIdle
+	}
+	if c.ImageClass() {
+		if err := c.checkImageClass(); err != nil {
+			return c, fmt.Errorf("pool %q: %w", c.Name, err)
+		}
 	}
 	bad := func(field, rule string) (Config, error) {
 		return c, fmt.Errorf("pool %q: %s %s", c.Name, field, rule)
@@ -246,6 +275,9 @@ type poolState struct {
 	lastOrphans   time.Time
 	verified      map[uuid.UUID]time.Time
 	jobErrs       []error // of jobs ended since the last pass
+	// demand is an image class's demand by image (demand.go), under the
+	// reconciler's mu.
+	demand map[string]*imageDemand
 }
 
 // New returns a Reconciler for the pools over st, the pools' role of a
@@ -403,11 +435,20 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config, j
 	now := r.opt.Now()
 	var errs errList
 	excess := len(members) - cfg.Target
+	var plan imagePlan
+	if cfg.ImageClass() {
+		plan = r.planImages(ps, cfg, members, now)
+	}
 	for _, m := range members {
 		if r.isBusy(m.CellID) {
 			continue
 		}
 		act := r.decide(ps, cfg, m, now, &excess)
+		if why := plan.stop[m.CellID]; why != "" && m.State == lease.MemberReady {
+			act = func(ctx context.Context) error {
+				return r.stop(ctx, cfg, m, m.State, lease.Quarantined, why, "")
+			}
+		}
 		if act == nil {
 			continue
 		}
@@ -443,10 +484,10 @@ func (r *Reconciler) reconcile(ctx context.Context, ps *poolState, cfg Config, j
 		}
 	}
 	var created []store.Member
-	if prepared {
+	if prepared && (!cfg.ImageClass() || len(plan.create) > 0) {
 		created, err = r.store.Replenish(ctx, store.ReplenishParams{
 			Pool: cfg.Name, TenantID: cfg.TenantID, Target: cfg.Target, MaxProvisioning: cfg.MaxProvisioning,
-			NewID: r.opt.NewID, Owner: r.opt.Owner, LockUntil: now.Add(r.opt.LockTTL), Now: now,
+			Images: plan.create, NewID: r.opt.NewID, Owner: r.opt.Owner, LockUntil: now.Add(r.opt.LockTTL), Now: now,
 		})
 		if err != nil {
 			errs.add(err)
@@ -675,7 +716,8 @@ func (r *Reconciler) hold(ctx context.Context, cellID uuid.UUID) (release func()
 // its stop when any step fails.
 func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) error {
 	pctx, cancel := context.WithTimeout(ctx, r.opt.ProvisionTimeout)
-	obj, err := cfg.Provider.Provision(pctx, driver.ProvisionRequest{CellID: m.CellID, RuntimeClass: cfg.Release.RuntimeClass})
+	obj, err := cfg.Provider.Provision(pctx, driver.ProvisionRequest{CellID: m.CellID, RuntimeClass: cfg.Release.RuntimeClass,
+		Image: m.Image})
 	var obs driver.Observation
 	if err == nil {
 		m.Identity = obj.Identity
@@ -699,9 +741,10 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		ProviderCellID: m.CellID.String(), Identity: obj.Identity, Release: cfg.Release,
 		ReadyDeadline: now.Add(cfg.ReadyTTL), Now: now,
 		AdmittedClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest, ImageDigest: obs.ImageDigest,
+		Image: cfg.cellImage(m),
 	})
 	if err == nil {
-		r.opt.Logger.Info("cell ready", "pool", cfg.Name, "cell_id", m.CellID)
+		r.opt.Logger.Info("cell ready", "pool", cfg.Name, "cell_id", m.CellID, "image", m.Image)
 		if r.opt.OnReady != nil {
 			r.opt.OnReady(cfg.Name)
 		}
@@ -721,7 +764,7 @@ func (r *Reconciler) verify(ctx context.Context, cfg Config, m store.Member) (dr
 	if err := driver.Verify(obj, obs, cfg.Release.RuntimeClass); err != nil {
 		return obs, err
 	}
-	if err := VerifyImage(cfg, obs); err != nil {
+	if err := VerifyImage(cfg, m, obs); err != nil {
 		r.opt.Logger.Warn("cell image unverified", "pool", cfg.Name, "cell_id", m.CellID, "error", err)
 		return obs, err
 	}

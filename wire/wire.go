@@ -60,6 +60,8 @@ type ClaimRequest struct {
 	Release Release    `json:"release"`
 	Binding
 	LeaseSeconds *uint64 `json:"lease_seconds,omitempty"`
+	// Image asks for a cell of that image, pinned by digest (CONTRACT §21).
+	Image *string `json:"image,omitempty"`
 	// WaitSeconds is how long the claim may wait for a cell (CONTRACT §21):
 	// 0 to 300; absent or 0 answers at once.
 	WaitSeconds *uint64 `json:"wait_seconds,omitempty"`
@@ -90,8 +92,9 @@ type ClaimResponse struct {
 	OK               bool    `json:"ok"`
 	Lease            *Lease  `json:"lease"`
 	LeaseAttestation *string `json:"lease_attestation"`
-	// EmptyReason says why a claim that carried wait_seconds (CONTRACT
-	// §21) found no cell; absent otherwise, and from every Part I answer.
+	// EmptyReason says why a claim that carried image or wait_seconds
+	// (CONTRACT §21) found no cell; absent otherwise, and from every Part
+	// I answer.
 	EmptyReason string `json:"empty_reason,omitempty"`
 }
 

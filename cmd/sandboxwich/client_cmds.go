@@ -407,12 +407,16 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 	b := cliBinding(f.fs)
 	leaseSeconds := cliUint(f.fs, "lease-seconds", "requested lease duration in seconds (server default 120, clamped into [1, 300])")
 	claimID := cliUUID(f.fs, "claim-id", "claim ID fence (default: a new UUIDv7); repeat a claim with the same ID to get the same outcome")
+	image := f.fs.String("image", "", "a cell of this image, pinned by digest (host/repo@sha256:<hex>), from a pool that runs or allows it")
 	waitSeconds := cliUint(f.fs, "wait-seconds", "wait up to this many seconds (at most 300) for a cell when none is ready (default 0: answer at once)")
 	attFile := f.fs.String("attestation-file", "", "NEW file to write the lease attestation to, mode 0600 (required; never printed)")
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
 	req := wire.ClaimRequest{Release: *rel, Binding: *b, LeaseSeconds: *leaseSeconds, WaitSeconds: *waitSeconds}
+	if *image != "" {
+		req.Image = image
+	}
 	if w := *waitSeconds; w != nil && !f.set("timeout") {
 		// Give the wait its time unless --timeout was set explicitly.
 		f.timeout = max(f.timeout, time.Duration(*w)*time.Second+30*time.Second)

@@ -18,6 +18,7 @@
 package fake
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,6 +62,10 @@ type Config struct {
 	// Now is the agents' clock, by which an activation expires (default
 	// time.Now).
 	Now func() time.Time
+	// Image is the image, pinned by digest, of an object provisioned
+	// without one (as a fixed pool's Image): what Inspect reports as
+	// admitted. "" reports none.
+	Image string
 }
 
 // Provider is the in-memory provider. It implements driver.Provider and
@@ -81,6 +86,7 @@ type Provider struct {
 
 type object struct {
 	identity string
+	image    string // the request's, "" for none
 	class    lease.RuntimeClass
 	drift    *lease.RuntimeClass
 	agent    *cellAgent // nil without agents
@@ -128,6 +134,7 @@ func (p *Provider) Capabilities() driver.Capabilities {
 		Mode:           p.cfg.Mode,
 		RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM},
 		Identity:       p.cfg.Kind,
+		Images:         true, // any image: the object only records it
 	}
 }
 
@@ -166,11 +173,14 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	if p.chance(p.faults().ProvisionFailure) {
 		return driver.Object{}, fmt.Errorf("%w: provision failed", ErrInjected)
 	}
+	if _, ok := driver.PinnedDigest(req.Image); req.Image != "" && !ok {
+		return driver.Object{}, fmt.Errorf("fake: image %q is not pinned by digest", req.Image)
+	}
 	p.mu.Lock()
 	o, ok := p.objects[req.CellID]
 	if !ok {
 		p.seq++
-		o = &object{identity: fmt.Sprintf("fake-%d", p.seq), class: req.RuntimeClass}
+		o = &object{identity: fmt.Sprintf("fake-%d", p.seq), class: req.RuntimeClass, image: cmp.Or(req.Image, p.cfg.Image)}
 		if p.agents {
 			o.agent = newCellAgent(p, req.CellID)
 		}
@@ -205,7 +215,19 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	if o.agent != nil {
 		obs.AgentDigest = AgentDigest
 	}
+	obs.ImageDigest, _ = driver.PinnedDigest(o.image)
 	return obs, nil
+}
+
+// Image returns the image the cell's object was provisioned with ("" for
+// none, or when there is no object).
+func (p *Provider) Image(cellID uuid.UUID) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if o, ok := p.objects[cellID]; ok {
+		return o.image
+	}
+	return ""
 }
 
 // Destroy implements driver.Provider.

@@ -1,0 +1,153 @@
+package sandboxwich_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/driver/fake"
+	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
+)
+
+func img(name string, c byte) string {
+	return "registry.test/swe/" + name + "@sha256:" + strings.Repeat(string(c), 64)
+}
+
+// classEnv is a plane with an image class "swe" allowing
+// registry.test/swe/* (max_cells cells, max_cold 2) and a fixed pool
+// "fixed" pinning one image, on fake providers that record each cell's
+// image.
+func classEnv(t *testing.T, maxCells int) (*env, *fake.Provider) {
+	t.Helper()
+	rel := newEnv(t).rel
+	prov := fake.New(fake.Config{Mode: driver.Apply})
+	fixed := "registry.test/base/fixed:v1@sha256:" + strings.Repeat("f", 64)
+	e := newEnv(t, sandboxwich.WithPools(
+		pool.Config{Name: "fixed", TenantID: "acme", Release: rel, Target: 1, Image: fixed,
+			Provider: fake.New(fake.Config{Mode: driver.Apply, Image: fixed})},
+		pool.Config{Name: "swe", TenantID: "acme", Release: rel, Target: maxCells, MaxProvisioning: 2, Provider: prov,
+			Images: []string{"registry.test/swe/*"}}))
+	return e, prov
+}
+
+// pass runs reconciler passes until one changes nothing more (a stop
+// frees room only once its destroy is proven).
+func (e *env) passes(n int) {
+	for range n {
+		e.plane.Pools().Pass(e.ctx)
+	}
+}
+
+// TestImageClassClaims: a claim of an image that no cell runs waits while
+// the image class makes one for it, and leases it; the cell runs exactly
+// that image; the image then stays warm (a ready cell of it, which the
+// next claim of it takes at once); a claim of the fixed pool's image takes
+// its cell; a Part I claim never takes an image class's cell; an image
+// outside every pool, or a tag, is image_not_allowed and records nothing.
+func TestImageClassClaims(t *testing.T) {
+	e, prov := classEnv(t, 4)
+	e.passes(1) // the fixed pool's cell
+	a := img("task-a", 'a')
+	got := e.claimAsync(e.ctx, sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding,
+		Image: a, WaitSeconds: 60})
+	waitFor(t, "the claim waits", func() bool { return e.plane.WaitingClaims() == 1 })
+	e.passes(1)
+	out := <-got
+	if out.err != nil || out.res.Lease == nil || out.res.PoolName != "swe" {
+		t.Fatalf("the claim of %s: %v %v, want a cell of the image class", a, out.res, out.err)
+	}
+	if got := prov.Image(out.res.Lease.CellID); got != a {
+		t.Fatalf("the cell runs %q, want %q", got, a)
+	}
+	e.passes(1) // the image is warm: one ready cell of it
+	sts, err := e.plane.PoolStatus(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts {
+		if st.Name == "swe" && st.Members[lease.MemberReady] != 1 {
+			t.Errorf("image class after a claim of %s: %d ready cells, want the 1 warm cell of it", a, st.Members[lease.MemberReady])
+		}
+	}
+	// The fixed pool's image, named without its tag, takes its cell; then
+	// a Part I claim finds none: the warm cell of a is not Part I
+	// inventory.
+	res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding,
+		Image: "registry.test/base/fixed@sha256:" + strings.Repeat("f", 64)})
+	if err != nil || res.Lease == nil || res.PoolName != "fixed" {
+		t.Fatalf("a claim of the fixed pool's image: %v %v, want its cell", res, err)
+	}
+	res, err = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding})
+	if err != nil || res.Lease != nil {
+		t.Fatalf("a Part I claim: %v %v, want empty (the image class's cell is not Part I inventory)", res, err)
+	}
+	// The warm cell serves the next claim of a at once.
+	res, err = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: a})
+	if err != nil || res.Lease == nil || prov.Image(res.Lease.CellID) != a {
+		t.Fatalf("a claim of warm %s: %v %v, want its warm cell", a, res, err)
+	}
+
+	claimID := uuid.New()
+	for _, bad := range []string{"registry.other/x/y@sha256:" + strings.Repeat("c", 64), "registry.test/swe/task-a:latest",
+		"registry.test/swe/task-a", "registry.test/swe/task-a@sha256:abc"} {
+		_, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: e.rel, Binding: binding, Image: bad, WaitSeconds: 5})
+		if !errors.Is(err, errcode.ErrImageNotAllowed) {
+			t.Errorf("image %q: %v, want image_not_allowed", bad, err)
+		}
+	}
+	res, err = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: claimID, Release: e.rel, Binding: binding})
+	if err != nil || res.Replayed {
+		t.Fatalf("the refused claim_id reused: %v %v, want a new claim (the refusals recorded nothing)", res, err)
+	}
+}
+
+// TestImageClassEvictsForAWait: a full image class (max_cells 2, both
+// cells warm cells of other images) evicts the least recently used warm
+// cell for a claim that waits for a third image, and then makes its cell;
+// a claim that waited in vain leaves its late cell as warm inventory.
+func TestImageClassEvictsForAWait(t *testing.T) {
+	e, prov := classEnv(t, 2)
+	a, b, c := img("task-a", 'a'), img("task-b", 'b'), img("task-c", 'c')
+	for _, im := range []string{a, b} { // one claim each: each image warm, one ready cell each
+		got := e.claimAsync(e.ctx, sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: im, WaitSeconds: 60})
+		waitFor(t, "the claim waits", func() bool { return e.plane.WaitingClaims() == 1 })
+		e.passes(1)
+		out := <-got
+		if out.err != nil || out.res.Lease == nil {
+			t.Fatalf("claim of %s: %v %v", im, out.res, out.err)
+		}
+		if _, err := e.plane.Release(e.ctx, "acme", out.res.Lease.ID, out.res.Proof(), lease.Destroyed); err != nil {
+			t.Fatal(err)
+		}
+		e.now = e.now.Add(time.Second)
+		e.passes(3) // the released cell destroyed, the warm cell made
+	}
+	ready := func() map[string]int {
+		out := map[string]int{}
+		objs, _ := prov.List(e.ctx)
+		for _, o := range objs {
+			out[prov.Image(o.CellID)]++
+		}
+		return out
+	}
+	if got := ready(); got[a] != 1 || got[b] != 1 {
+		t.Fatalf("cells by image before the wait: %v, want one warm cell of %s and of %s", got, a, b)
+	}
+	got := e.claimAsync(e.ctx, sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: c, WaitSeconds: 60})
+	waitFor(t, "the claim waits", func() bool { return e.plane.WaitingClaims() == 1 })
+	e.passes(3) // evict, destroy, make
+	out := <-got
+	if out.err != nil || out.res.Lease == nil || prov.Image(out.res.Lease.CellID) != c {
+		t.Fatalf("the claim of %s in a full class: %v %v, want a cell of it", c, out.res, out.err)
+	}
+	if got := ready(); got[a] != 0 || got[b] != 1 || got[c] != 1 {
+		t.Errorf("cells by image after the wait: %v, want %s (least recently used) evicted, %s kept, %s made", got, a, b, c)
+	}
+}

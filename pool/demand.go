@@ -1,0 +1,203 @@
+package pool
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store"
+)
+
+// imageDemand is what a reconciler knows of the demand for one image of
+// an image class (CONTRACT §21): the claims of this process waiting for a
+// cell of it, since when the oldest of them waits, and when it was last
+// claimed or waited for (which keeps it warm for WarmIdle).
+type imageDemand struct {
+	waiting int
+	since   time.Time
+	last    time.Time
+}
+
+// Want records that a claim of this process waits for a cell of image
+// (canonical, CanonicalImage) in the image class pool: until done is
+// called, the pool keeps a cell of it provisioning or ready for the claim,
+// within its max_cells and max_cold, evicting ready cells of images no
+// claim waits for when it is full. Waits of different images are served
+// in the order they began. Want on a fixed pool, or an unknown one, does
+// nothing.
+func (r *Reconciler) Want(pool, image string) (done func()) {
+	d := r.demand(pool, image)
+	if d == nil {
+		return func() {}
+	}
+	r.mu.Lock()
+	now := r.opt.Now()
+	if d.waiting == 0 {
+		d.since = now
+	}
+	d.waiting++
+	d.last = now
+	r.mu.Unlock()
+	r.Trigger()
+	return func() {
+		r.mu.Lock()
+		d.waiting--
+		d.last = r.opt.Now()
+		r.mu.Unlock()
+	}
+}
+
+// Claimed records that a claim named image in the image class pool: the
+// image stays warm (Config.WarmPerImage ready cells) for Config.WarmIdle.
+func (r *Reconciler) Claimed(pool, image string) {
+	d := r.demand(pool, image)
+	if d == nil {
+		return
+	}
+	r.mu.Lock()
+	d.last = r.opt.Now()
+	r.mu.Unlock()
+	r.Trigger()
+}
+
+// demand returns the demand record of image in pool, made on first use,
+// or nil when pool is not an image class of this reconciler.
+func (r *Reconciler) demand(pool, image string) *imageDemand {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps, ok := r.pools[pool]
+	if !ok || !ps.cfg.ImageClass() || image == "" {
+		return nil
+	}
+	if ps.demand == nil {
+		ps.demand = map[string]*imageDemand{}
+	}
+	d := ps.demand[image]
+	if d == nil {
+		d = &imageDemand{}
+		ps.demand[image] = d
+	}
+	return d
+}
+
+// imagePlan is what an image class's pass does: the images of the members
+// to create, waiting claims' first (oldest wait first), then warm ones; and
+// the ready members to stop, with why — beyond what their image wants, or
+// evicted to make room for a waiting claim.
+type imagePlan struct {
+	create []string
+	stop   map[uuid.UUID]string
+}
+
+// imageState is one image of an image class during planning.
+type imageState struct {
+	name          string
+	waiting, want int
+	since, last   time.Time
+	coming        int            // members provisioning
+	ready         []store.Member // ready members not to stop, oldest first
+}
+
+// planImages plans an image class's pass over its live members. An image
+// wants its waiting claims' cells plus WarmPerImage while it is warm: a
+// claim waits for it, or it was claimed, waited for or a cell of it
+// admitted within WarmIdle (so a cell made for a claim that gave up, or
+// found after a restart, stays warm inventory that long).
+func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Member, now time.Time) imagePlan {
+	images := map[string]*imageState{}
+	get := func(name string) *imageState {
+		im := images[name]
+		if im == nil {
+			im = &imageState{name: name}
+			images[name] = im
+		}
+		return im
+	}
+	r.mu.Lock()
+	for name, d := range ps.demand {
+		if d.waiting == 0 && now.Sub(d.last) >= cfg.WarmIdle {
+			delete(ps.demand, name) // decayed
+			continue
+		}
+		im := get(name)
+		im.waiting, im.since, im.last = d.waiting, d.since, d.last
+	}
+	r.mu.Unlock()
+	live, freeing := len(members), 0
+	for _, m := range members {
+		switch m.State {
+		case lease.MemberStopping, lease.MemberCleanupPending:
+			freeing++ // room once destroyed
+		case lease.MemberProvisioning:
+			get(m.Image).coming++
+		case lease.MemberReady:
+			im := get(m.Image)
+			im.ready = append(im.ready, m)
+			if m.Cell != nil && m.Cell.CreatedAt.After(im.last) {
+				im.last = m.Cell.CreatedAt
+			}
+		}
+	}
+	plan := imagePlan{stop: map[uuid.UUID]string{}}
+	var waiting, warm []*imageState
+	for _, im := range images {
+		if im.waiting > 0 || now.Sub(im.last) < cfg.WarmIdle {
+			im.want = im.waiting + cfg.WarmPerImage
+		}
+		// Ready cells beyond the image's want decay, oldest first.
+		for im.coming+len(im.ready) > im.want && len(im.ready) > 0 {
+			plan.stop[im.ready[0].CellID] = "image no longer warm"
+			im.ready = im.ready[1:]
+		}
+		switch {
+		case im.waiting > 0:
+			waiting = append(waiting, im)
+		case im.want > 0:
+			warm = append(warm, im)
+		}
+	}
+	slices.SortFunc(waiting, func(a, b *imageState) int {
+		return cmp.Or(a.since.Compare(b.since), cmp.Compare(a.name, b.name))
+	})
+	// Most recently used first: the last are the first evicted.
+	slices.SortFunc(warm, func(a, b *imageState) int { return cmp.Or(b.last.Compare(a.last), cmp.Compare(a.name, b.name)) })
+	for _, im := range waiting {
+		for need := im.waiting - im.coming - len(im.ready); need > 0; need-- {
+			switch {
+			case live < cfg.Target:
+				plan.create = append(plan.create, im.name)
+				im.coming++
+				live++
+			case freeing > 0:
+				freeing-- // a stop under way makes the room
+			case !evict(warm, plan.stop):
+				need = 0 // full of cells that claims hold or wait for: the claim waits
+			}
+		}
+	}
+	for _, im := range append(waiting, warm...) {
+		for need := im.want - im.coming - len(im.ready); need > 0 && live < cfg.Target; need-- {
+			plan.create = append(plan.create, im.name)
+			im.coming++
+			live++
+		}
+	}
+	return plan
+}
+
+// evict stops the oldest ready cell of the least recently used image of
+// warm (images no claim waits for) that has one: it makes room in a full
+// pool once destroyed. It reports whether it found one.
+func evict(warm []*imageState, stop map[uuid.UUID]string) bool {
+	for i := len(warm) - 1; i >= 0; i-- {
+		if im := warm[i]; len(im.ready) > 0 {
+			stop[im.ready[0].CellID] = "evicted for a claim of another image"
+			im.ready = im.ready[1:]
+			return true
+		}
+	}
+	return false
+}
