@@ -66,17 +66,25 @@ type config struct {
 // (CONTRACT §25): the size of each cell's writable storage, below its
 // memory; 0 leaves the provider's default, half the cell's memory.
 type poolConfig struct {
-	Name            string            `json:"name"`
-	Provider        string            `json:"provider"`
-	TenantID        string            `json:"tenant_id"`
-	Release         lease.Release     `json:"release"`
-	Target          int               `json:"target"`
-	ReadyFloor      int               `json:"ready_floor"`
-	MaxProvisioning int               `json:"max_provisioning"`
-	ReadyTTLSeconds int               `json:"ready_ttl_seconds"`
-	MaxCellSeconds  int               `json:"max_cell_seconds"`
-	Image           string            `json:"image"`
-	CellDiskBytes   int64             `json:"cell_disk_bytes"`
+	Name            string        `json:"name"`
+	Provider        string        `json:"provider"`
+	TenantID        string        `json:"tenant_id"`
+	Release         lease.Release `json:"release"`
+	Target          int           `json:"target"`
+	ReadyFloor      int           `json:"ready_floor"`
+	MaxProvisioning int           `json:"max_provisioning"`
+	ReadyTTLSeconds int           `json:"ready_ttl_seconds"`
+	MaxCellSeconds  int           `json:"max_cell_seconds"`
+	Image           string        `json:"image"`
+	CellDiskBytes   int64         `json:"cell_disk_bytes"`
+	// Images makes the pool an image class (CONTRACT §21), with MaxCells,
+	// MaxCold, WarmPerImage and WarmIdleSeconds; a fixed pool reads
+	// max_cells as its target and max_cold as its max_provisioning.
+	Images          []string          `json:"images"`
+	MaxCells        int               `json:"max_cells"`
+	MaxCold         int               `json:"max_cold"`
+	WarmPerImage    int               `json:"warm_per_image"`
+	WarmIdleSeconds int               `json:"warm_idle_seconds"`
 	Settings        map[string]string `json:"settings"`
 }
 
@@ -198,7 +206,8 @@ func parseMaxLease(dst *uint64, v string) error {
 
 // poolEnv lists the single pool's environment keys (SANDBOXWICH_STERILE_POOL_*).
 var poolEnv = []string{"NAME", "PROVIDER", "TARGET", "READY_FLOOR", "MAX_PROVISIONING", "READY_TTL_SECONDS",
-	"TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE", "IMAGE", "CELL_DISK_BYTES"}
+	"MAX_CELL_SECONDS", "TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE", "IMAGE",
+	"CELL_DISK_BYTES", "IMAGES", "MAX_CELLS", "MAX_COLD", "WARM_PER_IMAGE", "WARM_IDLE_SECONDS"}
 
 // migrateSettings are the settings migrate has flags for: the others only
 // matter to serve (their environment and file values are still checked).
@@ -289,6 +298,41 @@ func (c *config) check() error {
 		if err := checkCellDisk(p); err != nil {
 			return err
 		}
+		if err := p.checkCapacity(); err != nil {
+			return fmt.Errorf("invalid pool %q: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+// checkCapacity reads max_cells and max_cold (CONTRACT §21): an image
+// class's bounds, which refuses target, ready_floor and max_provisioning;
+// a fixed pool's target and max_provisioning by other names.
+func (p *poolConfig) checkCapacity() error {
+	if len(p.Images) > 0 {
+		switch {
+		case p.Target != 0 || p.ReadyFloor != 0 || p.MaxProvisioning != 0:
+			return errors.New("an image class (key images) has max_cells and max_cold, not target, ready_floor or max_provisioning")
+		case p.MaxCells < 1:
+			return errors.New("key max_cells must be at least 1 for an image class")
+		case p.MaxCold < 0 || p.MaxCold > p.MaxCells:
+			return errors.New("key max_cold must be between 1 and max_cells (0: max_cells)")
+		}
+		return nil
+	}
+	switch {
+	case p.WarmPerImage != 0 || p.WarmIdleSeconds != 0:
+		return errors.New("keys warm_per_image and warm_idle_seconds belong to an image class (key images)")
+	case p.MaxCells != 0 && p.Target != 0 && p.MaxCells != p.Target:
+		return errors.New("keys max_cells and target differ: a fixed pool reads max_cells as its target")
+	case p.MaxCold != 0 && p.MaxProvisioning != 0 && p.MaxCold != p.MaxProvisioning:
+		return errors.New("keys max_cold and max_provisioning differ: a fixed pool reads max_cold as its max_provisioning")
+	}
+	if p.MaxCells != 0 {
+		p.Target = p.MaxCells
+	}
+	if p.MaxCold != 0 {
+		p.MaxProvisioning = p.MaxCold
 	}
 	return nil
 }
@@ -411,6 +455,11 @@ func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
 		Image:    v["IMAGE"],
 		Settings: map[string]string{},
 	}
+	if s := v["IMAGES"]; s != "" {
+		for _, im := range strings.Split(s, ",") {
+			p.Images = append(p.Images, strings.TrimSpace(im))
+		}
+	}
 	if s := v["CELL_DISK_BYTES"]; s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || n <= 0 {
@@ -418,13 +467,20 @@ func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
 		}
 		p.CellDiskBytes = n
 	}
+	// A pool sized by max_cells (an image class, or a fixed pool by that
+	// name) needs no target.
+	targetDefault := ""
+	if v["MAX_CELLS"] != "" {
+		targetDefault = "0"
+	}
 	for _, f := range []struct {
 		key string
 		dst *int
 		def string
-	}{{"TARGET", &p.Target, ""}, {"READY_FLOOR", &p.ReadyFloor, "0"},
+	}{{"TARGET", &p.Target, targetDefault}, {"READY_FLOOR", &p.ReadyFloor, "0"},
 		{"MAX_PROVISIONING", &p.MaxProvisioning, "0"}, {"READY_TTL_SECONDS", &p.ReadyTTLSeconds, "0"},
-		{"MAX_CELL_SECONDS", &p.MaxCellSeconds, "0"}} {
+		{"MAX_CELL_SECONDS", &p.MaxCellSeconds, "0"}, {"MAX_CELLS", &p.MaxCells, "0"}, {"MAX_COLD", &p.MaxCold, "0"},
+		{"WARM_PER_IMAGE", &p.WarmPerImage, "0"}, {"WARM_IDLE_SECONDS", &p.WarmIdleSeconds, "0"}} {
 		s := or(v[f.key], f.def)
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {

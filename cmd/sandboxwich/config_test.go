@@ -194,3 +194,53 @@ func TestConfigPoolImage(t *testing.T) {
 		t.Errorf("SANDBOXWICH_GVISOR_IMAGE: %v, %+v", err, c)
 	}
 }
+
+// TestConfigImageClass: an image class from the config file and from the
+// environment (images, max_cells, max_cold, warm_per_image,
+// warm_idle_seconds); a fixed pool reads max_cells and max_cold as its
+// target and max_provisioning; settings that can never hold stop start-up
+// naming the pool and the key.
+func TestConfigImageClass(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(file, []byte(`{"pools": [
+		{"name": "swe", "provider": "gvisor", "images": ["registry.test/swe/*"], "max_cells": 8, "max_cold": 2,
+		 "warm_per_image": 2, "warm_idle_seconds": 60},
+		{"name": "fixed", "provider": "gvisor", "max_cells": 3, "max_cold": 1}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e, _, _ := testEnv(map[string]string{"SANDBOXWICH_CONFIG": file, "SANDBOXWICH_STERILE_POOL_NAME": "tb",
+		"SANDBOXWICH_STERILE_POOL_IMAGES": "registry.test/tb/a, registry.test/tb/b", "SANDBOXWICH_STERILE_POOL_MAX_CELLS": "4",
+		"SANDBOXWICH_STERILE_POOL_MAX_CELL_SECONDS": "7200"})
+	c, err := loadConfig(e, "serve", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	swe, fixed, tb := c.Pools[0], c.Pools[1], c.Pools[2]
+	if len(swe.Images) != 1 || swe.MaxCells != 8 || swe.MaxCold != 2 || swe.WarmPerImage != 2 || swe.WarmIdleSeconds != 60 {
+		t.Errorf("the file's image class: %+v", swe)
+	}
+	if fixed.Target != 3 || fixed.MaxProvisioning != 1 {
+		t.Errorf("a fixed pool's max_cells and max_cold: target %d, max_provisioning %d; want 3 and 1", fixed.Target, fixed.MaxProvisioning)
+	}
+	if len(tb.Images) != 2 || tb.Images[1] != "registry.test/tb/b" || tb.MaxCells != 4 || tb.MaxCellSeconds != 7200 {
+		t.Errorf("the environment's image class: %+v", tb)
+	}
+	for _, tc := range []struct {
+		pool, want string
+	}{
+		{`{"name": "p", "images": ["registry.test/x/*"], "max_cells": 2, "target": 2}`, "not target"},
+		{`{"name": "p", "images": ["registry.test/x/*"], "max_cells": 2, "ready_floor": 1}`, "not target, ready_floor"},
+		{`{"name": "p", "images": ["registry.test/x/*"]}`, "max_cells"},
+		{`{"name": "p", "images": ["registry.test/x/*"], "max_cells": 2, "max_cold": 3}`, "max_cold"},
+		{`{"name": "p", "target": 2, "warm_per_image": 1}`, "warm_per_image"},
+		{`{"name": "p", "target": 2, "max_cells": 3}`, "max_cells and target"},
+	} {
+		if err := os.WriteFile(file, []byte(`{"pools": [`+tc.pool+`]}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e, _, _ := testEnv(map[string]string{"SANDBOXWICH_CONFIG": file})
+		if _, err := loadConfig(e, "serve", nil); err == nil || !strings.Contains(err.Error(), `pool "p"`) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming pool p and %q", tc.pool, err, tc.want)
+		}
+	}
+}

@@ -108,12 +108,17 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 			st.Close()
 			return nil, err
 		}
-		pools = append(pools, pool.Config{
+		cfg := pool.Config{
 			Name: p.Name, TenantID: p.TenantID, Release: p.Release, Target: p.Target,
 			ReadyFloor: p.ReadyFloor, MaxProvisioning: p.MaxProvisioning,
 			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, MaxCell: time.Duration(p.MaxCellSeconds) * time.Second,
 			Provider: prov, Image: p.Image,
-		})
+		}
+		if len(p.Images) > 0 {
+			cfg.Images, cfg.Target, cfg.MaxProvisioning = p.Images, p.MaxCells, p.MaxCold
+			cfg.WarmPerImage, cfg.WarmIdle = p.WarmPerImage, time.Duration(p.WarmIdleSeconds)*time.Second
+		}
+		pools = append(pools, cfg)
 	}
 	sweep := c.SweepInterval
 	if c.DisableExpirySweeper {
