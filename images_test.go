@@ -75,6 +75,9 @@ func TestImageClassClaims(t *testing.T) {
 		if st.Name == "swe" && st.Members[lease.MemberReady] != 1 {
 			t.Errorf("image class after a claim of %s: %d ready cells, want the 1 warm cell of it", a, st.Members[lease.MemberReady])
 		}
+		if st.Name == "swe" && (len(st.ImageClass) != 1 || st.WarmPerImage != 1 || len(st.Images) != 1 || st.Images[0].Image != a) {
+			t.Errorf("image class status: %+v, want its pattern, warm_per_image 1 and image %s", st, a)
+		}
 	}
 	// The fixed pool's image, named without its tag, takes its cell; then
 	// a Part I claim finds none: the warm cell of a is not Part I

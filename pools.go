@@ -46,6 +46,23 @@ type PoolStatus struct {
 	// that cannot be pulled; "" once it succeeded. While it is set the
 	// pool creates no member.
 	PrepareError string
+	// ImageClass, WarmPerImage and Images describe an image class
+	// (CONTRACT §21): its allowed repositories (pool.Config.Images), the
+	// warm cells it keeps per recent image, and each image's cells and
+	// waiting claims as of its last pass (ready, provisioning — the cold
+	// provisions in flight — and this replica's waiting claims). Target
+	// is its max_cells and MaxProvisioning its max_cold.
+	ImageClass   []string
+	WarmPerImage int
+	Images       []ImageStatus
+}
+
+// ImageStatus is one image of an image class (PoolStatus.Images): its
+// ready cells, its cells provisioning, and the claims of this replica
+// waiting for one.
+type ImageStatus struct {
+	Image                        string
+	Ready, Provisioning, Waiting int
 }
 
 // PoolStatus reports every pool of the plane, in configuration order; nil
@@ -66,8 +83,16 @@ func (p *Plane) PoolStatus(ctx context.Context) ([]PoolStatus, error) {
 }
 
 func poolStatusOf(s pool.Status) PoolStatus {
-	return PoolStatus{Name: s.Config.Name, TenantID: s.Config.TenantID, Release: s.Config.Release,
+	out := PoolStatus{Name: s.Config.Name, TenantID: s.Config.TenantID, Release: s.Config.Release,
 		Target: s.Config.Target, ReadyFloor: s.Config.ReadyFloor, MaxProvisioning: s.Config.MaxProvisioning,
 		ReadyTTL: s.Config.ReadyTTL, Provider: s.Capabilities.Kind, ProviderMode: ProviderMode(s.Capabilities.Mode),
-		Members: s.Members, LastReconcile: s.LastReconcile, LastError: s.LastError, PrepareError: s.PrepareError}
+		Members: s.Members, LastReconcile: s.LastReconcile, LastError: s.LastError, PrepareError: s.PrepareError,
+		ImageClass: s.Config.Images}
+	for _, im := range s.Images {
+		out.Images = append(out.Images, ImageStatus(im))
+	}
+	if s.Config.ImageClass() {
+		out.WarmPerImage = s.Config.WarmPerImage
+	}
+	return out
 }

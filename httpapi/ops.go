@@ -61,6 +61,13 @@ func wirePool(s sandboxwich.PoolStatus) wire.Pool {
 	if s.LastError != "" {
 		p.LastError = &s.LastError
 	}
+	if len(s.ImageClass) > 0 {
+		p.Images, p.MaxCells, p.MaxCold, p.WarmPerImage = s.ImageClass, s.Target, s.MaxProvisioning, s.WarmPerImage
+		p.ImageCells = []wire.ImageCells{}
+		for _, im := range s.Images {
+			p.ImageCells = append(p.ImageCells, wire.ImageCells{Image: im.Image, Ready: im.Ready, Provisioning: im.Provisioning, Waiting: im.Waiting})
+		}
+	}
 	return p
 }
 

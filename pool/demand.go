@@ -185,7 +185,24 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 			live++
 		}
 	}
+	seen := make([]ImageStatus, 0, len(images))
+	for _, im := range images {
+		seen = append(seen, ImageStatus{Image: im.name, Ready: len(im.ready), Provisioning: im.coming, Waiting: im.waiting})
+	}
+	slices.SortFunc(seen, func(a, b ImageStatus) int { return cmp.Compare(a.Image, b.Image) })
+	r.mu.Lock()
+	ps.images = seen
+	r.mu.Unlock()
 	return plan
+}
+
+// ImageStatus is one image of an image class as its reconciler's last pass
+// found and left it: ready cells (not being stopped), cells provisioning
+// (those it started included), and claims of this process waiting for
+// one.
+type ImageStatus struct {
+	Image                        string
+	Ready, Provisioning, Waiting int
 }
 
 // evict stops the oldest ready cell of the least recently used image of

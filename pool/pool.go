@@ -275,9 +275,10 @@ type poolState struct {
 	lastOrphans   time.Time
 	verified      map[uuid.UUID]time.Time
 	jobErrs       []error // of jobs ended since the last pass
-	// demand is an image class's demand by image (demand.go), under the
-	// reconciler's mu.
+	// demand is an image class's demand by image (demand.go), and images
+	// what its last pass planned, under the reconciler's mu.
 	demand map[string]*imageDemand
+	images []ImageStatus
 }
 
 // New returns a Reconciler for the pools over st, the pools' role of a
@@ -862,6 +863,9 @@ type Status struct {
 	// a provider that prepares nothing. While it is set the pool creates
 	// no member.
 	PrepareError string
+	// Images are an image class's images as of its last pass, by image;
+	// nil for a fixed pool.
+	Images []ImageStatus
 }
 
 // Status reports every pool, in configuration order.
@@ -880,7 +884,8 @@ func (r *Reconciler) Status(ctx context.Context) ([]Status, error) {
 			members[st] = counts[name][st]
 		}
 		out = append(out, Status{Config: ps.cfg, Capabilities: ps.caps, Members: members,
-			LastReconcile: ps.lastReconcile, LastError: ps.lastError, PrepareError: ps.prepareError})
+			LastReconcile: ps.lastReconcile, LastError: ps.lastError, PrepareError: ps.prepareError,
+			Images: slices.Clone(ps.images)})
 	}
 	return out, nil
 }

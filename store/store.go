@@ -158,13 +158,15 @@ type Leases interface {
 
 	// Inventory counts the tenant's claimable cells by release (set,
 	// runtime class and policy digest): ready cells whose ready deadline is
-	// later than p.After, and the latest of those deadlines. It changes
-	// nothing.
+	// later than p.After, and the latest of those deadlines; an image
+	// class's cells, which only claims naming their image take, are not
+	// counted. It changes nothing.
 	Inventory(ctx context.Context, p InventoryParams) ([]InventoryEntry, error)
 
 	// CountReady counts the ready cells of a tenant's inventory for exactly
-	// a release, whatever their pool's ready floor: all of them, and those
-	// whose ready deadline is later than p.After. It changes nothing; the
+	// a release, whatever their pool's ready floor (never an image class's):
+	// all of them, and those whose ready deadline is later than p.After.
+	// It changes nothing; the
 	// plane runs it only after an empty claim, to say why it was empty.
 	CountReady(ctx context.Context, p CountReadyParams) (ReadyCount, error)
 

@@ -282,6 +282,25 @@ type Pool struct {
 	Members         map[string]int `json:"members"`
 	LastReconcileAt *Time          `json:"last_reconcile_at"`
 	LastError       *string        `json:"last_error"`
+	// An image class's (CONTRACT §21): its allowed repositories, max_cells
+	// and max_cold (target and max_provisioning above, by the names of its
+	// keys), warm_per_image, and each image's cells and waiting claims as
+	// of its reconciler's last pass. Absent for a fixed pool.
+	Images       []string     `json:"images,omitempty"`
+	MaxCells     int          `json:"max_cells,omitempty"`
+	MaxCold      int          `json:"max_cold,omitempty"`
+	WarmPerImage int          `json:"warm_per_image,omitempty"`
+	ImageCells   []ImageCells `json:"image_cells,omitempty"`
+}
+
+// ImageCells is one image of an image class in a pool listing: ready
+// cells, cold provisions in flight, and claims waiting for one (on the
+// replica that answers).
+type ImageCells struct {
+	Image        string `json:"image"`
+	Ready        int    `json:"ready"`
+	Provisioning int    `json:"provisioning"`
+	Waiting      int    `json:"waiting"`
 }
 
 // PoolsResponse answers GET /v1/pools.

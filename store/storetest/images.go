@@ -12,6 +12,7 @@ import (
 var imageScenarios = []scenario{
 	{"Images/ReplenishPerImage", testImagesReplenish},
 	{"Images/ClaimByImage", testImagesClaim},
+	{"Images/NotPartIInventory", testImagesInventory},
 }
 
 func testImage(c byte) string {
@@ -99,5 +100,30 @@ func testImagesClaim(e *env) {
 	}
 	if l := e.mustLease(withImage(a)); l.CellID != a2.ID {
 		e.t.Errorf("a claim of %s leased %s, want %s", a, l.CellID, a2.ID)
+	}
+}
+
+// testImagesInventory: the inventory and the ready count describe what a
+// claim without an image can take: an image class's cells are not in them.
+func testImagesInventory(e *env) {
+	p := e.replenishParams(poolA, 100, 100)
+	p.Images = []string{testImage('a')}
+	ms, err := e.s.Replenish(e.ctx, p)
+	e.wantOK(err, "Replenish")
+	_, err = e.s.AdmitMember(e.ctx, e.admitParams(ms[0]))
+	e.wantOK(err, "AdmitMember")
+	inv, err := e.s.Inventory(e.ctx, store.InventoryParams{TenantID: tenantA, After: e.now})
+	e.wantOK(err, "Inventory")
+	if len(inv) != 0 {
+		e.t.Errorf("Inventory with only an image class's cell = %+v, want none", inv)
+	}
+	n, err := e.s.CountReady(e.ctx, store.CountReadyParams{TenantID: tenantA, Release: e.kata, After: e.now})
+	e.wantOK(err, "CountReady")
+	if n.Ready != 0 {
+		e.t.Errorf("CountReady with only an image class's cell = %+v, want 0", n)
+	}
+	e.poolCell(poolB)
+	if n, err := e.s.CountReady(e.ctx, store.CountReadyParams{TenantID: tenantA, Release: e.kata, After: e.now}); err != nil || n.Ready != 1 {
+		e.t.Errorf("CountReady with a fixed pool's cell = %+v, %v; want 1", n, err)
 	}
 }

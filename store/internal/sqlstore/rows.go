@@ -357,12 +357,15 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 		// readyCount is candidate without its deadline, counting instead.
 		readyCount: `SELECT count(*), count(CASE WHEN c.ready_deadline_us > CAST(? AS BIGINT) THEN 1 END) FROM cells c
 			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)
-			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'`,
+			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'
+			  AND c.image_class = 0`,
 		// inventory groups what a claim matches on, but the signature: one
-		// release, whoever signed it.
+		// release, whoever signed it. Both count what a claim without an
+		// image can take: never an image class's cells.
 		inventory: `SELECT c.release_set_id AS release_set_id, c.runtime_class AS runtime_class, c.policy_digest AS policy_digest,
 				count(*) AS ready, max(c.ready_deadline_us) AS latest_us
 			FROM cells c WHERE c.tenant_id = CAST(? AS TEXT) AND c.state = 'ready' AND c.ready_deadline_us > CAST(? AS BIGINT)
+			  AND c.image_class = 0
 			GROUP BY c.release_set_id, c.runtime_class, c.policy_digest
 			ORDER BY c.release_set_id, c.runtime_class, c.policy_digest`,
 		evidence: `SELECT c.id, m.pool_name, m.admitted_class, m.agent_digest, m.image_digest, m.admitted_us, m.verified_us
