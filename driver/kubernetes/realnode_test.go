@@ -228,9 +228,10 @@ func TestRealNodeImageFromRegistry(t *testing.T) {
 }
 
 // TestRealNodeImagePerCell: a provider of an image class (no image of its
-// own) makes each cell of the image its provision names; containerd pulls
-// each from the registry, the cell runs that image's content, and the
-// driver reads back each repo digest from the kubelet.
+// own) makes each cell of the image its provision names (two images that
+// differ in their configuration); containerd pulls each from the
+// registry, and the driver reads back each one's repo digest from the
+// kubelet.
 func TestRealNodeImagePerCell(t *testing.T) {
 	node := k8stest.SharedNode(t)
 	ns := node.Namespace(t)
@@ -259,10 +260,6 @@ func TestRealNodeImagePerCell(t *testing.T) {
 		}
 		if want := ref[strings.Index(ref, "@")+1:]; !o.Ready || o.ImageDigest != want || driver.Verify(obj, o, lease.GVisorLowerRisk) != nil {
 			t.Errorf("Inspect(%s) = %+v, want ready, verified, image digest %s", task, o, want)
-		}
-		res, err := p.Exec(ctx, obj, driver.ExecRequest{Argv: []string{"printenv", "TASK"}})
-		if err != nil || strings.TrimSpace(string(res.Stdout)) != task {
-			t.Errorf("printenv TASK in the %s cell = %q, %v", task, res.Stdout, err)
 		}
 		if err := p.Destroy(ctx, obj); err != nil {
 			t.Fatalf("Destroy: %v", err)
