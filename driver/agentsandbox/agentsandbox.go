@@ -203,10 +203,20 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
-// Capabilities implements driver.Provider.
+// ErrImageFromTemplate is returned (wrapped) by Provision for a request
+// that names an image (driver.ProvisionRequest.Image): a cell's Pod comes
+// from the warm pool's SandboxTemplate, whose image the plane does not
+// choose, so this provider serves no image class (CONTRACT §21). Nothing
+// is created.
+var ErrImageFromTemplate = errors.New("agent-sandbox cells run the image of the warm pool's SandboxTemplate, " +
+	"which the plane does not choose: the provider cannot make a cell of a requested image (no image classes, CONTRACT §21)")
+
+// Capabilities implements driver.Provider. Images is false: the warm
+// pool's template, not the plane, chooses a cell's image.
 func (p *Provider) Capabilities() driver.Capabilities {
 	classes := slices.Sorted(maps.Keys(p.cfg.RuntimeClassNames))
-	return driver.Capabilities{Kind: "agent-sandbox", Mode: driver.Apply, RuntimeClasses: classes, Identity: p.cfg.Identity}
+	return driver.Capabilities{Kind: "agent-sandbox", Mode: driver.Apply, RuntimeClasses: classes, Identity: p.cfg.Identity,
+		Images: false}
 }
 
 // ClaimName is the name of the SandboxClaim that backs a cell.
@@ -319,6 +329,9 @@ func (p *Provider) owned(claim *unstructured.Unstructured, cellID uuid.UUID) err
 // (runtime_class_boundary_unverified). On any error the claim is left for
 // the caller's Destroy, and the returned object carries whatever part of
 // the identity was found.
+//
+// A request that names an image (req.Image) fails with
+// ErrImageFromTemplate before anything is created.
 func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
 	obj := driver.Object{CellID: req.CellID}
 	name := ClaimName(req.CellID)
@@ -327,6 +340,9 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
+	}
+	if req.Image != "" {
+		return fail(fmt.Errorf("image %q: %w", req.Image, ErrImageFromTemplate))
 	}
 	if _, ok := p.cfg.RuntimeClassNames[req.RuntimeClass]; !ok {
 		return fail(fmt.Errorf("runtime class %q is not configured", req.RuntimeClass))

@@ -22,6 +22,11 @@
 //     fails at once with a *driver.VerifyError
 //     (runtime_class_boundary_unverified); a claim not bound in time fails
 //     with an ordinary error. Either way the claim is left for Destroy.
+//     A cell's image is the warm pool's SandboxTemplate's, which the plane
+//     does not choose: Capabilities report no Images, and a request that
+//     names one (driver.ProvisionRequest.Image, an image class's cell,
+//     CONTRACT §21) fails with ErrImageFromTemplate before anything is
+//     created.
 //   - Inspect follows the chain afresh. It reports the RuntimeClass only
 //     when the same three UIDs are found, the chain is consistent, and
 //     the Pod is Running with zero restarts and the configured
@@ -65,7 +70,8 @@
 // RuntimeClass; two Pods selected; owner and claim-uid mismatches; a
 // restarted Pod; deletion never confirmed (uncertain, then proven on
 // retry); a claim never bound; re-verification before exec; destroy
-// without identity and refusal to delete another pool's claim.
+// without identity and refusal to delete another pool's claim; refusal
+// of a requested image.
 //
 // Not exercised: the real agent-sandbox controllers (the test controller
 // is an emulation written from the CRDs and the documented contract), the

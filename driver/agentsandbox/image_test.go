@@ -2,6 +2,7 @@ package agentsandbox_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandboxwich/sandboxwich/driver/agentsandbox"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -57,6 +59,28 @@ func TestImageIDReadBack(t *testing.T) {
 	}
 	if err := p.Destroy(context.Background(), obj); err != nil {
 		t.Fatal(err)
+	}
+	requireEmpty(t, env, ns)
+}
+
+// TestProvisionRefusesImage: a cell's Pod comes from the warm pool's
+// template, whose image the plane does not choose, so the provider reports
+// no Images and refuses a provision that names one, creating nothing.
+func TestProvisionRefusesImage(t *testing.T) {
+	env, ns, _, p := setup(t, faults{})
+	ctx := ctxT(t, 2*time.Minute)
+	if p.Capabilities().Images {
+		t.Fatal("Capabilities().Images = true")
+	}
+	req := provisionReq(lease.GVisorLowerRisk)
+	req.Image = testImage
+	obj, err := p.Provision(ctx, req)
+	if !errors.Is(err, agentsandbox.ErrImageFromTemplate) || obj.Identity != "" {
+		t.Fatalf("Provision with an image = %+v, %v; want agentsandbox.ErrImageFromTemplate", obj, err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "SandboxTemplate") || !strings.Contains(msg, "does not choose") ||
+		!strings.Contains(msg, testImage) {
+		t.Errorf("error %q does not say the template chooses the image, or which image was refused", msg)
 	}
 	requireEmpty(t, env, ns)
 }

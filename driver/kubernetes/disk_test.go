@@ -45,7 +45,7 @@ func TestCellDiskPod(t *testing.T) {
 		t.Errorf("default CellDiskBytes = %d, want half of 512Mi", p.cfg.CellDiskBytes)
 	}
 	id := uuid.Must(uuid.NewV7())
-	pod := p.podSpec(id, lease.GVisorLowerRisk, "gvisor")
+	pod := p.podSpec(id, lease.GVisorLowerRisk, "gvisor", fakeImage)
 	if got := writableDisk(t, pod); got != p.cfg.CellDiskBytes {
 		t.Errorf("writable emptyDirs hold %d bytes, want %d", got, p.cfg.CellDiskBytes)
 	}
@@ -61,7 +61,7 @@ func TestCellDiskPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := writableDisk(t, withAgent.podSpec(id, lease.GVisorLowerRisk, "gvisor")); got != 300<<20 {
+	if got := writableDisk(t, withAgent.podSpec(id, lease.GVisorLowerRisk, "gvisor", fakeImage)); got != 300<<20 {
 		t.Errorf("with the agent, writable emptyDirs hold %d bytes, want 300 MiB together", got)
 	}
 
@@ -81,11 +81,11 @@ func TestCellDiskPod(t *testing.T) {
 		},
 	} {
 		pod := readyPod(p, id, "uid-1")
-		if o := p.observe(pod); o.RuntimeClass != lease.GVisorLowerRisk {
+		if o := p.observe(pod, ""); o.RuntimeClass != lease.GVisorLowerRisk {
 			t.Fatalf("unmodified pod: %+v", o)
 		}
 		mutate(pod)
-		if o := p.observe(pod); o.RuntimeClass != "" || !strings.Contains(o.Detail, "cell_disk_bytes") && !strings.Contains(o.Detail, "size limit") {
+		if o := p.observe(pod, ""); o.RuntimeClass != "" || !strings.Contains(o.Detail, "cell_disk_bytes") && !strings.Contains(o.Detail, "size limit") {
 			t.Errorf("%s: runtime class %q (%s), want none", name, o.RuntimeClass, o.Detail)
 		}
 	}

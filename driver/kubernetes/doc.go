@@ -8,25 +8,30 @@
 //
 //   - Provision creates one Pod per cell — named PodName(cellID) in
 //     Config.Namespace, labelled with LabelManagedBy, LabelPool and
-//     LabelCellID — and reads it back: spec.runtimeClassName must be the
-//     RuntimeClass name configured for the requested class and the UID the
-//     one created, or Provision fails with a *driver.VerifyError
-//     (runtime_class_boundary_unverified) and leaves the Pod for the pool's
-//     Destroy. It then waits, bounded by ReadyTimeout, until the Pod is
-//     Running with every container ready, re-checking on every read. It is
-//     idempotent: an existing Pod of the cell (same labels) is returned.
+//     LabelCellID, its image recorded in AnnotationImage (see "Images"
+//     below) — and reads it back: spec.runtimeClassName must be the
+//     RuntimeClass name configured for the requested class, the cell
+//     container's image and the record exactly the requested image, and
+//     the UID the one created, or Provision fails with a
+//     *driver.VerifyError (runtime_class_boundary_unverified) and leaves
+//     the Pod for the pool's Destroy. It then waits, bounded by
+//     ReadyTimeout, until the Pod is Running with every container ready,
+//     re-checking on every read. It is idempotent: an existing Pod of the
+//     cell (same labels, same image) is returned.
 //   - Inspect reports the admitted class from spec.runtimeClassName, "" when
 //     it is missing or unknown, or when admission weakened the Pod (a host
 //     namespace, a privileged or escalating container, a service-account
-//     token, another image, foreign labels). The plane compares it with the
-//     signed class after provisioning and before every exec; Exec re-checks
-//     it itself as well. Observation.ImageDigest is the repo digest of the
-//     cell container's status.containerStatuses[].imageID ("repo@sha256:…",
-//     also behind docker-pullable://), "" before the kubelet reports one
-//     and for a locally imported image (a bare image ID carries no repo
-//     digest). A pool whose key image pins the digest (the setting image,
-//     SANDBOXWICH_KUBERNETES_IMAGE, is that key) admits a Pod only when the
-//     two match (CONTRACT §15, image_digest_unverified otherwise).
+//     token, an image other than the one it records, foreign labels). The
+//     plane compares it with the signed class after provisioning and
+//     before every exec; Exec re-checks it itself as well.
+//     Observation.ImageDigest is the repo digest of the cell container's
+//     status.containerStatuses[].imageID ("repo@sha256:…", also behind
+//     docker-pullable://), "" before the kubelet reports one and for a
+//     locally imported image (a bare image ID carries no repo digest). A
+//     pool whose key image pins the digest (the setting image,
+//     SANDBOXWICH_KUBERNETES_IMAGE, is that key), or a cell of an image
+//     class, is admitted only when the two match (CONTRACT §15,
+//     image_digest_unverified otherwise).
 //   - Destroy deletes with a UID precondition and returns nil only when the
 //     API server says the Pod is gone or that its name now belongs to
 //     another UID. Deletion is graceful, so on a real cluster the Pod object
@@ -61,6 +66,42 @@
 // a deny-all NetworkPolicy (no ingress, no egress) selects the pool's Pods
 // before the first is created; a CNI plugin that enforces NetworkPolicy is
 // what makes it bite. deploy/kubernetes holds the minimal RBAC.
+//
+// # Images
+//
+// Capabilities report Images: a provision may name its cell's image
+// (driver.ProvisionRequest.Image), as the pools of an image class do
+// (CONTRACT §21).
+//
+//   - The cell container runs req.Image when it is set, exactly as given
+//     (a tag before the digest is kept for display; the runtime pulls by
+//     the digest), and Config.Image otherwise — the setting image
+//     (SANDBOXWICH_KUBERNETES_IMAGE), the pool's key image. req.Image must
+//     be pinned by digest (host/repo@sha256:<64 hex>, internal/imageref's
+//     syntax): a tag alone or a malformed reference fails Provision with
+//     an error wrapping *imageref.Error before anything is created — no
+//     NetworkPolicy, Secret or Pod.
+//   - Config.Image is required, unless Config.ImageClass (the setting
+//     image_class, which the plane sets for a pool with the key images)
+//     says the pool is an image class; it must then be empty, and a
+//     provision that names no image fails with ErrNoImage, creating
+//     nothing. New's error for a missing image says so.
+//   - The expected image is per cell, so the Pod records it at creation in
+//     the annotation AnnotationImage (sandboxwich.dev/image). Provision
+//     and its wait for readiness require the admitted cell container's
+//     image and the record to equal what the request asked for (a
+//     webhook that rewrote the image, the record or both is caught, and a
+//     retried Provision for another image than the existing Pod's is
+//     refused). Inspect and Exec, which are not told the image, require
+//     the container to run the image the Pod records, which must be
+//     pinned by digest; a Pod without a record (created before it)
+//     expects Config.Image. The cell has no credential to change its Pod.
+//     What the runtime serves is checked by the plane: it compares
+//     Observation.ImageDigest, the repo digest of the kubelet's imageID
+//     for the cell container (never the request or the record), with the
+//     digest the cell's image is pinned by (CONTRACT §15), at admission
+//     and before every operation — which also catches a Pod whose image
+//     and record were both changed after Provision.
 //
 // # The cell agent over per-cell mutual TLS
 //
@@ -114,7 +155,9 @@
 // see internal/k8stest) and kwok v0.8.0 playing the kubelet of a fake
 // node: driver/drivertest's conformance suite; admission by the real API
 // server, including a mutating webhook (served by the test over HTTPS)
-// that strips runtimeClassName or swaps it for another class; RuntimeClass
+// that strips runtimeClassName or swaps it for another class, or rewrites
+// the cell container's image or its record; per-cell images, refused
+// unpinned ones and image-class providers; RuntimeClass
 // objects and the restricted Pod Security admission; UID preconditions;
 // graceful deletion finalized by kwok; a finalizer holding a Pod
 // Terminating (unprovable deletion); out-of-band deletion and a new Pod

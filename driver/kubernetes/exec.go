@@ -61,7 +61,7 @@ func (p *Provider) Exec(ctx context.Context, obj driver.Object, req driver.ExecR
 	if pod.DeletionTimestamp != nil {
 		return fail(fmt.Errorf("%w: the pod is terminating", driver.ErrNotFound))
 	}
-	o := p.observe(pod)
+	o := p.observe(pod, "")
 	if err := driver.Verify(driver.Object{CellID: obj.CellID, Identity: string(pod.UID)}, o,
 		lease.RuntimeClass(pod.Labels[LabelRuntimeClass])); err != nil {
 		return fail(err)

@@ -52,7 +52,7 @@ func fakeProvider(t *testing.T, cs *fake.Clientset) *Provider {
 
 // readyPod is the Pod a cell would have once admitted and running.
 func readyPod(p *Provider, cellID uuid.UUID, uid string) *corev1.Pod {
-	pod := p.podSpec(cellID, lease.GVisorLowerRisk, "gvisor")
+	pod := p.podSpec(cellID, lease.GVisorLowerRisk, "gvisor", fakeImage)
 	pod.UID = types.UID(uid)
 	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning,
 		ContainerStatuses: []corev1.ContainerStatus{{Name: ContainerName, Ready: true}}}
@@ -198,15 +198,78 @@ func TestObserveWeakenedPod(t *testing.T) {
 		},
 		"labels":       func(pod *corev1.Pod) { pod.Labels[LabelPool] = "other" },
 		"no container": func(pod *corev1.Pod) { pod.Spec.Containers[0].Name = "renamed" },
+		"image record": func(pod *corev1.Pod) { pod.Annotations[AnnotationImage] = otherImage },
+		"image record not pinned": func(pod *corev1.Pod) {
+			pod.Annotations[AnnotationImage] = "evil.invalid/x:latest"
+			pod.Spec.Containers[0].Image = "evil.invalid/x:latest"
+		},
+		"image and record other than configured, record dropped": func(pod *corev1.Pod) {
+			delete(pod.Annotations, AnnotationImage)
+			pod.Spec.Containers[0].Image = otherImage
+		},
 	} {
 		pod := readyPod(p, id, "uid-1")
-		if o := p.observe(pod); o.RuntimeClass != lease.GVisorLowerRisk || !o.Ready {
+		if o := p.observe(pod, ""); o.RuntimeClass != lease.GVisorLowerRisk || !o.Ready {
 			t.Fatalf("unmodified pod: %+v", o)
 		}
 		mutate(pod)
-		if o := p.observe(pod); o.RuntimeClass != "" {
+		if o := p.observe(pod, ""); o.RuntimeClass != "" {
 			t.Errorf("%s: runtime class %q, want none (%s)", name, o.RuntimeClass, o.Detail)
 		}
+	}
+}
+
+// otherImage is a digest-pinned image other than fakeImage.
+const otherImage = "registry.invalid/task@sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+
+// TestObserveImage: the admitted cell container must run the image its
+// Pod records (AnnotationImage), and, when the caller names the image it
+// asked for, that one; a Pod created before the record expects
+// Config.Image, which a provider of an image class does not have.
+func TestObserveImage(t *testing.T) {
+	p := fakeProvider(t, fake.NewClientset())
+	id := uuid.Must(uuid.NewV7())
+	verified := func(o driver.Observation) bool { return o.RuntimeClass == lease.GVisorLowerRisk }
+
+	pod := p.podSpec(id, lease.GVisorLowerRisk, "gvisor", otherImage)
+	pod.UID = "uid"
+	if pod.Spec.Containers[0].Image != otherImage || pod.Annotations[AnnotationImage] != otherImage {
+		t.Fatalf("pod spec: image %q, annotations %v", pod.Spec.Containers[0].Image, pod.Annotations)
+	}
+	if o := p.observe(pod, ""); !verified(o) {
+		t.Errorf("as recorded: %s", o.Detail)
+	}
+	if o := p.observe(pod, otherImage); !verified(o) {
+		t.Errorf("as asked: %s", o.Detail)
+	}
+	if o := p.observe(pod, fakeImage); verified(o) || !strings.Contains(o.Detail, "not the requested") {
+		t.Errorf("another image asked: %+v", o)
+	}
+
+	// Created before the record: Config.Image is expected.
+	legacy := readyPod(p, id, "uid")
+	delete(legacy.Annotations, AnnotationImage)
+	if o := p.observe(legacy, ""); !verified(o) {
+		t.Errorf("legacy pod of the configured image: %s", o.Detail)
+	}
+	legacy.Spec.Containers[0].Image = otherImage
+	if o := p.observe(legacy, ""); verified(o) {
+		t.Errorf("legacy pod of another image: %+v", o)
+	}
+
+	class, err := New(Config{Client: fake.NewClientset(), Namespace: "cells", Pool: "p", Installation: fakeInstallation,
+		RuntimeClassNames: map[lease.RuntimeClass]string{lease.GVisorLowerRisk: "gvisor"}, ImageClass: true,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod = class.podSpec(id, lease.GVisorLowerRisk, "gvisor", otherImage)
+	if o := class.observe(pod, ""); !verified(o) {
+		t.Errorf("image class pod: %s", o.Detail)
+	}
+	delete(pod.Annotations, AnnotationImage)
+	if o := class.observe(pod, ""); verified(o) || !strings.Contains(o.Detail, "records no image") {
+		t.Errorf("image class pod without its record: %+v", o)
 	}
 }
 
@@ -298,6 +361,21 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("%s: New error %v does not name the field", field, err)
 		}
 	}
+	for name, tc := range map[string]struct {
+		image, want string
+		class       bool
+	}{
+		"no image":                 {"", "image is required", false},
+		"an image class's image":   {fakeImage, "must be empty with image_class", true},
+		"an image class, no image": {"", "", true},
+	} {
+		c := good()
+		c.Image, c.ImageClass = tc.image, tc.class
+		_, err := New(c)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: New = %v, want %q", name, err, tc.want)
+		}
+	}
 	dup := good()
 	dup.RuntimeClassNames = map[lease.RuntimeClass]string{lease.GVisorLowerRisk: "same", lease.KataMicroVM: "same"}
 	if _, err := New(dup); err == nil {
@@ -330,6 +408,19 @@ func TestConfigFromSettings(t *testing.T) {
 	}
 	if _, err := ConfigFromSettings("p", map[string]string{"kubeconfig": kc, "namspace": "x"}); err == nil || !strings.Contains(err.Error(), "namspace") {
 		t.Fatalf("unknown setting: %v", err)
+	}
+	cfg, err = ConfigFromSettings("p", map[string]string{"kubeconfig": kc, "namespace": "cells", "image_class": "true",
+		"runtime_class_gvisor_lower_risk": "gvisor"})
+	if err != nil || !cfg.ImageClass || cfg.Image != "" {
+		t.Fatalf("image_class: %+v, %v", cfg, err)
+	}
+	cfg.Installation = fakeInstallation
+	if _, err := New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ConfigFromSettings("p", map[string]string{"kubeconfig": kc, "image_class": "yes please"}); err == nil ||
+		!strings.Contains(err.Error(), "image_class") {
+		t.Fatalf("bad image_class: %v", err)
 	}
 }
 

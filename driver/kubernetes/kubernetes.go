@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -28,6 +29,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver/internal/inflight"
 	"github.com/sandboxwich/sandboxwich/driver/internal/kubeconf"
 	"github.com/sandboxwich/sandboxwich/driver/internal/podexec"
+	"github.com/sandboxwich/sandboxwich/internal/imageref"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -47,6 +49,11 @@ const (
 	// LabelRuntimeClass records the class an object was requested for:
 	// bookkeeping, never evidence.
 	LabelRuntimeClass = kubeconf.LabelRuntimeClass
+	// AnnotationImage records, on every Pod, the image the driver created
+	// the cell container with (the provision's own image, or
+	// Config.Image): verification reads it back and requires the admitted
+	// container to run exactly it.
+	AnnotationImage = "sandboxwich.dev/image"
 	// PodNamePrefix starts every Pod name; the cell ID follows.
 	PodNamePrefix = "sbw-"
 	// ContainerName is the name of the cell's only container.
@@ -92,8 +99,16 @@ type Config struct {
 	// RuntimeClass object in the cluster, e.g. gvisor_lower_risk →
 	// "gvisor", kata_microvm → "kata". At least one; names must differ.
 	RuntimeClassNames map[lease.RuntimeClass]string
-	// Image is the cell image, pinned by digest (name@sha256:<64 hex>).
+	// Image is the cell image, pinned by digest (name@sha256:<64 hex>):
+	// the image of every Pod whose provision names none
+	// (driver.ProvisionRequest.Image). Required unless ImageClass is
+	// set, and then it must be empty.
 	Image string
+	// ImageClass says the pool is an image class (CONTRACT §21, the pool
+	// key images; setting image_class): every provision names its cell's
+	// image (driver.ProvisionRequest.Image), so Image is empty, and a
+	// provision that names none fails with ErrNoImage, creating nothing.
+	ImageClass bool
 	// Command keeps the container alive (default DefaultCommand). The
 	// image must also hold sh, env, cat, kill and sleep for Exec.
 	Command []string
@@ -195,6 +210,13 @@ var _ interface {
 
 var digestRef = regexp.MustCompile(`^[^@\s]+@sha256:[0-9a-f]{64}$`)
 
+// ErrNoImage is returned (wrapped) by Provision for a request that names
+// no image (driver.ProvisionRequest.Image) to a provider that has none of
+// its own: the provider of an image class (Config.ImageClass), whose
+// every provision must name its cell's image. Nothing is created.
+var ErrNoImage = errors.New("no image: the request names none and the provider has none of its own " +
+	"(an image class: every provision names its image)")
+
 // New validates cfg, fills its defaults and returns a Provider. It does no
 // I/O.
 func New(cfg Config) (*Provider, error) {
@@ -217,7 +239,14 @@ func New(cfg Config) (*Provider, error) {
 	if err != nil {
 		return bad("runtime_class_names", "%v", err)
 	}
-	if !digestRef.MatchString(cfg.Image) {
+	switch {
+	case cfg.ImageClass && cfg.Image != "":
+		return bad("image", "%q must be empty with image_class: an image class's every provision names its own image", cfg.Image)
+	case cfg.ImageClass:
+	case cfg.Image == "":
+		return bad("image", "is required, pinned by digest (name@sha256:<64 hex digits>), "+
+			"unless the pool is an image class (image_class true), whose every provision names its image")
+	case !digestRef.MatchString(cfg.Image):
 		return bad("image", "%q must be pinned by digest (name@sha256:<64 hex digits>)", cfg.Image)
 	}
 	if len(cfg.Command) == 0 {
@@ -305,7 +334,8 @@ func New(cfg Config) (*Provider, error) {
 // Capabilities implements driver.Provider.
 func (p *Provider) Capabilities() driver.Capabilities {
 	classes := slices.Sorted(maps.Keys(p.cfg.RuntimeClassNames))
-	return driver.Capabilities{Kind: "kubernetes", Mode: driver.Apply, RuntimeClasses: classes, Identity: p.cfg.Identity}
+	return driver.Capabilities{Kind: "kubernetes", Mode: driver.Apply, RuntimeClasses: classes, Identity: p.cfg.Identity,
+		Images: true}
 }
 
 // PodName is the name of the Pod that backs a cell.
@@ -317,11 +347,20 @@ func (p *Provider) pods() podClient { return p.client.CoreV1().Pods(p.cfg.Namesp
 // NetworkPolicy (unless disabled), creates the cell's Pod (or finds the one
 // an earlier call created), reads it back from the API server and requires
 // the admitted spec.runtimeClassName to be the configured name for
-// req.RuntimeClass — a mutating admission webhook may have removed or
-// changed it — and then waits, within ctx and ReadyTimeout, until the Pod
-// is Running with every container ready. A mismatch returns at once with a
-// *driver.VerifyError (runtime_class_boundary_unverified); the Pod is left
-// for the caller's Destroy, which the pool reconciler runs at once.
+// req.RuntimeClass and the cell container's image to be exactly the
+// requested one — a mutating admission webhook may have removed or
+// changed either — and then waits, within ctx and ReadyTimeout, until the
+// Pod is Running with every container ready. A mismatch returns at once
+// with a *driver.VerifyError (runtime_class_boundary_unverified); the Pod
+// is left for the caller's Destroy, which the pool reconciler runs at
+// once.
+//
+// The cell container's image is req.Image when it is set — a reference
+// pinned by digest, or else Provision fails (the error wraps an
+// *imageref.Error) — and Config.Image otherwise; a provider without one
+// (Config.ImageClass) fails a request that names none with ErrNoImage.
+// Either refusal comes before anything is created. The Pod records the
+// image in AnnotationImage for later read-backs.
 func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.Object{}, fmt.Errorf("kubernetes: provision: %w", err)
@@ -330,10 +369,14 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	if !ok {
 		return driver.Object{}, fmt.Errorf("kubernetes: provision: runtime class %q is not configured", req.RuntimeClass)
 	}
+	name := PodName(req.CellID)
+	image, err := p.cellImage(req)
+	if err != nil {
+		return driver.Object{}, fmt.Errorf("kubernetes: provision %s: %w", name, err)
+	}
 	if err := p.ensureNetworkPolicy(ctx); err != nil {
 		return driver.Object{}, err
 	}
-	name := PodName(req.CellID)
 	log := p.log.With("cell_id", req.CellID, "pod", name)
 	if p.cfg.AgentImage != "" {
 		// Before the Pod, which mounts the agent's Secret.
@@ -343,13 +386,13 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	}
 
 	var created *corev1.Pod
-	err := p.creates.Do(ctx, req.CellID, func(ctx context.Context) (err error) {
-		created, err = p.pods().Create(ctx, p.podSpec(req.CellID, req.RuntimeClass, rcName), metav1.CreateOptions{})
+	err = p.creates.Do(ctx, req.CellID, func(ctx context.Context) (err error) {
+		created, err = p.pods().Create(ctx, p.podSpec(req.CellID, req.RuntimeClass, rcName, image), metav1.CreateOptions{})
 		return err
 	})
 	switch {
 	case err == nil:
-		log.Info("pod created", "uid", created.UID, "runtime_class_name", rcName)
+		log.Info("pod created", "uid", created.UID, "runtime_class_name", rcName, "image", image)
 	case apierrors.IsAlreadyExists(err):
 		// A retry: the Pod of an earlier call is this cell's object.
 		if created, err = p.pods().Get(ctx, name, metav1.GetOptions{}); err != nil {
@@ -372,21 +415,41 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	if err != nil {
 		return obj, fmt.Errorf("kubernetes: provision %s: reading back: %w", name, err)
 	}
-	if err := driver.Verify(obj, p.observe(pod), req.RuntimeClass); err != nil {
-		log.Warn("admitted pod failed verification", "uid", pod.UID, "error", err)
-		return obj, fmt.Errorf("kubernetes: provision %s: %w", name, err)
+	o := p.observe(pod, image)
+	if err := driver.Verify(obj, o, req.RuntimeClass); err != nil {
+		log.Warn("admitted pod failed verification", "uid", pod.UID, "error", err, "detail", o.Detail)
+		return obj, fmt.Errorf("kubernetes: provision %s: %w (%s)", name, err, o.Detail)
 	}
-	if err := p.waitReady(ctx, obj, req.RuntimeClass); err != nil {
+	if err := p.waitReady(ctx, obj, req.RuntimeClass, image); err != nil {
 		return obj, fmt.Errorf("kubernetes: provision %s: %w", name, err)
 	}
 	log.Info("pod ready", "uid", obj.Identity)
 	return obj, nil
 }
 
+// cellImage is the image of the Pod a provision creates: req.Image,
+// which must be pinned by digest, or else Config.Image; ErrNoImage when
+// neither is set.
+func (p *Provider) cellImage(req driver.ProvisionRequest) (string, error) {
+	if req.Image == "" {
+		if p.cfg.Image == "" {
+			return "", ErrNoImage
+		}
+		return p.cfg.Image, nil
+	}
+	if _, err := imageref.Parse(req.Image); err != nil {
+		return "", fmt.Errorf("requested %w", err)
+	}
+	if !digestRef.MatchString(req.Image) {
+		return "", fmt.Errorf("requested %w", &imageref.Error{Ref: req.Image, Reason: "must be pinned by digest (name@sha256:<64 hex digits>)"})
+	}
+	return req.Image, nil
+}
+
 // waitReady polls the Pod until it is Running and ready, it can no longer
-// become so, or the wait ends. The admitted runtime class and identity are
-// checked on every read.
-func (p *Provider) waitReady(ctx context.Context, obj driver.Object, class lease.RuntimeClass) error {
+// become so, or the wait ends. The admitted runtime class, image and
+// identity are checked on every read.
+func (p *Provider) waitReady(ctx context.Context, obj driver.Object, class lease.RuntimeClass, image string) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
 	defer cancel()
 	name := PodName(obj.CellID)
@@ -400,9 +463,9 @@ func (p *Provider) waitReady(ctx context.Context, obj driver.Object, class lease
 		case err != nil && ctx.Err() == nil:
 			p.log.Debug("waiting for pod", "pod", name, "error", err)
 		case err == nil:
-			last = p.observe(pod)
+			last = p.observe(pod, image)
 			if err := driver.Verify(obj, last, class); err != nil {
-				return err
+				return fmt.Errorf("%w (%s)", err, last.Detail)
 			}
 			if last.Ready {
 				return nil
@@ -443,8 +506,10 @@ func (p *Provider) ownedLabels(l map[string]string, cellID uuid.UUID) error {
 // RuntimeClass name equals the admitted spec.runtimeClassName, and "" when
 // none does, when the Pod lacks this pool's ownership labels, or when its
 // admitted spec breaks the isolation the driver asked for (a privileged
-// container, a host namespace, a service-account token, another image).
-// Ready means Running, not terminating, every container ready.
+// container, a host namespace, a service-account token, a cell container
+// image other than the one recorded in AnnotationImage at creation — or,
+// for a Pod created before that annotation, Config.Image). Ready means
+// Running, not terminating, every container ready.
 func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Observation, error) {
 	pod, err := p.pods().Get(ctx, PodName(obj.CellID), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -453,11 +518,13 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (driver.Obser
 	if err != nil {
 		return driver.Observation{}, fmt.Errorf("kubernetes: inspect %s: %w", PodName(obj.CellID), err)
 	}
-	return p.observe(pod), nil
+	return p.observe(pod, ""), nil
 }
 
-// observe turns an admitted Pod into an Observation.
-func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
+// observe turns an admitted Pod into an Observation. image is the image
+// the caller asked the Pod to run (a provision's), or "" to take the one
+// the Pod records (expectedImage).
+func (p *Provider) observe(pod *corev1.Pod, image string) driver.Observation {
 	o := driver.Observation{Exists: true, Identity: string(pod.UID)}
 	rcName := ""
 	if pod.Spec.RuntimeClassName != nil {
@@ -475,7 +542,7 @@ func (p *Provider) observe(pod *corev1.Pod) driver.Observation {
 	} else {
 		problems = append(problems, fmt.Sprintf("admitted runtimeClassName %q is not configured", rcName))
 	}
-	problems = append(problems, p.weakened(pod)...)
+	problems = append(problems, p.weakened(pod, image)...)
 	if why := p.unboundedDisk(pod); why != "" {
 		problems = append(problems, why)
 	}
@@ -514,10 +581,40 @@ func admittedImage(pod *corev1.Pod) string {
 	return ""
 }
 
-// weakened lists what in the admitted Pod breaks the isolation the driver
-// asked for: admission may have added it.
-func (p *Provider) weakened(pod *corev1.Pod) []string {
+// expectedImage is the image the admitted Pod's cell container must run,
+// and what is wrong with the Pod's record of it. The record is
+// AnnotationImage, written at creation by the driver (the cell holds no
+// credential to change its Pod); a Pod without it was created before
+// per-cell images and expects Config.Image. With want (the image a
+// provision asked for) the record must equal it too, and want is
+// expected: what the plane asked is the authority, so admission that
+// rewrote both the image and the record is caught at provisioning, and
+// afterwards by the plane's comparison of the kubelet's digest with the
+// cell's pinned one.
+func (p *Provider) expectedImage(pod *corev1.Pod, want string) (string, []string) {
 	var out []string
+	rec, ok := pod.Annotations[AnnotationImage]
+	switch {
+	case !ok && p.cfg.Image == "":
+		out = append(out, "admitted pod records no image ("+AnnotationImage+") and the provider has none")
+	case !ok:
+		rec = p.cfg.Image
+	case !digestRef.MatchString(rec):
+		out = append(out, fmt.Sprintf("admitted pod records image %q, which is not pinned by digest", rec))
+	}
+	if want == "" {
+		return rec, out
+	}
+	if rec != want {
+		out = append(out, fmt.Sprintf("admitted pod records image %q, not the requested %q", rec, want))
+	}
+	return want, out
+}
+
+// weakened lists what in the admitted Pod breaks the isolation the driver
+// asked for: admission may have added it. image is as for observe.
+func (p *Provider) weakened(pod *corev1.Pod, image string) []string {
+	image, out := p.expectedImage(pod, image)
 	s := pod.Spec
 	if s.HostNetwork || s.HostPID || s.HostIPC {
 		out = append(out, "admitted pod shares a host namespace")
@@ -534,8 +631,8 @@ func (p *Provider) weakened(pod *corev1.Pod) []string {
 		}
 		if c.Name == ContainerName {
 			found = true
-			if c.Image != p.cfg.Image {
-				out = append(out, fmt.Sprintf("admitted image %q is not the configured image", c.Image))
+			if image == "" || c.Image != image {
+				out = append(out, fmt.Sprintf("admitted image %q is not the image the pod was created with (%q)", c.Image, image))
 			}
 		}
 	}

@@ -31,13 +31,13 @@ func (p *Provider) podLabels(cellID uuid.UUID, class lease.RuntimeClass) map[str
 }
 
 // podSpec is the Pod of one cell: one container from the digest-pinned
-// image under the RuntimeClass named rcName, no service-account token, no
-// service links, no host namespaces, non-root with every capability
-// dropped, a read-only root file system with a memory-backed /tmp whose
-// size (with the agent's home) is Config.CellDiskBytes, seccomp
-// RuntimeDefault, resource limits (ephemeral-storage CellDiskBytes too),
-// restartPolicy Never.
-func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName string) *corev1.Pod {
+// image (recorded in AnnotationImage) under the RuntimeClass named
+// rcName, no service-account token, no service links, no host
+// namespaces, non-root with every capability dropped, a read-only root
+// file system with a memory-backed /tmp whose size (with the agent's
+// home) is Config.CellDiskBytes, seccomp RuntimeDefault, resource limits
+// (ephemeral-storage CellDiskBytes too), restartPolicy Never.
+func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName, image string) *corev1.Pod {
 	uid := p.cfg.RunAsUser
 	grace := int64(p.cfg.TerminationGracePeriod.Seconds())
 	limits := corev1.ResourceList{corev1.ResourceCPU: p.cpu, corev1.ResourceMemory: p.memory,
@@ -45,9 +45,10 @@ func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName st
 	tmp, home := p.diskShares()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      PodName(cellID),
-			Namespace: p.cfg.Namespace,
-			Labels:    p.podLabels(cellID, class),
+			Name:        PodName(cellID),
+			Namespace:   p.cfg.Namespace,
+			Labels:      p.podLabels(cellID, class),
+			Annotations: map[string]string{AnnotationImage: image},
 		},
 		Spec: corev1.PodSpec{
 			RuntimeClassName:              ptr(rcName),
@@ -69,7 +70,7 @@ func (p *Provider) podSpec(cellID uuid.UUID, class lease.RuntimeClass, rcName st
 			},
 			Containers: []corev1.Container{{
 				Name:            ContainerName,
-				Image:           p.cfg.Image,
+				Image:           image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Command:         slices.Clone(p.cfg.Command),
 				WorkingDir:      "/tmp",

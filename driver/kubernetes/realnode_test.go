@@ -226,3 +226,44 @@ func TestRealNodeImageFromRegistry(t *testing.T) {
 	}
 	requireNoPods(t, node.Env, ns)
 }
+
+// TestRealNodeImagePerCell: a provider of an image class (no image of its
+// own) makes each cell of the image its provision names (two images that
+// differ in their configuration); containerd pulls each from the
+// registry, and the driver reads back each one's repo digest from the
+// kubelet.
+func TestRealNodeImagePerCell(t *testing.T) {
+	node := k8stest.SharedNode(t)
+	ns := node.Namespace(t)
+	reg := node.Registry(t)
+	base, err := k8stest.BusyboxImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newRealProvider(t, node, ns, "perimage", func(c *kubernetes.Config) { c.Image, c.ImageClass = "", true })
+	ctx := ctxT(t, 4*time.Minute)
+	for _, task := range []string{"task-1", "task-2"} {
+		img, err := mutate.Config(base, v1.Config{Env: []string{"PATH=/bin", "TASK=" + task}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := reg.Push(t, "swe/"+task, img)
+		req := provisionReq(lease.GVisorLowerRisk)
+		req.Image = ref
+		obj, err := p.Provision(ctx, req)
+		if err != nil {
+			t.Fatalf("Provision(%s): %v\nkubelet log:\n%s", ref, err, node.Log("kubelet"))
+		}
+		o, err := p.Inspect(ctx, obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := ref[strings.Index(ref, "@")+1:]; !o.Ready || o.ImageDigest != want || driver.Verify(obj, o, lease.GVisorLowerRisk) != nil {
+			t.Errorf("Inspect(%s) = %+v, want ready, verified, image digest %s", task, o, want)
+		}
+		if err := p.Destroy(ctx, obj); err != nil {
+			t.Fatalf("Destroy: %v", err)
+		}
+	}
+	requireNoPods(t, node.Env, ns)
+}

@@ -12,7 +12,7 @@ import (
 // Settings are the keys ConfigFromSettings understands: the reference
 // binary's SANDBOXWICH_KUBERNETES_<KEY> variables, lower-cased.
 var Settings = []string{
-	"kubeconfig", "namespace", "image", "command",
+	"kubeconfig", "namespace", "image", "image_class", "command",
 	"runtime_class_gvisor_lower_risk", "runtime_class_kata_microvm",
 	"cpu", "memory", "tmp_size", "run_as_user", "network_policy",
 	"ready_timeout_ms", "termination_grace_period_ms", "node_name", "pool_label",
@@ -24,7 +24,13 @@ var Settings = []string{
 //
 //	kubeconfig                       path; empty: the in-cluster config
 //	                                 of the Pod's ServiceAccount
-//	namespace, image                 required (image pinned by digest)
+//	namespace                        required
+//	image                            the cell image, pinned by digest:
+//	                                 required unless image_class
+//	image_class                      true for an image class (CONTRACT
+//	                                 §21, the pool key images): image is
+//	                                 then empty, every provision names its
+//	                                 image, and one that names none fails
 //	command                          space-separated (default sleep infinity)
 //	runtime_class_gvisor_lower_risk  RuntimeClass name for the class
 //	runtime_class_kata_microvm       RuntimeClass name for the class
@@ -78,6 +84,11 @@ func ConfigFromSettings(pool string, values map[string]string) (Config, error) {
 	if v := values["run_as_user"]; v != "" {
 		if cfg.RunAsUser, err = strconv.ParseInt(v, 10, 64); err != nil || cfg.RunAsUser <= 0 {
 			return cfg, fmt.Errorf("kubernetes: setting run_as_user: %q is not a positive UID", v)
+		}
+	}
+	if v := values["image_class"]; v != "" {
+		if cfg.ImageClass, err = strconv.ParseBool(v); err != nil {
+			return cfg, fmt.Errorf("kubernetes: setting image_class: %q is not true or false", v)
 		}
 	}
 	if v := values["network_policy"]; v != "" {
