@@ -249,6 +249,15 @@ func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Pr
 	if err != nil {
 		return nil, err
 	}
+	if len(p.Images) > 0 && p.Provider == "kubernetes" {
+		// The driver then makes every cell of the image its claim names,
+		// and has no image of its own (CONTRACT §21).
+		settings = maps.Clone(settings)
+		if settings == nil {
+			settings = map[string]string{}
+		}
+		settings["image_class"] = "true"
+	}
 	prov, err := f(p.Name, installation, settings, log)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: provider %s: %w", p.Name, p.Provider, err)
