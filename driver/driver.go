@@ -99,6 +99,12 @@ type Object struct {
 	Identity string
 }
 
+// ErrImageUnsupported is returned (wrapped) by Provision, before it
+// creates anything, for a request that names an image
+// (ProvisionRequest.Image) when the provider does not report
+// Capabilities.Images.
+var ErrImageUnsupported = errors.New("the provider cannot make a cell of a requested image (it serves no image class, CONTRACT §21)")
+
 // ProvisionRequest asks for one object.
 type ProvisionRequest struct {
 	CellID       uuid.UUID

@@ -203,6 +203,9 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	if req.RuntimeClass != p.cfg.RuntimeClass {
 		return driver.Object{}, fmt.Errorf("cloudflare: runtime class %s is not served (this pool serves %s)", req.RuntimeClass, p.cfg.RuntimeClass)
 	}
+	if req.Image != "" {
+		return driver.Object{}, fmt.Errorf("cloudflare: %w", driver.ErrImageUnsupported)
+	}
 	id := req.CellID.String()
 	var st cellStatus
 	err := p.creates.Do(ctx, req.CellID, func(ctx context.Context) error {

@@ -42,6 +42,11 @@
 //     ends the agent, which then refuses everything (and, for a harness
 //     that is a ProcessCounter, has killed a background process); after
 //     Destroy the agent is unreachable (driver.ErrNotFound).
+//   - Images (CONTRACT §21): a provider that reports Capabilities.Images
+//     makes a cell of each image its ImageHarness gives, which admits
+//     that image's digest and serves its marker file; a reference not
+//     pinned by digest is refused and leaves nothing. One that does not
+//     report Images refuses a request that names an image.
 //
 // The Exec subtests run small POSIX shell commands in the cell (sh, cat,
 // printf, sleep, shell globs over /proc), so a provider's cells must have a
@@ -115,6 +120,7 @@ func Run(t *testing.T, h Harness) {
 			{"ExecIsolation", s.testExecIsolation},
 			{"Cancellation", s.testCancellation},
 			{"Agent", s.testAgent},
+			{"Images", s.testImages},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()

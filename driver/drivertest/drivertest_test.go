@@ -41,6 +41,9 @@ func (p *memProvider) Provision(ctx context.Context, req driver.ProvisionRequest
 	if err := ctx.Err(); err != nil && p.fault != "ignores-cancel" {
 		return driver.Object{}, err
 	}
+	if req.Image != "" && p.fault != "ignores-image" {
+		return driver.Object{}, driver.ErrImageUnsupported
+	}
 	p.s.mu.Lock()
 	defer p.s.mu.Unlock()
 	if id, ok := p.s.objects[req.CellID]; ok && p.fault != "new-identity" {
@@ -141,6 +144,7 @@ func TestRunCatchesFaults(t *testing.T) {
 		"wrong-class":           "ProvisionInspect",
 		"ignores-cancel":        "Cancellation",
 		"list-empty":            "ListAfterRestart",
+		"ignores-image":         "Images",
 	} {
 		t.Run(fault, func(t *testing.T) {
 			t.Parallel()

@@ -33,6 +33,9 @@ func (p *vmProvider) Provision(ctx context.Context, req driver.ProvisionRequest)
 	if err := ctx.Err(); err != nil {
 		return driver.Object{}, err
 	}
+	if req.Image != "" { // the VM image is the host's choice: no image class
+		return driver.Object{}, driver.ErrImageUnsupported
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	id, ok := p.vms[req.CellID]

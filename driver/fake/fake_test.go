@@ -2,6 +2,7 @@ package fake_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/sandboxwich/sandboxwich/driver"
@@ -21,6 +22,15 @@ type harness struct {
 func (h harness) MakeProvider(context.Context, *testing.T) (driver.Provider, error) { return h.p, nil }
 func (h harness) RuntimeClass() lease.RuntimeClass                                  { return h.class }
 
+// Images are any pinned references: the fake records a cell's image and
+// reports its digest; its cells show no content.
+func (harness) Images(*testing.T) []drivertest.TestImage { return fakeImages }
+
+var fakeImages = []drivertest.TestImage{
+	{Ref: "registry.test/swe/a@sha256:" + strings.Repeat("a", 64)},
+	{Ref: "registry.test/swe/b@sha256:" + strings.Repeat("b", 64)},
+}
+
 // agentHarness hands out one provider whose objects run the fake agent.
 type agentHarness struct{ p *fake.AgentProvider }
 
@@ -28,6 +38,8 @@ func (h agentHarness) MakeProvider(context.Context, *testing.T) (driver.Provider
 	return h.p, nil
 }
 func (h agentHarness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
+
+func (agentHarness) Images(*testing.T) []drivertest.TestImage { return fakeImages }
 
 // NoShell: the fake agent runs a few builtins, not `sh -c` scripts.
 func (agentHarness) NoShell() {}

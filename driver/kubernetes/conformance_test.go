@@ -34,6 +34,11 @@ func (h harness) MakeProvider(ctx context.Context, t *testing.T) (driver.Provide
 
 func (h harness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
 
+// Images: kwok runs no image and reports no imageID. The Pod spec of a
+// per-cell image is tested in image_test.go; the suite's Images case runs
+// on the real node.
+func (harness) Images(*testing.T) []drivertest.TestImage { return nil }
+
 // TestConformance runs driver/drivertest against the real API server.
 func TestConformance(t *testing.T) {
 	env := k8stest.Shared(t)

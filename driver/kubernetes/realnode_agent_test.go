@@ -58,6 +58,8 @@ func (h realAgentHarness) MakeProvider(ctx context.Context, t *testing.T) (drive
 
 func (h realAgentHarness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
 
+func (h realAgentHarness) Images(t *testing.T) []drivertest.TestImage { return markedImages(t, h.node) }
+
 // TestRealNodeAgentConformance runs all of driver/drivertest, the Agent
 // case included, with the cell agent in real gVisor Pods: exec and files
 // through the agent over per-cell mutual TLS. No Secret outlives its cell.

@@ -1,6 +1,7 @@
 package kubernetes_test
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver/drivertest"
 	"github.com/sandboxwich/sandboxwich/driver/kubernetes"
 	"github.com/sandboxwich/sandboxwich/internal/k8stest"
+	"github.com/sandboxwich/sandboxwich/internal/testimage"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -56,6 +58,33 @@ func (h realHarness) MakeProvider(ctx context.Context, t *testing.T) (driver.Pro
 }
 
 func (h realHarness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
+
+func (h realHarness) Images(t *testing.T) []drivertest.TestImage { return markedImages(t, h.node) }
+
+// markedImages pushes two images to a registry of the node for the
+// test: the node's busybox, each with its own marker file.
+func markedImages(t *testing.T, node *k8stest.Node) []drivertest.TestImage {
+	t.Helper()
+	base, err := k8stest.BusyboxImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := node.Registry(t)
+	var out []drivertest.TestImage
+	for _, task := range []string{"task-1", "task-2"} {
+		marker := "image " + task + "\n"
+		layer, err := testimage.Layer(testimage.Entry{Name: "etc/", Type: tar.TypeDir}, testimage.Entry{Name: "etc/marker", Body: marker})
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := mutate.AppendLayers(base, layer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, drivertest.TestImage{Ref: reg.Push(t, "marked/"+task, img), MarkerPath: "/etc/marker", Marker: marker})
+	}
+	return out
+}
 
 // TestRealNodeConformance runs all of driver/drivertest, exec included, on
 // the real node.

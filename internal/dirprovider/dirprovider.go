@@ -74,6 +74,9 @@ func (p *Provider) read(cell uuid.UUID) (identity, class string, ok bool, err er
 
 // Provision implements driver.Provider. It is idempotent per cell ID.
 func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
+	if req.Image != "" {
+		return driver.Object{}, fmt.Errorf("dir: %w", driver.ErrImageUnsupported)
+	}
 	if err := p.wait(ctx); err != nil {
 		return driver.Object{}, err
 	}
