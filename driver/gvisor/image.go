@@ -241,6 +241,15 @@ func complete(dir, d string) bool {
 // that cannot fit leaves nothing behind.
 func (s *imageStore) ensure(ctx context.Context) error {
 	final := s.dir()
+	if complete(final, s.digest) {
+		// Cached: no need to wait for the lock, which provisions of the
+		// image hold shared. (Should it be removed meanwhile, acquire
+		// finds it incomplete under its own lock and pulls it again.)
+		if !s.pool {
+			s.c.touch(s.digest)
+		}
+		return nil
+	}
 	unlock, err := lockFile(ctx, final+".lock")
 	if err != nil {
 		return err
