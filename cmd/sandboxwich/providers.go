@@ -61,7 +61,7 @@ var providers = map[string]providerFactory{
 	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
 			"memory_limit_bytes", "cpus", "pids_limit", "image", "image_cache_dir", "registry_auth_file",
-			"image_max_bytes", cellDiskKey); err != nil {
+			"image_max_bytes", "image_cache_bytes", cellDiskKey); err != nil {
 			return nil, err
 		}
 		if err := requireRunsc(); s["runsc"] == "" && err != nil {
@@ -91,6 +91,14 @@ var providers = map[string]providerFactory{
 				return nil, fmt.Errorf("setting image_max_bytes: %q is not a positive integer", v)
 			}
 			cfg.ImageMaxBytes = n
+		}
+		// The image cache's budget (CONTRACT §21): 0 is unbounded.
+		if v := s["image_cache_bytes"]; v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return nil, fmt.Errorf("setting image_cache_bytes: %q is not a non-negative integer", v)
+			}
+			cfg.ImageCacheBytes = n
 		}
 		if v := s["cpus"]; v != "" {
 			n, err := strconv.ParseFloat(v, 64)

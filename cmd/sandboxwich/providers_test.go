@@ -33,6 +33,31 @@ func TestGVisorPidsLimitSetting(t *testing.T) {
 	}
 }
 
+// TestGVisorImageCacheBytesSetting: the image cache's budget comes from
+// SANDBOXWICH_GVISOR_IMAGE_CACHE_BYTES (setting image_cache_bytes); a value
+// that is not a non-negative integer stops start-up naming the key.
+func TestGVisorImageCacheBytesSetting(t *testing.T) {
+	e, _, _ := testEnv(map[string]string{"SANDBOXWICH_STERILE_POOL_TARGET": "1", "SANDBOXWICH_GVISOR_IMAGE_CACHE_BYTES": "10737418240"})
+	c, err := loadConfig(e, "serve", nil)
+	if err != nil || c.Pools[0].Settings["image_cache_bytes"] != "10737418240" {
+		t.Fatalf("SANDBOXWICH_GVISOR_IMAGE_CACHE_BYTES: %v, %+v", err, c)
+	}
+	for _, v := range []string{"-1", "lots", "1e9", "10GiB"} {
+		p := poolConfig{Name: "swe", Provider: "gvisor", Settings: map[string]string{"runsc": "/nonexistent/runsc", "image_cache_bytes": v}}
+		if _, err := newProvider(p, driver.InstallationTag("test"), slog.Default()); err == nil || !strings.Contains(err.Error(), "image_cache_bytes") {
+			t.Errorf("image_cache_bytes %q: %v, want start-up refused naming the key", v, err)
+		}
+	}
+	// A valid value (0 is unbounded) passes the setting's check: New then
+	// fails on the missing runsc, not on the setting.
+	for _, v := range []string{"0", "10737418240"} {
+		p := poolConfig{Name: "swe", Provider: "gvisor", Settings: map[string]string{"runsc": "/nonexistent/runsc", "image_cache_bytes": v}}
+		if _, err := newProvider(p, driver.InstallationTag("test"), slog.Default()); err == nil || strings.Contains(err.Error(), "image_cache_bytes") {
+			t.Errorf("image_cache_bytes %s: %v, want only the missing runsc refused", v, err)
+		}
+	}
+}
+
 // TestDirProviderSettings: the dir provider needs a path, refuses a bad
 // latency or probability naming it, and builds what its settings say.
 func TestDirProviderSettings(t *testing.T) {

@@ -423,7 +423,7 @@ func TestRecordAgentMessages(t *testing.T) {
 		p    *Provider
 		want bool
 	}{{p, true}, {plain, false}} {
-		b, err := json.Marshal(tc.p.spec(obj.CellID.String(), "n", "/x"))
+		b, err := json.Marshal(tc.p.spec(obj.CellID.String(), "n", "/x", nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -437,7 +437,7 @@ func TestRecordAgentMessages(t *testing.T) {
 // capabilities, no_new_privs, and its two mounts.
 func TestAgentSpec(t *testing.T) {
 	p := &Provider{cfg: Config{Pool: "p", Installation: testInstallation}, agent: agentBinary{path: "/cache/agent", digest: "sha256:00"}}
-	s := p.spec("cell", "nonce", "/bundle/run")
+	s := p.spec("cell", "nonce", "/bundle/run", nil)
 	pr := s.Process
 	if pr.User.UID != 0 || !pr.NoNewPrivileges || pr.Args[0] != agentInCell {
 		t.Errorf("agent process = %+v", pr)

@@ -41,7 +41,7 @@ func TestSpecBoundsEveryWritablePlace(t *testing.T) {
 		agent: agentBinary{path: "/cache/agent", digest: "sha256:00"}}
 	want := diskShares(64<<20, false)
 	seen := map[string]bool{}
-	for _, m := range p.spec("cell", "nonce", "/bundle/run").Mounts {
+	for _, m := range p.spec("cell", "nonce", "/bundle/run", nil).Mounts {
 		if m.Type != "tmpfs" || m.Destination == "/dev" {
 			continue
 		}

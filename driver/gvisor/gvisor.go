@@ -99,20 +99,34 @@ type Config struct {
 	// Image is the pool's cell image, an OCI reference pinned by digest
 	// ("host/repo@sha256:<hex>"; setting image, the pool's key image).
 	// The driver pulls it once into ImageCacheDir (Prepare, never on a
-	// claim) and every cell's root is that image, read-only and shared,
-	// under a private writable layer in the cell's memory. Exclusive with
-	// RootFS. See "Cell images" in the package documentation.
+	// claim) and the root of every cell provisioned without an image of
+	// its own (ProvisionRequest.Image) is that image, read-only and
+	// shared, under a private writable layer in the cell's memory.
+	// Exclusive with RootFS. See "Cell images" in the package
+	// documentation.
 	Image string
 	// ImageCacheDir is the content-addressed image cache; setting
 	// image_cache_dir. Default os.UserCacheDir()/sandboxwich/images (or
-	// image-cache under BundleDir without a user cache directory).
+	// image-cache under BundleDir without a user cache directory), with
+	// or without Image: cells of an image of their own use it too.
 	// Installations and pools sharing it share unpacked images.
 	ImageCacheDir string
+	// ImageCacheBytes is the budget of ImageCacheDir, in bytes: its
+	// unpacked images together, as they take on disk (setting
+	// image_cache_bytes, SANDBOXWICH_GVISOR_IMAGE_CACHE_BYTES; CONTRACT
+	// §21). Before a pull and after it, the least recently used images
+	// that no live cell of any installation uses and no pool references
+	// are evicted until the cache fits; an image in use is never evicted,
+	// and a pull that cannot fit fails with an *ImageCacheFullError,
+	// leaving nothing behind. 0, the default, is unbounded. Providers
+	// sharing the directory should share the budget: each enforces its
+	// own.
+	ImageCacheBytes int64
 	// RegistryAuthFile is a Docker config.json whose auths hold the
 	// registry's credentials; setting registry_auth_file. "" pulls
 	// anonymously. Credentials never reach a cell, its argv or env.
 	RegistryAuthFile string
-	// ImageMaxBytes bounds what one pull of Image writes to the host's
+	// ImageMaxBytes bounds what one pull of an image writes to the host's
 	// disk: the layers' compressed blobs together, and the regular files
 	// they unpack to together; setting image_max_bytes, default
 	// DefaultImageMaxBytes. A larger image (a decompression bomb among
@@ -139,7 +153,7 @@ type Provider struct {
 	log        *slog.Logger
 	agent      agentBinary // mounted into every cell
 	identity   string
-	rootfs     string     // root.path of every cell
+	rootfs     string     // root.path of every cell without an image
 	hostMounts []ociMount // read-only host directories of the default rootfs
 	hostKernel string     // the host's kernel release
 	procRoot   string     // the host's /proc
@@ -148,7 +162,11 @@ type Provider struct {
 	verified sync.Map
 	// agents caches one agent client per identity (*agent.Client).
 	agents sync.Map
-	// image is the pool's cell image; nil without Config.Image.
+	// images is the image cache, and the state of each image a cell of
+	// this provider was made of.
+	images *imageCache
+	// image is images' entry of Config.Image, the image of every cell
+	// provisioned without one of its own; nil without Config.Image.
 	image *imageStore
 	// gofers caches the host pid of each container identity's gofer.
 	gofers sync.Map
@@ -193,11 +211,14 @@ func New(cfg Config) (*Provider, error) {
 		if _, err := imageref.Parse(cfg.Image); err != nil {
 			return nil, fmt.Errorf("gvisor: setting image: %w", err)
 		}
-		if cfg.RegistryAuthFile != "" {
-			if _, err := fileKeychain(cfg.RegistryAuthFile); err != nil {
-				return nil, fmt.Errorf("gvisor: setting registry_auth_file: %w", err)
-			}
+	}
+	if cfg.RegistryAuthFile != "" {
+		if _, err := fileKeychain(cfg.RegistryAuthFile); err != nil {
+			return nil, fmt.Errorf("gvisor: setting registry_auth_file: %w", err)
 		}
+	}
+	if cfg.ImageCacheBytes < 0 {
+		return nil, fmt.Errorf("gvisor: setting %s: %d is negative", imageCacheBytesSetting, cfg.ImageCacheBytes)
 	}
 	if cfg.MemoryLimitBytes < 0 || cfg.CPUs < 0 {
 		return nil, errors.New("gvisor: negative memory or CPU limit")
@@ -259,21 +280,28 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("gvisor: host kernel release: %w", err)
 	}
 
+	if cfg.ImageCacheDir == "" {
+		cfg.ImageCacheDir = imageCacheDir(cfg.BundleDir)
+	}
+	p.cfg.ImageCacheDir = cfg.ImageCacheDir
+	if p.images, err = newImageCache(cfg.ImageCacheDir, cfg.RegistryAuthFile, cfg.ImageMaxBytes, cfg.ImageCacheBytes,
+		cfg.Installation+"-"+cfg.Pool, cfg.StateDir, p.log); err != nil {
+		return nil, err
+	}
+	p.images.inUse = p.imagesInUse
+	// Each image cell's writes go to an upper layer in its own memory,
+	// bounded by its share of the cell's writable storage; the unpacked
+	// image below is never written. Any cell may be of an image
+	// (ProvisionRequest.Image), and runsc needs the same flags for every
+	// command on a container, so every command carries it; runsc leaves
+	// a read-only root (the default or an operator's) without an overlay.
+	p.r.overlay = "root:memory," + sizeOption(diskShares(cfg.CellDiskBytes, true)[diskRoot])
+
 	switch {
 	case cfg.Image != "":
-		if cfg.ImageCacheDir == "" {
-			cfg.ImageCacheDir = imageCacheDir(cfg.BundleDir)
-		}
-		p.cfg.ImageCacheDir = cfg.ImageCacheDir
-		if p.image, err = newImageStore(cfg.Image, cfg.ImageCacheDir, cfg.RegistryAuthFile, cfg.ImageMaxBytes, cfg.Installation, cfg.Pool, p.log); err != nil {
+		if p.image, err = p.images.pin(cfg.Image); err != nil {
 			return nil, err
 		}
-		p.image.inUse = p.imagesInUse
-		p.rootfs = p.image.rootfs()
-		// Each cell's writes go to an upper layer in its own memory,
-		// bounded by its share of the cell's writable storage; the
-		// unpacked image below is never written.
-		p.r.overlay = "root:memory," + sizeOption(diskShares(cfg.CellDiskBytes, true)[diskRoot])
 	case cfg.RootFS == "":
 		p.rootfs = filepath.Join(cfg.BundleDir, defaultRootFSDir)
 		if p.hostMounts, err = buildDefaultRootFS(p.rootfs, "/"); err != nil {
@@ -287,14 +315,15 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
-// Prepare reports whether the pool's image is pulled and unpacked in the
-// cache (driver.Preparer), and starts pulling it in the background when it
-// is not: the reconciler calls it before creating cells and never waits
-// for a pull, and no pull ever runs on a claim. Until the pull completed
-// it returns an error saying the image is being pulled, or the last
-// failure: a failure is retried with a back-off from 1 s doubling to 5 min,
-// and a call during the back-off returns the last error at once. Without
-// Config.Image it does nothing. Provision waits for the pull instead.
+// Prepare reports whether the pool's image (Config.Image) is pulled and
+// unpacked in the cache (driver.Preparer), and starts pulling it in the
+// background when it is not: the reconciler calls it before creating
+// cells and never waits for a pull, and no pull ever runs on a claim.
+// Until the pull completed it returns an error saying the image is being
+// pulled, or the last failure: a failure is retried with a back-off from
+// 1 s doubling to 5 min, and a call during the back-off returns the last
+// error at once. Without Config.Image it does nothing. Provision waits
+// for the pull instead, as it does for a cell's own image.
 func (p *Provider) Prepare(context.Context) error {
 	if p.image == nil {
 		return nil
@@ -305,9 +334,9 @@ func (p *Provider) Prepare(context.Context) error {
 	return nil
 }
 
-// PullImage pulls and unpacks the pool's image unless it is ready,
-// waiting for it (within ctx), with Prepare's back-off; Provision calls it.
-// Without Config.Image it does nothing.
+// PullImage pulls and unpacks the pool's image (Config.Image) unless it is
+// ready, waiting for it (within ctx), with Prepare's back-off, as
+// Provision does for a cell of it. Without Config.Image it does nothing.
 func (p *Provider) PullImage(ctx context.Context) error {
 	if p.image == nil {
 		return nil
@@ -319,7 +348,8 @@ func (p *Provider) PullImage(ctx context.Context) error {
 }
 
 // imagesInUse lists the image digests of the containers under the state
-// root, of any installation.
+// root, of any installation. (Cells of other state roots sharing the
+// cache are found by their records: imageCache.liveCells.)
 func (p *Provider) imagesInUse(ctx context.Context) (map[string]bool, error) {
 	cs, err := p.r.list(ctx)
 	if err != nil {
@@ -415,14 +445,16 @@ func hostKernelRelease() (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// Capabilities reports kind "gvisor", mode apply, class gvisor_lower_risk
-// and identity "gvisor:<hostname>".
+// Capabilities reports kind "gvisor", mode apply, class gvisor_lower_risk,
+// identity "gvisor:<hostname>", and Images: a cell may be of any image
+// pinned by digest (ProvisionRequest.Image), pulled into the image cache.
 func (p *Provider) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Kind:           "gvisor",
 		Mode:           driver.Apply,
 		RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk},
 		Identity:       p.identity,
+		Images:         true,
 	}
 }
 
@@ -491,16 +523,34 @@ const cleanupTimeout = time.Minute
 // returned as it is. A container of the cell in any other state (left by a
 // crash) is destroyed and created again. A failed or cancelled provisioning
 // destroys what it created before returning.
+//
+// The cell's root is req.Image when set — a reference pinned by digest
+// (anything else is refused before anything is made), pulled into the
+// image cache within ctx unless it is there (concurrent provisions of one
+// image pull it once), under the cache's budget — else Config.Image, else
+// the default or operator's root filesystem. The image is held (no
+// eviction takes it) from its pull until the container runs.
 func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (driver.Object, error) {
 	if req.RuntimeClass != "" && req.RuntimeClass != lease.GVisorLowerRisk {
 		return driver.Object{}, fmt.Errorf("gvisor: runtime class %q is not served (only %s)", req.RuntimeClass, lease.GVisorLowerRisk)
 	}
+	id := p.containerID(req.CellID)
+	img := p.image
+	if req.Image != "" {
+		var err error
+		if img, err = p.images.store(req.Image); err != nil {
+			return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return driver.Object{}, fmt.Errorf("gvisor: provision: %w", err)
 	}
-	id := p.containerID(req.CellID)
-	if err := p.PullImage(ctx); err != nil {
-		return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
+	if img != nil {
+		release, err := img.acquire(ctx)
+		if err != nil {
+			return driver.Object{}, fmt.Errorf("gvisor: provision %s: %w", id, err)
+		}
+		defer release()
 	}
 	unlock, err := p.locks.lock(ctx, id)
 	if err != nil {
@@ -528,7 +578,7 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 				return driver.Object{}, fmt.Errorf("gvisor: provision %s: clearing broken container: %w", id, err)
 			}
 		}
-		obj, err := p.create(ctx, req.CellID, id)
+		obj, err := p.create(ctx, req.CellID, id, img)
 		if err == nil {
 			p.log.Info("cell provisioned", "container", id, "identity", obj.Identity)
 			return obj, nil
@@ -555,9 +605,9 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 }
 
 // create writes a fresh bundle and the cell's host directory, creates and
-// starts the container and waits until its agent answers, checking the
-// kernel from inside meanwhile.
-func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (driver.Object, error) {
+// starts the container (its root img's when img is not nil) and waits
+// until its agent answers, checking the kernel from inside meanwhile.
+func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string, img *imageStore) (driver.Object, error) {
 	nonce, err := randomHex(16)
 	if err != nil {
 		return driver.Object{}, err
@@ -575,8 +625,15 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string) (drive
 	if err := mountHostDir(hostDir, p.cfg.RecordAgentMessages); err != nil {
 		return driver.Object{}, err
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce, hostDir)); err != nil {
+	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce, hostDir, img)); err != nil {
 		return driver.Object{}, err
+	}
+	if img != nil {
+		// Recorded before the container exists, removed once its deletion
+		// is proven: no installation evicts the image under the cell.
+		if err := p.images.record(id, img.digest); err != nil {
+			return driver.Object{}, fmt.Errorf("recording the cell's image: %w", err)
+		}
 	}
 	// One runsc start, not two: `run --detach` is `create` and `start` in
 	// one process, and destroys what it created when the start fails.
@@ -832,6 +889,9 @@ func (p *Provider) destroyContainer(ctx context.Context, id string) error {
 	}
 	if err := p.removeBundle(id); err != nil {
 		return uncertain("removing the bundle: %v", err)
+	}
+	if err := p.images.unrecord(id); err != nil {
+		return uncertain("removing the cell's image record: %v", err)
 	}
 	return nil
 }

@@ -837,7 +837,7 @@ func TestInstallationsShareStateRoot(t *testing.T) {
 
 	cell := uuid.Must(uuid.NewV7())
 	legacyID := "sbw-" + a.cfg.Pool + "-" + cell.String()
-	legacy, err := a.create(ctx, cell, legacyID)
+	legacy, err := a.create(ctx, cell, legacyID, a.image)
 	if err != nil {
 		_ = a.destroyContainer(ctx, legacyID)
 		t.Fatalf("creating a container under the old name: %v", err)

@@ -7,14 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -27,8 +25,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	gcrtypes "github.com/google/go-containerregistry/pkg/v1/types"
-
-	"github.com/sandboxwich/sandboxwich/internal/imageref"
 )
 
 // Cell images (see "Cell images" in the package documentation).
@@ -39,12 +35,13 @@ const (
 	imageDigestAnnotation = "dev.sandboxwich.image-digest"
 	// imageRootFS and imageDigestFile are the unpacked root filesystem
 	// and the digest it was unpacked from, inside an image's cache
-	// directory <cache>/sha256-<hex>.
+	// directory <cache>/sha256-<hex>. imageSizeFile holds the bytes the
+	// directory takes on disk, imageRefFile the reference it was pulled
+	// by; both are written before the digest file.
 	imageRootFS     = "rootfs"
 	imageDigestFile = "digest"
-	// imageRefsDir holds one file per installation and pool naming the
-	// digest it uses; the garbage collector keeps what any names.
-	imageRefsDir = "refs"
+	imageSizeFile   = "size"
+	imageRefFile    = "reference"
 	// imageRetryMin and imageRetryMax bound the back-off between failed
 	// pulls.
 	imageRetryMin = time.Second
@@ -67,111 +64,128 @@ func imageCacheDir(bundleDir string) string {
 	return filepath.Join(dir, "sandboxwich", "images")
 }
 
-// imageStore pulls one pool's pinned image into the shared cache and keeps
-// it unpacked. It is safe for concurrent use.
+// imageStore is the state of one image reference pinned by digest in a
+// provider's cache (imageCache.stores): it pulls the image into the shared
+// cache, keeps it unpacked, and paces retries after a failure. The pool's
+// image (Config.Image) is the entry marked pool; every other entry is an
+// image used on demand (ProvisionRequest.Image, Prefetch). It is safe for
+// concurrent use.
 type imageStore struct {
+	c      *imageCache
 	ref    name.Digest
 	digest string // "sha256:<hex>", the reference's
-	cache  string // absolute cache directory
-	refKey string // this installation and pool's file in refs
-	keys   authn.Keychain
-	// maxBytes bounds a pull's compressed blobs and its unpacked files,
-	// each in total (Config.ImageMaxBytes).
-	maxBytes int64
-	log      *slog.Logger
-	// inUse lists the image digests of this state root's containers, so
-	// the collector never removes what a running cell mounts.
-	inUse func(context.Context) (map[string]bool, error)
+	// pool marks Config.Image's entry, recorded in refs; an entry used on
+	// demand is not, and carries a last-used stamp instead.
+	pool bool
 
 	// pulling is set while a background pull (start) runs.
 	pulling atomic.Bool
+	// sem is held (one token) by the caller preparing the image: callers
+	// in this process wait for one pull, within their own contexts.
+	sem chan struct{}
 
-	mu      sync.Mutex
+	// Guarded by sem.
 	ready   bool
 	lastErr error
 	retryAt time.Time
 	backoff time.Duration
+	// need is the bytes the image is expected to take in the cache: its
+	// layers' compressed size, or what its last unpack measured when that
+	// did not fit (the budget's estimate before a pull).
+	need int64
 	// pulls counts completed pulls (for tests).
 	pulls int
 }
 
-// newImageStore checks the reference and the credentials file and records
-// the pool's reference in the cache, so no other installation's collector
-// removes the image. It pulls nothing.
-func newImageStore(ref, cache, authFile string, maxBytes int64, installation, pool string, log *slog.Logger) (*imageStore, error) {
-	d, err := imageref.Parse(ref)
-	if err != nil {
-		return nil, fmt.Errorf("gvisor: setting image: %w", err)
-	}
-	switch {
-	case maxBytes == 0:
-		maxBytes = DefaultImageMaxBytes
-	case maxBytes < 0:
-		return nil, fmt.Errorf("gvisor: setting image_max_bytes: %d is negative", maxBytes)
-	}
-	if cache, err = filepath.Abs(cache); err != nil {
-		return nil, fmt.Errorf("gvisor: image cache: %w", err)
-	}
-	keys := authn.Keychain(anonymous{})
-	if authFile != "" {
-		kc, err := fileKeychain(authFile)
-		if err != nil {
-			return nil, fmt.Errorf("gvisor: setting registry_auth_file: %w", err)
-		}
-		keys = kc
-	}
-	s := &imageStore{ref: d, digest: d.DigestStr(), cache: cache, refKey: installation + "-" + pool, keys: keys, maxBytes: maxBytes, log: log}
-	if err := os.MkdirAll(filepath.Join(cache, imageRefsDir), 0o700); err != nil {
-		return nil, fmt.Errorf("gvisor: image cache: %w", err)
-	}
-	// Unpacked images keep their owners and modes, set-id programs
-	// included: only the owner (root, as runsc needs) may enter the cache.
-	if err := os.Chmod(cache, 0o700); err != nil {
-		return nil, fmt.Errorf("gvisor: image cache: %w", err)
-	}
-	if err := writeIfChanged(filepath.Join(cache, imageRefsDir, s.refKey), []byte(s.digest+"\n")); err != nil {
-		return nil, fmt.Errorf("gvisor: image cache: recording the pool's image: %w", err)
-	}
-	return s, nil
-}
+// dir is the image's cache directory.
+func (s *imageStore) dir() string { return s.c.path(s.digest) }
 
-// dir is the cache directory of digest d ("sha256:<hex>").
-func (s *imageStore) dir(d string) string {
-	return filepath.Join(s.cache, strings.Replace(d, ":", "-", 1))
-}
+// rootfs is the image's unpacked root filesystem.
+func (s *imageStore) rootfs() string { return filepath.Join(s.dir(), imageRootFS) }
 
-// rootfs is the unpacked root filesystem of the pool's image.
-func (s *imageStore) rootfs() string { return filepath.Join(s.dir(s.digest), imageRootFS) }
+// lock takes sem, or returns ctx's error.
+func (s *imageStore) lock(ctx context.Context) (func(), error) {
+	select {
+	case s.sem <- struct{}{}:
+		return func() { <-s.sem }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
 
 // prepare makes sure the image is unpacked in the cache, pulling it when
-// it is not, and paces retries after a failure: during the back-off it
-// returns the last error at once.
+// it is not, within ctx, and paces retries after a failure: during the
+// back-off it returns the last error at once. A pull the budget has no
+// room for (*ImageCacheFullError) is not backed off: room is made by
+// cells that end, not by waiting.
 func (s *imageStore) prepare(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ready && complete(s.dir(s.digest), s.digest) {
+	unlock, err := s.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if s.ready && complete(s.dir(), s.digest) {
 		return nil
 	}
 	s.ready = false
 	if s.lastErr != nil && time.Now().Before(s.retryAt) {
 		return s.lastErr
 	}
-	err := s.ensure(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return err // cut short, not failed: no back-off
-		}
+	err = s.ensure(ctx)
+	var full *ImageCacheFullError
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return err // cut short, not failed: no back-off
+	case errors.As(err, &full):
+		s.c.log.Warn("cell image does not fit the image cache", "image", s.ref.String(), "error", err)
+		return err
+	default:
 		s.backoff = min(max(2*s.backoff, imageRetryMin), imageRetryMax)
 		s.retryAt = time.Now().Add(s.backoff)
 		s.lastErr = fmt.Errorf("image %s: %w (next attempt in %s)", s.ref.String(), err, s.backoff)
-		s.log.Warn("cell image not available", "image", s.ref.String(), "error", err, "retry_in", s.backoff)
+		s.c.log.Warn("cell image not available", "image", s.ref.String(), "error", err, "retry_in", s.backoff)
 		return s.lastErr
 	}
 	s.ready, s.lastErr, s.backoff = true, nil, 0
-	if err := s.collect(ctx); err != nil {
-		s.log.Warn("image cache: collecting unreferenced images", "error", err)
+	if s.pool {
+		if err := s.c.collect(ctx); err != nil {
+			s.c.log.Warn("image cache: collecting unreferenced images", "error", err)
+		}
 	}
 	return nil
+}
+
+// acquireAttempts bounds how often acquire pulls an image again that was
+// evicted between its pull and the provision's lock.
+const acquireAttempts = 3
+
+// acquire makes sure the image is unpacked (prepare) and holds it for a
+// provision until the returned function runs: a shared lock of its
+// digest, which an eviction or a collection never takes from under it
+// (they take the lock exclusively, and skip an image they cannot lock).
+// An image used on demand gets its last-used stamp.
+func (s *imageStore) acquire(ctx context.Context) (func(), error) {
+	for attempt := 1; ; attempt++ {
+		if err := s.prepare(ctx); err != nil {
+			return nil, err
+		}
+		unlock, err := flockFile(ctx, s.dir()+".lock", syscall.LOCK_SH)
+		if err != nil {
+			return nil, err
+		}
+		if complete(s.dir(), s.digest) {
+			if !s.pool {
+				s.c.touch(s.digest)
+			}
+			return unlock, nil
+		}
+		unlock()
+		if attempt == acquireAttempts {
+			return nil, fmt.Errorf("image %s: evicted from the image cache right after each of %d pulls: the cache is too busy for its budget",
+				s.ref.String(), attempt)
+		}
+	}
 }
 
 // imagePullTimeout bounds a background pull.
@@ -186,11 +200,12 @@ func (s *imageStore) start() error {
 	if !s.pulling.CompareAndSwap(false, true) {
 		return fmt.Errorf("image %s is being pulled", s.ref.String())
 	}
-	if s.mu.TryLock() {
-		ready := s.ready && complete(s.dir(s.digest), s.digest)
+	select {
+	case s.sem <- struct{}{}:
+		ready := s.ready && complete(s.dir(), s.digest)
 		backoff := s.lastErr != nil && time.Now().Before(s.retryAt)
 		lastErr := s.lastErr
-		s.mu.Unlock()
+		<-s.sem
 		switch {
 		case ready:
 			s.pulling.Store(false)
@@ -199,6 +214,7 @@ func (s *imageStore) start() error {
 			s.pulling.Store(false)
 			return lastErr
 		}
+	default:
 	}
 	go func() {
 		defer s.pulling.Store(false)
@@ -219,14 +235,31 @@ func complete(dir, d string) bool {
 // ensure pulls and unpacks the image unless a completed copy is cached.
 // It holds the digest's file lock throughout, so concurrent providers, in
 // this process or another, produce one copy; a crash leaves only a
-// temporary directory, which the next attempt removes.
+// temporary directory, which the next attempt removes. Under a budget
+// (Config.ImageCacheBytes) it makes room before the pull and admits the
+// unpacked image only when it fits (imageCache.reserve, admit): an image
+// that cannot fit leaves nothing behind.
 func (s *imageStore) ensure(ctx context.Context) error {
-	final := s.dir(s.digest)
+	final := s.dir()
+	if complete(final, s.digest) {
+		// Cached: no need to wait for the lock, which provisions of the
+		// image hold shared. (Should it be removed meanwhile, acquire
+		// finds it incomplete under its own lock and pulls it again.)
+		if !s.pool {
+			s.c.touch(s.digest)
+		}
+		return nil
+	}
 	unlock, err := lockFile(ctx, final+".lock")
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if !s.pool {
+		// Stamped before it can be complete: the collector of
+		// unreferenced images never takes an image used on demand.
+		s.c.touch(s.digest)
+	}
 	if complete(final, s.digest) {
 		return nil
 	}
@@ -235,27 +268,53 @@ func (s *imageStore) ensure(ctx context.Context) error {
 	if err := os.RemoveAll(final); err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.cache, ".tmp-"+filepath.Base(final))
+	tmp := filepath.Join(s.c.dir, ".tmp-"+filepath.Base(final))
 	if err := os.RemoveAll(tmp); err != nil {
 		return err
 	}
 	// Verified blobs of an interrupted pull are kept here and reused.
-	blobs := filepath.Join(s.cache, ".blobs-"+filepath.Base(final))
+	blobs := filepath.Join(s.c.dir, ".blobs-"+filepath.Base(final))
 	start := time.Now()
-	if err := s.pull(ctx, tmp, blobs); err != nil {
+	var img v1.Image
+	var layers []v1.Layer
+	if s.c.budget > 0 {
+		if s.need == 0 {
+			var compressed int64
+			if img, layers, compressed, err = s.fetch(ctx); err != nil {
+				return err
+			}
+			s.need = max(compressed, 1)
+		}
+		release, err := s.c.reserve(ctx, s, s.need)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
+	if img == nil {
+		if img, layers, _, err = s.fetch(ctx); err != nil {
+			return err
+		}
+	}
+	if err := s.unpack(ctx, img, layers, tmp, blobs); err != nil {
 		_ = os.RemoveAll(tmp)
+		if full := s.c.budgetExceeded(s, err); full != nil {
+			_ = os.RemoveAll(blobs)
+			return full
+		}
 		return err
 	}
-	if err := os.Rename(tmp, final); err != nil {
+	if err := s.c.admit(ctx, s, tmp, final); err != nil {
 		_ = os.RemoveAll(tmp)
-		return err
-	}
-	if err := syncDir(s.cache); err != nil {
+		var full *ImageCacheFullError
+		if errors.As(err, &full) {
+			_ = os.RemoveAll(blobs)
+		}
 		return err
 	}
 	_ = os.RemoveAll(blobs)
 	s.pulls++
-	s.log.Info("cell image pulled and unpacked", "image", s.ref.String(), "duration", time.Since(start))
+	s.c.log.Info("cell image pulled and unpacked", "image", s.ref.String(), "duration", time.Since(start))
 	return nil
 }
 
@@ -266,28 +325,52 @@ var layerTypes = []gcrtypes.MediaType{
 	gcrtypes.DockerLayer, gcrtypes.DockerUncompressedLayer,
 }
 
-// pull fetches the image by digest into dir: the manifest (and, for an
-// index, the linux manifest of this architecture) verified against the
-// reference's digest, every layer blob verified against its digest in the
-// manifest before it is unpacked.
-func (s *imageStore) pull(ctx context.Context, dir, blobs string) error {
-	img, err := remote.Image(s.ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(s.keys),
+// fetch reads the image by digest: the manifest (and, for an index, the
+// linux manifest of this architecture) verified against the reference's
+// digest, and the configuration. It returns the image, its layers and
+// their compressed size, which the manifest states and image_max_bytes
+// bounds before any layer is fetched.
+func (s *imageStore) fetch(ctx context.Context) (v1.Image, []v1.Layer, int64, error) {
+	img, err := remote.Image(s.ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(s.c.keys),
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}))
 	if err != nil {
-		return fmt.Errorf("fetching the manifest: %w", err)
+		return nil, nil, 0, fmt.Errorf("fetching the manifest: %w", err)
 	}
 	// remote.Image checked the manifest (or index) against the reference's
 	// digest; an index's child was checked against the index's entry.
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("reading the layers: %w", err)
+	}
+	if _, err := img.RawConfigFile(); err != nil { // fetched and verified by digest
+		return nil, nil, 0, fmt.Errorf("fetching the image configuration: %w", err)
+	}
+	// The manifest's sizes bound the download before any of it starts
+	// (each blob is read up to its size alone), and the unpack's budget
+	// bounds what the blobs expand to.
+	var compressed int64
+	for i, l := range layers {
+		n, err := l.Size()
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("layer %d: %w", i, err)
+		}
+		if compressed += n; n < 0 || compressed > s.c.maxBytes {
+			return nil, nil, 0, fmt.Errorf("the image's layers are more than image_max_bytes (%d bytes) compressed: refused", s.c.maxBytes)
+		}
+	}
+	return img, layers, compressed, nil
+}
+
+// unpack fetches every layer blob of img into blobs, verified against its
+// digest in the manifest before it is unpacked, unpacks the layers into
+// dir/rootfs, and writes the manifest and the reference beside it. The
+// directory is not complete until admit writes its digest file. What the
+// layers unpack to is bounded by image_max_bytes, and by the cache's
+// budget when that is smaller.
+func (s *imageStore) unpack(ctx context.Context, img v1.Image, layers []v1.Layer, dir, blobs string) error {
 	manifest, err := img.RawManifest()
 	if err != nil {
 		return fmt.Errorf("reading the manifest: %w", err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		return fmt.Errorf("reading the layers: %w", err)
-	}
-	if _, err := img.RawConfigFile(); err != nil { // fetched and verified by digest
-		return fmt.Errorf("fetching the image configuration: %w", err)
 	}
 	if err := os.MkdirAll(blobs, 0o700); err != nil {
 		return err
@@ -298,20 +381,10 @@ func (s *imageStore) pull(ctx context.Context, dir, blobs string) error {
 	if err := os.Chmod(filepath.Join(dir, imageRootFS), 0o755); err != nil {
 		return err
 	}
-	// The manifest's sizes bound the download before any of it starts
-	// (each blob is read up to its size alone), and the unpack's budget
-	// bounds what the blobs expand to.
-	var compressed int64
-	for i, l := range layers {
-		n, err := l.Size()
-		if err != nil {
-			return fmt.Errorf("layer %d: %w", i, err)
-		}
-		if compressed += n; n < 0 || compressed > s.maxBytes {
-			return fmt.Errorf("the image's layers are more than image_max_bytes (%d bytes) compressed: refused", s.maxBytes)
-		}
+	unpacked := &budget{left: s.c.maxBytes, max: s.c.maxBytes}
+	if b := s.c.budget; b > 0 && b < s.c.maxBytes {
+		unpacked = &budget{left: b, max: b, setting: imageCacheBytesSetting}
 	}
-	unpacked := &budget{left: s.maxBytes, max: s.maxBytes}
 	for i, l := range layers {
 		mt, err := l.MediaType()
 		if err != nil {
@@ -338,11 +411,7 @@ func (s *imageStore) pull(ctx context.Context, dir, blobs string) error {
 	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), manifest, 0o444); err != nil {
 		return err
 	}
-	// The digest file is written last: it marks the directory complete.
-	if err := writeSynced(filepath.Join(dir, imageDigestFile), []byte(s.digest+"\n")); err != nil {
-		return err
-	}
-	return syncDir(dir)
+	return os.WriteFile(filepath.Join(dir, imageRefFile), []byte(s.ref.String()+"\n"), 0o444)
 }
 
 // Mount points of every cell's spec, made in an unpacked image before it
@@ -478,12 +547,18 @@ func writeSynced(path string, b []byte) error {
 // until ctx ends. The lock is released when the returned function runs or
 // the process dies.
 func lockFile(ctx context.Context, path string) (func(), error) {
+	return flockFile(ctx, path, syscall.LOCK_EX)
+}
+
+// flockFile takes a flock of kind how (syscall.LOCK_EX or LOCK_SH) on
+// path, as lockFile does.
+func flockFile(ctx context.Context, path string, how int) (func(), error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if err == nil {
 			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
 		}
@@ -500,7 +575,8 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 	}
 }
 
-// tryLockFile takes the lock only when it is free.
+// tryLockFile takes the exclusive lock only when it is free: no other
+// holder, exclusive or shared.
 func tryLockFile(path string) (func(), bool) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -511,96 +587,6 @@ func tryLockFile(path string) (func(), bool) {
 		return nil, false
 	}
 	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, true
-}
-
-// collect removes the cached images no installation and pool on the host
-// references (refs) and no container of this state root mounts. Each
-// removal holds the digest's lock and reads the references again under it,
-// so an image a provider is about to use (its reference is written before
-// it takes the lock) is never removed; the directory is renamed away
-// first, so a half-removed image is never mistaken for a complete one.
-func (s *imageStore) collect(ctx context.Context) error {
-	entries, err := os.ReadDir(s.cache)
-	if err != nil {
-		return err
-	}
-	var inUse map[string]bool
-	if s.inUse != nil {
-		if inUse, err = s.inUse(ctx); err != nil {
-			return err
-		}
-	}
-	// An image's directory, or what a crashed pull or removal left of it.
-	digests := map[string]bool{}
-	for _, e := range entries {
-		n := e.Name()
-		for _, prefix := range []string{".tmp-", ".blobs-", ".trash-"} {
-			n = strings.TrimPrefix(n, prefix)
-		}
-		base, ok := strings.CutPrefix(n, "sha256-")
-		if ok && e.IsDir() && len(base) == 64 && strings.Trim(base, "0123456789abcdef") == "" {
-			digests["sha256:"+base] = true
-		}
-	}
-	var errs []error
-	for d := range digests {
-		if d == s.digest || inUse[d] {
-			continue
-		}
-		if err := s.remove(d); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// remove deletes one unreferenced image under its lock.
-func (s *imageStore) remove(d string) error {
-	dir := s.dir(d)
-	unlock, ok := tryLockFile(dir + ".lock")
-	if !ok {
-		return nil // being pulled or removed: not now
-	}
-	defer unlock()
-	refs, err := s.references()
-	if err != nil || refs[d] {
-		return err
-	}
-	base := filepath.Base(dir)
-	trash := filepath.Join(s.cache, ".trash-"+base)
-	if err := os.RemoveAll(trash); err != nil {
-		return err
-	}
-	if err := os.Rename(dir, trash); err == nil {
-		s.log.Info("image cache: removed an image no pool references", "digest", d)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return errors.Join(os.RemoveAll(trash), os.RemoveAll(filepath.Join(s.cache, ".tmp-"+base)),
-		os.RemoveAll(filepath.Join(s.cache, ".blobs-"+base)))
-}
-
-// references reads every installation and pool's recorded digest.
-func (s *imageStore) references() (map[string]bool, error) {
-	dir := filepath.Join(s.cache, imageRefsDir)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	refs := map[string]bool{}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		for _, line := range strings.Fields(string(b)) {
-			refs[line] = true
-		}
-	}
-	return refs, nil
 }
 
 // mountedImage reads back the image a running container's root really is:
@@ -632,11 +618,8 @@ func (p *Provider) mountedImage(st *containerState) (string, string) {
 	case got != want:
 		return "", "the container's root is another image than it was created with"
 	}
-	if p.image != nil {
-		dir := filepath.Join(p.image.cache, strings.Replace(got, ":", "-", 1))
-		if !complete(dir, got) {
-			return "", "the mounted image directory does not record its digest"
-		}
+	if !complete(p.images.path(got), got) {
+		return "", "the mounted image directory does not record its digest"
 	}
 	return got, ""
 }

@@ -122,11 +122,24 @@ func imageOf(t *testing.T, layers ...v1.Layer) v1.Image {
 	return img
 }
 
+// testCache is an image cache on dir, as a provider of installation and
+// pool makes it, with the given image_max_bytes and image_cache_bytes.
+func testCache(t *testing.T, dir string, maxBytes, budget int64, installation, pool string) *imageCache {
+	t.Helper()
+	c, err := newImageCache(dir, "", maxBytes, budget, installation+"-"+pool, filepath.Join(dir, "no-state-root"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("newImageCache: %v", err)
+	}
+	return c
+}
+
+// testStore is the entry of a pool's image ref (Config.Image) in a new
+// cache on dir.
 func testStore(t *testing.T, ref, cache, installation, pool string) *imageStore {
 	t.Helper()
-	s, err := newImageStore(ref, cache, "", 0, installation, pool, slog.New(slog.DiscardHandler))
+	s, err := testCache(t, cache, 0, 0, installation, pool).pin(ref)
 	if err != nil {
-		t.Fatalf("newImageStore: %v", err)
+		t.Fatalf("pin: %v", err)
 	}
 	return s
 }
@@ -141,7 +154,11 @@ func cachedImages(t *testing.T, cache string) []string {
 	}
 	var out []string
 	for _, e := range entries {
-		if e.IsDir() && e.Name() != imageRefsDir {
+		switch e.Name() {
+		case imageRefsDir, imageUsedDir, imageCellsDir, imagePullsDir:
+			continue
+		}
+		if e.IsDir() {
 			out = append(out, e.Name())
 		}
 	}
@@ -363,10 +380,10 @@ func TestImageCollect(t *testing.T) {
 	if err := moved.prepare(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if complete(old.dir(old.digest), old.digest) {
+	if complete(old.dir(), old.digest) {
 		t.Error("the image no pool references any more is still cached")
 	}
-	if !complete(other.dir(other.digest), other.digest) || !complete(moved.dir(moved.digest), moved.digest) {
+	if !complete(other.dir(), other.digest) || !complete(moved.dir(), moved.digest) {
 		t.Error("a referenced image was removed")
 	}
 	for _, d := range cachedImages(t, cache) {
@@ -377,13 +394,13 @@ func TestImageCollect(t *testing.T) {
 	// What a crashed pull of an unreferenced digest left goes too; that
 	// of a referenced one stays (its pull resumes from it).
 	gone := filepath.Join(cache, ".blobs-sha256-"+strings.Repeat("e", 64))
-	kept := filepath.Join(cache, ".blobs-"+filepath.Base(other.dir(other.digest)))
+	kept := filepath.Join(cache, ".blobs-"+filepath.Base(other.dir()))
 	for _, d := range []string{gone, kept} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := moved.collect(ctx); err != nil {
+	if err := moved.c.collect(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(gone); err == nil {
@@ -634,7 +651,7 @@ func TestImageIndexAndCrashedUnpack(t *testing.T) {
 	ref := reg.host + "/multi@" + d.String()
 	cache := t.TempDir()
 	s := testStore(t, ref, cache, "inst", "p")
-	final := s.dir(s.digest)
+	final := s.dir()
 	// What a crash left: a half-unpacked temporary directory, and a
 	// directory renamed without its digest file.
 	for _, junk := range []string{filepath.Join(cache, ".tmp-"+filepath.Base(final), "rootfs", "arch"), filepath.Join(final, "rootfs", "arch")} {
@@ -679,7 +696,7 @@ func TestImageSizeCap(t *testing.T) {
 	}
 	store := func(ref string, max int64) (*imageStore, string) {
 		cache := t.TempDir()
-		s, err := newImageStore(ref, cache, "", max, "inst", "p", slog.New(slog.DiscardHandler))
+		s, err := testCache(t, cache, max, 0, "inst", "p").pin(ref)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -703,7 +720,7 @@ func TestImageSizeCap(t *testing.T) {
 	if err := s.ensure(context.Background()); err != nil {
 		t.Errorf("the same image under an 8 MiB cap: %v", err)
 	}
-	if !complete(s.dir(s.digest), s.digest) {
+	if !complete(s.dir(), s.digest) {
 		t.Error("the image under an 8 MiB cap is not cached")
 	}
 
@@ -745,8 +762,11 @@ func TestImageSizeCap(t *testing.T) {
 		t.Errorf("unpacked %q, %v", b, err)
 	}
 
-	if _, err := newImageStore(ref, t.TempDir(), "", -1, "inst", "p", slog.New(slog.DiscardHandler)); err == nil {
+	if _, err := newImageCache(t.TempDir(), "", -1, 0, "inst-p", "/s", slog.New(slog.DiscardHandler)); err == nil {
 		t.Error("a negative image_max_bytes was accepted")
+	}
+	if _, err := newImageCache(t.TempDir(), "", 0, -1, "inst-p", "/s", slog.New(slog.DiscardHandler)); err == nil {
+		t.Error("a negative image_cache_bytes was accepted")
 	}
 }
 

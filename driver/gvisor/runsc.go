@@ -35,8 +35,10 @@ type runsc struct {
 	root     string // absolute path of the private --root
 	network  string
 	platform string
-	// overlay is --overlay2 ("root:memory,size=…" for cells of an image), or ""
-	// for runsc's default.
+	// overlay is --overlay2 ("root:memory,size=…": the writable layer of
+	// an image cell's root), or "" for runsc's default. runsc applies it
+	// to a writable root only, so cells of a read-only root (the default
+	// or an operator's) run as without it.
 	overlay string
 	// ignoreCgroups is set once, when runsc could not apply cgroup limits
 	// on this host.
@@ -253,8 +255,12 @@ func (r *runsc) noStateFile(id string) bool {
 }
 
 // stateFilePath is where runsc keeps container id's state.
-func (r *runsc) stateFilePath(id string) string {
-	return filepath.Join(r.root, id+"_sandbox:"+id+".state")
+func (r *runsc) stateFilePath(id string) string { return stateFilePath(r.root, id) }
+
+// stateFilePath is where runsc keeps the state of container id, alone in
+// its sandbox (as a cell's is), under state root root.
+func stateFilePath(root, id string) string {
+	return filepath.Join(root, id+"_sandbox:"+id+".state")
 }
 
 // list returns every container under the private root.

@@ -183,12 +183,13 @@ func process(args, env []string) *ociProcess {
 	}
 }
 
-// spec returns the OCI spec of one cell whose host directory is hostDir.
-func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
+// spec returns the OCI spec of one cell whose host directory is hostDir,
+// whose root is img's (nil: the default or operator's root filesystem).
+func (p *Provider) spec(cellID, nonce, hostDir string, img *imageStore) ociSpec {
 	// Every writable place is bounded, together by Config.CellDiskBytes
 	// (see diskShares); the image's writable root by runsc's
 	// --overlay2=root:memory,size=….
-	disk := diskShares(p.cfg.CellDiskBytes, p.image != nil)
+	disk := diskShares(p.cfg.CellDiskBytes, img != nil)
 	mounts := []ociMount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		// Read-only: gVisor's devtmpfs takes no size, so root in the cell
@@ -198,7 +199,9 @@ func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", sizeOption(disk[diskShm])}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
-	mounts = append(mounts, p.hostMounts...)
+	if img == nil {
+		mounts = append(mounts, p.hostMounts...) // the default root filesystem's
+	}
 	mounts = append(mounts,
 		ociMount{Destination: diskTmp, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", sizeOption(disk[diskTmp])}},
 		// Inspect AI's bash_session and text_editor tools install
@@ -220,8 +223,9 @@ func (p *Provider) spec(cellID, nonce, hostDir string) ociSpec {
 		agentDigestAnnotation:  p.agent.digest,
 	}
 	root := ociRoot{Path: p.rootfs, Readonly: true}
-	if p.image != nil {
-		annotations[imageDigestAnnotation] = p.image.digest
+	if img != nil {
+		root.Path = img.rootfs()
+		annotations[imageDigestAnnotation] = img.digest
 		// Writable through the cell's private upper layer in memory
 		// (--overlay2=root:memory); the shared image below is never
 		// written.

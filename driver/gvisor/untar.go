@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"archive/tar"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -74,15 +75,29 @@ func applyLayer(open func() (io.ReadCloser, error), root string, b *budget) erro
 	})
 }
 
-// budget is what an unpack may still write, in bytes of regular files.
-type budget struct{ left, max int64 }
+// budget is what an unpack may still write, in bytes of regular files,
+// of max set by setting (image_max_bytes when "").
+type budget struct {
+	left, max int64
+	setting   string
+}
 
 func (b *budget) take(n int64) error {
 	if n < 0 || n > b.left {
-		return fmt.Errorf("the image unpacks to more than image_max_bytes (%d bytes): refused", b.max)
+		return &unpackLimitError{max: b.max, setting: cmp.Or(b.setting, "image_max_bytes")}
 	}
 	b.left -= n
 	return nil
+}
+
+// unpackLimitError is an unpack that would write more than its budget.
+type unpackLimitError struct {
+	max     int64
+	setting string
+}
+
+func (e *unpackLimitError) Error() string {
+	return fmt.Sprintf("the image unpacks to more than %s (%d bytes): refused", e.setting, e.max)
 }
 
 // eachEntry calls fn for every entry of the tar with its cleaned name
