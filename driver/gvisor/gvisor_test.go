@@ -129,6 +129,17 @@ func (h harness) MakeProvider(context.Context, *testing.T) (driver.Provider, err
 
 func (h harness) RuntimeClass() lease.RuntimeClass { return lease.GVisorLowerRisk }
 
+// Images pushes two marked busybox images to a loopback registry of the
+// test (drivertest's Images case).
+func (h harness) Images(t *testing.T) []drivertest.TestImage {
+	busybox := requireBusybox(t)
+	refs, _ := markerImages(t, newTestRegistry(t), busybox, "x", "y")
+	return []drivertest.TestImage{
+		{Ref: refs["x"], MarkerPath: "/etc/marker", Marker: "marker x\n"},
+		{Ref: refs["y"], MarkerPath: "/etc/marker", Marker: "marker y\n"},
+	}
+}
+
 // CellProcesses counts the cell's processes with runsc ps, past the agent.
 func (h harness) CellProcesses(ctx context.Context, p driver.Provider, obj driver.Object) (int, error) {
 	g := p.(*Provider)
