@@ -54,6 +54,13 @@ func (g gvisorPlane) claim(ctx context.Context, t *testing.T, binding lease.Bind
 // gone) and the state removed.
 func startGVisorPlane(t *testing.T, ctx context.Context, name string, cfg gvisor.Config, opts ...sandboxwich.Option) gvisorPlane {
 	t.Helper()
+	return startGVisorPool(t, ctx, name, cfg, nil, opts...)
+}
+
+// startGVisorPool is startGVisorPlane with its pool's configuration edited
+// by edit (when not nil).
+func startGVisorPool(t *testing.T, ctx context.Context, name string, cfg gvisor.Config, edit func(*pool.Config), opts ...sandboxwich.Option) gvisorPlane {
+	t.Helper()
 	if gvisor.FindRunsc() == "" || os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("runsc and root are required under CI=true (scripts/install-runsc.sh)")
@@ -79,9 +86,11 @@ func startGVisorPlane(t *testing.T, ctx context.Context, name string, cfg gvisor
 	keys := testenv.Keyring(t)
 	rel := testenv.Release(keys, lease.GVisorLowerRisk)
 	opts = append([]sandboxwich.Option{sandboxwich.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	opts = append(opts,
-		sandboxwich.WithPools(pool.Config{Name: name, TenantID: "acme", Release: rel, Target: 1, Provider: prov}),
-		sandboxwich.WithPoolOptions(pool.WithInterval(50*time.Millisecond)))
+	pc := pool.Config{Name: name, TenantID: "acme", Release: rel, Target: 1, Provider: prov}
+	if edit != nil {
+		edit(&pc)
+	}
+	opts = append(opts, sandboxwich.WithPools(pc), sandboxwich.WithPoolOptions(pool.WithInterval(50*time.Millisecond)))
 	plane, err := sandboxwich.New(testenv.SQLite(t), keys, opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -97,9 +97,7 @@ func (c Config) checkImageClass() error {
 		return fmt.Errorf("image and images exclude each other: a pool has one image, or is an image class")
 	case c.ReadyFloor != 0:
 		return fmt.Errorf("ready_floor is not a setting of an image class")
-	case c.Target < 1:
-		return fmt.Errorf("max_cells must be at least 1")
-	case c.WarmPerImage < 1 || c.WarmPerImage > c.Target:
+	case c.WarmPerImage < 1 || (c.Target > 0 && c.WarmPerImage > c.Target):
 		return fmt.Errorf("warm_per_image must be between 1 and max_cells")
 	case c.WarmIdle < 0:
 		return fmt.Errorf("warm_idle_seconds must be positive")

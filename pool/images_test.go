@@ -32,7 +32,6 @@ func TestImageClassConfigErrors(t *testing.T) {
 	}{
 		{pool.Config{Target: 1, Images: []string{"registry.test/swe/*"}, Image: "registry.test/x" + digest}, "image and images"},
 		{pool.Config{Target: 2, ReadyFloor: 1, Images: []string{"registry.test/swe/*"}}, "ready_floor"},
-		{pool.Config{Images: []string{"registry.test/swe/*"}}, "max_cells"},
 		{pool.Config{Target: 2, WarmPerImage: 3, Images: []string{"registry.test/swe/*"}}, "warm_per_image"},
 		{pool.Config{Target: 2, Images: []string{"registry.test/swe/*:v1"}}, "images"},
 		{pool.Config{Target: 2, Images: []string{"swe"}}, "images"},
