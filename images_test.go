@@ -1,6 +1,7 @@
 package sandboxwich_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -152,5 +153,83 @@ func TestImageClassEvictsForAWait(t *testing.T) {
 	}
 	if got := ready(); got[a] != 0 || got[b] != 1 || got[c] != 1 {
 		t.Errorf("cells by image after the wait: %v, want %s (least recently used) evicted, %s kept, %s made", got, a, b, c)
+	}
+}
+
+// slowClass is a plane on the real clock with an image class whose
+// provider takes latency to provision, edited by edit; the reconciler
+// runs in the background.
+func slowClass(t *testing.T, latency time.Duration, edit ...func(*pool.Config)) (*env, *fake.Provider) {
+	t.Helper()
+	rel := newEnv(t).rel
+	prov := fake.New(fake.Config{Mode: driver.Apply, Latency: latency})
+	cfg := pool.Config{Name: "swe", TenantID: "acme", Release: rel, Target: 4, MaxProvisioning: 2, Provider: prov,
+		Images: []string{"registry.test/swe/*"}}
+	for _, f := range edit {
+		f(&cfg)
+	}
+	// The real clock: warm images decay in real time.
+	e := newEnv(t, sandboxwich.WithPools(cfg), sandboxwich.WithPoolOptions(pool.WithInterval(10*time.Millisecond)),
+		sandboxwich.WithClock(time.Now))
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.plane.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e, prov
+}
+
+// TestProviderFaultImageWaitElapses: a claim whose wait ends before its
+// image's cell is made answers empty (wait_elapsed), durably: its retry
+// replays it. The late cell is warm inventory of its image, which the
+// next claim of the image takes without waiting.
+func TestProviderFaultImageWaitElapses(t *testing.T) {
+	e, prov := slowClass(t, 2*time.Second)
+	a := img("task-a", 'a')
+	req := sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: a, WaitSeconds: 1}
+	res, err := e.plane.Claim(e.ctx, "acme", req)
+	if err != nil || res.Lease != nil || res.EmptyReason != sandboxwich.EmptyWaitElapsed {
+		t.Fatalf("a wait shorter than the provision: %v %v, want empty (wait_elapsed)", res, err)
+	}
+	waitFor(t, "the late cell is ready", func() bool {
+		sts, err := e.plane.PoolStatus(e.ctx)
+		return err == nil && sts[0].Members[lease.MemberReady] == 1
+	})
+	if n := prov.Calls("provision"); n != 1 {
+		t.Errorf("%d provisions, want the one the wait asked for", n)
+	}
+	if res, err := e.plane.Claim(e.ctx, "acme", req); err != nil || !res.Replayed || res.Lease != nil || res.EmptyReason != sandboxwich.EmptyWaitElapsed {
+		t.Fatalf("the retry: %v %v, want the empty outcome replayed", res, err)
+	}
+	res, err = e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: a})
+	if err != nil || res.Lease == nil || prov.Image(res.Lease.CellID) != a {
+		t.Fatalf("a claim of %s after the late cell came: %v %v, want it without waiting", a, res, err)
+	}
+}
+
+// TestProviderFaultImageRetryJoins: retries of a fenced claim during its
+// wait for a cell of its image join it: one cell is provisioned, and
+// every answer is its lease. (The image stays warm for an instant only,
+// so that no warm cell follows the claim.)
+func TestProviderFaultImageRetryJoins(t *testing.T) {
+	e, prov := slowClass(t, 500*time.Millisecond, func(c *pool.Config) { c.WarmIdle = time.Nanosecond })
+	req := sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: img("task-b", 'b'), WaitSeconds: 60}
+	outs := make([]<-chan claimOutcome, 4)
+	for i := range outs {
+		outs[i] = e.claimAsync(e.ctx, req)
+	}
+	var leaseID uuid.UUID
+	for i, ch := range outs {
+		out := <-ch
+		if out.err != nil || out.res.Lease == nil {
+			t.Fatalf("answer %d: %v %v, want the lease", i, out.res, out.err)
+		}
+		if leaseID == uuid.Nil {
+			leaseID = out.res.Lease.ID
+		} else if out.res.Lease.ID != leaseID {
+			t.Fatalf("answer %d leased %s, another answer %s", i, out.res.Lease.ID, leaseID)
+		}
+	}
+	if n := prov.Calls("provision"); n != 1 {
+		t.Errorf("%d provisions for one waiting claim and its retries, want 1", n)
 	}
 }

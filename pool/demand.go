@@ -101,11 +101,13 @@ type imageState struct {
 	ready         []store.Member // ready members not to stop, oldest first
 }
 
-// planImages plans an image class's pass over its live members. An image
-// wants its waiting claims' cells plus WarmPerImage while it is warm: a
-// claim waits for it, or it was claimed, waited for or a cell of it
-// admitted within WarmIdle (so a cell made for a claim that gave up, or
-// found after a restart, stays warm inventory that long).
+// planImages plans an image class's pass over its live members. While an
+// image is warm — a claim waits for it, or it was claimed, waited for or a
+// cell of it admitted within WarmIdle (so a cell made for a claim that
+// gave up, or found after a restart, stays warm inventory that long) — it
+// wants a cell for each waiting claim, and at least WarmPerImage ready or
+// coming: one claim waiting makes one cell, and the image's next claim
+// finds a warm one.
 func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Member, now time.Time) imagePlan {
 	images := map[string]*imageState{}
 	get := func(name string) *imageState {
@@ -145,7 +147,7 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 	var waiting, warm []*imageState
 	for _, im := range images {
 		if im.waiting > 0 || now.Sub(im.last) < cfg.WarmIdle {
-			im.want = im.waiting + cfg.WarmPerImage
+			im.want = max(im.waiting, cfg.WarmPerImage)
 		}
 		// Ready cells beyond the image's want decay, oldest first.
 		for im.coming+len(im.ready) > im.want && len(im.ready) > 0 {
