@@ -27,8 +27,8 @@ import (
 
 // markedImages serves n images on a loopback registry, each a static
 // busybox with its own /etc/marker, and returns their pinned references
-// and markers.
-func markedImages(t *testing.T, n int) (refs, markers []string) {
+// and markers, and the registry.
+func markedImages(t *testing.T, n int) (refs, markers []string, reg *testimage.Registry) {
 	t.Helper()
 	const busybox = "/bin/busybox"
 	if _, err := os.Stat(busybox); err != nil {
@@ -62,7 +62,7 @@ func markedImages(t *testing.T, n int) (refs, markers []string) {
 		}
 		refs, markers = append(refs, ref), append(markers, marker)
 	}
-	return refs, markers
+	return refs, markers, reg
 }
 
 // imageBytes is what one image of refs takes in an image cache: measured
@@ -103,7 +103,7 @@ func TestImageClassGVisor(t *testing.T) {
 		claims, _ = strconv.Atoi(v)
 	}
 	const images, maxCells, workers = 20, 6, 8
-	refs, markers := markedImages(t, images)
+	refs, markers, _ := markedImages(t, images)
 	budget := 8 * imageBytes(t, refs[0])
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -211,3 +211,86 @@ func TestImageClassGVisor(t *testing.T) {
 
 // hostOf is the registry host of a reference.
 func hostOf(ref string) string { host, _, _ := strings.Cut(ref, "/"); return host }
+
+// TestProviderFaultImagePull: on real gVisor, a claim of an image whose
+// pull fails — a digest the registry lacks, or a registry that cuts every
+// download — waits in vain (wait_elapsed), its cells stopped as
+// provision_failed, and leaves no cell and nothing half-unpacked; once the
+// registry serves again, a claim of the image gets a cell of it.
+func TestProviderFaultImagePull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real gVisor sandboxes")
+	}
+	refs, markers, reg := markedImages(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	g := startGVisorPool(t, ctx, "swe", gvisor.Config{ImageCacheDir: t.TempDir()}, func(c *pool.Config) {
+		c.Target, c.MaxProvisioning, c.Images = 2, 1, []string{hostOf(refs[0]) + "/swe/*"}
+	})
+	claim := func(image string, wait uint64) sandboxwich.ClaimResult {
+		t.Helper()
+		res, err := g.Claim(ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.Must(uuid.NewV7()), Release: g.rel,
+			Binding: binding, Image: image, WaitSeconds: wait})
+		if err != nil {
+			t.Fatalf("claim of %s: %v", image, err)
+		}
+		return res
+	}
+	nothingLeft := func(what, image string) {
+		t.Helper()
+		if objs, err := g.prov.List(ctx); err != nil || len(objs) != 0 {
+			t.Errorf("%s: the provider holds %d cells (%v), want none", what, len(objs), err)
+		}
+		want, _ := driver.PinnedDigest(image)
+		cached, err := g.prov.CachedImages(ctx)
+		for _, c := range cached {
+			if c.Digest == want {
+				t.Errorf("%s: the image is in the cache (%+v)", what, c)
+			}
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	// failed counts the members stopped because their provision failed.
+	failed := func() int {
+		evs, err := g.Events(ctx, sandboxwich.EventQuery{Oldest: true, Limit: 1000, Members: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, ev := range evs {
+			if ev.Reason == "provision_failed" {
+				n++
+			}
+		}
+		return n
+	}
+
+	missing := hostOf(refs[0]) + "/swe/task-00@sha256:" + strings.Repeat("d", 64)
+	if res := claim(missing, 3); res.Lease != nil || res.EmptyReason != sandboxwich.EmptyWaitElapsed {
+		t.Fatalf("a claim of a digest the registry lacks: %v, want empty (wait_elapsed)", res)
+	}
+	if n := failed(); n == 0 {
+		t.Error("no member was stopped with reason provision_failed")
+	}
+	nothingLeft("after a digest the registry lacks", missing)
+
+	restore := reg.DropBlobs()
+	if res := claim(refs[1], 3); res.Lease != nil || res.EmptyReason != sandboxwich.EmptyWaitElapsed {
+		t.Fatalf("a claim while the registry cuts every download: %v, want empty (wait_elapsed)", res)
+	}
+	nothingLeft("after downloads cut mid-pull", refs[1])
+	restore()
+	res := claim(refs[1], 120)
+	if res.Lease == nil {
+		t.Fatalf("a claim once the registry serves again: %v, want a cell", res)
+	}
+	out, err := g.Exec(ctx, "acme", res.Lease.ID, res.Proof(), sandboxwich.ExecRequest{Argv: []string{"cat", "/etc/marker"}})
+	if err != nil || string(out.Stdout) != markers[1] {
+		t.Fatalf("the cell reads %q (%v), want %q", out.Stdout, err, markers[1])
+	}
+	if _, err := g.Release(ctx, "acme", res.Lease.ID, res.Proof(), lease.Destroyed); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -167,7 +168,10 @@ func Image(layers ...v1.Layer) (v1.Image, error) { return mutate.AppendLayers(em
 type Registry struct {
 	// Host is its host:port, the registry part of the references it serves.
 	Host string
-	srv  *http.Server
+	// Fault, when set, sees every request first and may answer it itself
+	// (returning true): a fault the real registry cannot produce.
+	Fault atomic.Pointer[func(w http.ResponseWriter, r *http.Request) bool]
+	srv   *http.Server
 }
 
 // Serve starts a registry on 127.0.0.1. Close stops it.
@@ -176,9 +180,32 @@ func Serve() (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Registry{Host: ln.Addr().String(), srv: &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}}
+	r := &Registry{Host: ln.Addr().String()}
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if f := r.Fault.Load(); f != nil && (*f)(w, req) {
+			return
+		}
+		h.ServeHTTP(w, req)
+	})}
 	go r.srv.Serve(ln)
 	return r, nil
+}
+
+// DropBlobs makes the registry cut every blob download after its first
+// bytes (a registry dying mid-pull) until the returned function is called.
+func (r *Registry) DropBlobs() (restore func()) {
+	f := func(w http.ResponseWriter, req *http.Request) bool {
+		if !strings.Contains(req.URL.Path, "/blobs/") || req.Method != http.MethodGet {
+			return false
+		}
+		w.Header().Set("Content-Length", "1048576")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte{0x1f, 0x8b})
+		panic(http.ErrAbortHandler) // the connection is cut
+	}
+	r.Fault.Store(&f)
+	return func() { r.Fault.Store(nil) }
 }
 
 // Push writes img as repo:latest and returns its reference pinned by
