@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -45,6 +46,8 @@ func dev(ctx context.Context, e env, args []string) error {
 	target := flags.Int("target", 2, "number of warm cells")
 	stateDir := flags.String("state-dir", "", "runsc's state root for the gVisor pool (default <dir>/runsc-state)")
 	image := flags.String("image", "", "the gVisor pool's image, an OCI reference pinned by digest, pulled into <dir>/images (default: no image, the host's /usr)")
+	images := flags.String("images", "", "also an image class, pool dev-images: comma-separated repositories (host/repo or host/prefix/*) whose images, pinned by digest, claims may name; cells made on demand")
+	maxCells := flags.Int("max-cells", 4, "the image class's live cells, all images together (with --images)")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -91,7 +94,7 @@ func dev(ctx context.Context, e env, args []string) error {
 			settings["state_dir"] = *stateDir
 		}
 		settings["bundle_dir"] = filepath.Join(abs, "runsc-bundles")
-		if *image != "" {
+		if *image != "" || *images != "" {
 			settings["image_cache_dir"] = filepath.Join(abs, "images")
 		}
 	}
@@ -124,6 +127,17 @@ func dev(ctx context.Context, e env, args []string) error {
 		MaxPrepareAhead:    sandboxwich.DefaultMaxPrepareAhead,
 		Pools: []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target,
 			Image: *image, Settings: settings}},
+	}
+	if *images != "" {
+		class := poolConfig{Name: "dev-images", Provider: *provider, TenantID: "dev", Release: rel, MaxCells: *maxCells,
+			Settings: maps.Clone(settings)}
+		for _, p := range strings.Split(*images, ",") {
+			class.Images = append(class.Images, strings.TrimSpace(p))
+		}
+		if err := class.checkCapacity(); err != nil {
+			return fmt.Errorf("--images: %w", err)
+		}
+		c.Pools = append(c.Pools, class)
 	}
 	log, err := newLogger(e.stderr, c.LogLevel, c.LogFormat)
 	if err != nil {
