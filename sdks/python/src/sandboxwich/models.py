@@ -263,6 +263,22 @@ class Pool(_Model):
     members: PoolMembers
     last_reconcile_at: datetime | None
     last_error: str | None
+    images: list[str] | None = None
+    """An image class's allowed repositories (CONTRACT §21); None for a fixed pool."""
+    max_cells: int | None = None
+    max_cold: int | None = None
+    warm_per_image: int | None = None
+    image_cells: list[ImageCells] | None = None
+    """An image class's images as of its reconciler's last pass."""
+
+
+class ImageCells(_Model):
+    """One image of an image class in a pool listing."""
+
+    image: str
+    ready: int
+    provisioning: int
+    waiting: int
 
 
 class PoolsResponse(_Model):
