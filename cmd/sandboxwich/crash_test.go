@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	_ "modernc.org/sqlite" // reads the server's database after it died
 
 	"github.com/sandboxwich/sandboxwich/attest"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/internal/reliability"
+	"github.com/sandboxwich/sandboxwich/internal/testimage"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -34,8 +36,11 @@ type crashRig struct {
 	stateDir           string
 	rel                lease.Release
 	target             int
-	cmd                *exec.Cmd
-	log                bytes.Buffer
+	// env is added to the server's environment at each start (an image
+	// class's keys).
+	env []string
+	cmd *exec.Cmd
+	log bytes.Buffer
 }
 
 func (r *crashRig) start(target int) {
@@ -51,7 +56,6 @@ func (r *crashRig) start(target int) {
 		"SANDBOXWICH_OPERATOR_TOKEN=operator-token",
 		"SANDBOXWICH_SWEEP_INTERVAL_MS=100",
 		"SANDBOXWICH_STERILE_POOL_PROVIDER=gvisor",
-		fmt.Sprintf("SANDBOXWICH_STERILE_POOL_TARGET=%d", target),
 		"SANDBOXWICH_STERILE_POOL_TENANT_ID=acme",
 		"SANDBOXWICH_STERILE_POOL_RELEASE_SET_ID=" + r.rel.ReleaseSetID,
 		"SANDBOXWICH_STERILE_POOL_RUNTIME_CLASS=" + string(r.rel.RuntimeClass),
@@ -59,6 +63,12 @@ func (r *crashRig) start(target int) {
 		"SANDBOXWICH_STERILE_POOL_RELEASE_SIGNATURE=" + r.rel.Signature,
 		"SANDBOXWICH_GVISOR_STATE_DIR=" + r.stateDir,
 		"SANDBOXWICH_GVISOR_BUNDLE_DIR=" + filepath.Join(r.dir, "bundles"),
+	}
+	if r.env != nil {
+		r.cmd.Env = append(r.cmd.Env, r.env...)
+		r.cmd.Env = append(r.cmd.Env, fmt.Sprintf("SANDBOXWICH_STERILE_POOL_MAX_CELLS=%d", target))
+	} else {
+		r.cmd.Env = append(r.cmd.Env, fmt.Sprintf("SANDBOXWICH_STERILE_POOL_TARGET=%d", target))
 	}
 	r.cmd.Stdout, r.cmd.Stderr = &r.log, &r.log
 	if err := r.cmd.Start(); err != nil {
@@ -133,6 +143,54 @@ func (r *crashRig) containers() []string {
 // runsc container leaks, none is reused, every member ends terminal or
 // live, and capacity never exceeds the target.
 func TestCrashRecoveryGVisor(t *testing.T) {
+	r := newCrashRig(t)
+	addr, rel := r.addr, r.rel
+
+	// 1. Kill while provisioning, twice.
+	for range 2 {
+		r.start(2)
+		r.waitFor("a provisioning member", func(m map[string]int) bool { return m["provisioning"] > 0 })
+		r.kill()
+	}
+	r.start(2)
+	r.waitFor("two ready cells", func(m map[string]int) bool { return m["ready"] == 2 && m["provisioning"] == 0 })
+
+	// 2. A tenant claims and releases a cell; kill while it stops.
+	c, _ := client.New("http://"+addr, client.WithToken("tenant-token"))
+	b := lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}
+	cl, err := c.Claim(context.Background(), wire.ClaimRequest{Release: rel, Binding: b})
+	if err != nil || cl.Lease == nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if _, err := c.Release(context.Background(), cl.Lease.LeaseID, cl.Proof(), lease.Destroyed); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("a stopping member", func(m map[string]int) bool { return m["stopping"] > 0 || m["destroyed"] > 0 })
+	r.kill()
+
+	// 3. Restart: the stop resumes under its recorded fence.
+	r.start(2)
+	st, err := c.WaitProviderAbsent(ctxTimeout(t, 90*time.Second), cl.Lease.LeaseID, 50*time.Millisecond)
+	if err != nil || st.State != lease.Destroyed || !st.ProviderAbsent {
+		t.Fatalf("released cell after restart: %+v %v\n%s", st, err, r.log.String())
+	}
+	r.waitFor("the pool refilled", func(m map[string]int) bool { return m["ready"] == 2 && live(m) == 2 })
+	r.kill()
+	r.checkInvariants(true)
+
+	// 4. Drain: target 0 stops every cell with proof; no container remains.
+	r.start(0)
+	r.waitFor("an empty pool", func(m map[string]int) bool { return live(m) == 0 })
+	r.kill()
+	r.checkInvariants(true)
+	if ids := r.containers(); len(ids) != 0 {
+		t.Fatalf("containers leaked after drain: %v", ids)
+	}
+}
+
+// newCrashRig builds the binary and the agent, a signing key and a
+// release, and cleans every container up when the test ends.
+func newCrashRig(t *testing.T) *crashRig {
 	if _, err := exec.LookPath("runsc"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("runsc is not installed under CI=true (scripts/install-runsc.sh)")
@@ -180,46 +238,7 @@ func TestCrashRecoveryGVisor(t *testing.T) {
 		}
 	})
 
-	// 1. Kill while provisioning, twice.
-	for range 2 {
-		r.start(2)
-		r.waitFor("a provisioning member", func(m map[string]int) bool { return m["provisioning"] > 0 })
-		r.kill()
-	}
-	r.start(2)
-	r.waitFor("two ready cells", func(m map[string]int) bool { return m["ready"] == 2 && m["provisioning"] == 0 })
-
-	// 2. A tenant claims and releases a cell; kill while it stops.
-	c, _ := client.New("http://"+addr, client.WithToken("tenant-token"))
-	b := lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}
-	cl, err := c.Claim(context.Background(), wire.ClaimRequest{Release: rel, Binding: b})
-	if err != nil || cl.Lease == nil {
-		t.Fatalf("claim: %v", err)
-	}
-	if _, err := c.Release(context.Background(), cl.Lease.LeaseID, cl.Proof(), lease.Destroyed); err != nil {
-		t.Fatal(err)
-	}
-	r.waitFor("a stopping member", func(m map[string]int) bool { return m["stopping"] > 0 || m["destroyed"] > 0 })
-	r.kill()
-
-	// 3. Restart: the stop resumes under its recorded fence.
-	r.start(2)
-	st, err := c.WaitProviderAbsent(ctxTimeout(t, 90*time.Second), cl.Lease.LeaseID, 50*time.Millisecond)
-	if err != nil || st.State != lease.Destroyed || !st.ProviderAbsent {
-		t.Fatalf("released cell after restart: %+v %v\n%s", st, err, r.log.String())
-	}
-	r.waitFor("the pool refilled", func(m map[string]int) bool { return m["ready"] == 2 && live(m) == 2 })
-	r.kill()
-	r.checkInvariants(true)
-
-	// 4. Drain: target 0 stops every cell with proof; no container remains.
-	r.start(0)
-	r.waitFor("an empty pool", func(m map[string]int) bool { return live(m) == 0 })
-	r.kill()
-	r.checkInvariants(true)
-	if ids := r.containers(); len(ids) != 0 {
-		t.Fatalf("containers leaked after drain: %v", ids)
-	}
+	return r
 }
 
 // checkInvariants reads the dead server's database: containers equal the
@@ -290,4 +309,78 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TestCrashRecoveryImageClassGVisor kills the server with SIGKILL while it
+// provisions a cell on demand for a fenced claim waiting for an image:
+// after a restart the claim's retry (same claim_id and body) gets a cell
+// of the image, its next retry the same lease, no container leaks and
+// every member ends terminal or live.
+func TestCrashRecoveryImageClassGVisor(t *testing.T) {
+	r := newCrashRig(t)
+	reg, err := testimage.Serve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	bb, err := testimage.Busybox("/bin/busybox")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("a static busybox is required under CI=true: %v", err)
+		}
+		t.Skip("no static busybox")
+	}
+	img, err := testimage.Image(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := reg.Push("swe/task-1", img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.env = []string{"SANDBOXWICH_STERILE_POOL_IMAGES=" + reg.Host + "/swe/*",
+		"SANDBOXWICH_GVISOR_IMAGE_CACHE_DIR=" + filepath.Join(r.dir, "images")}
+	c, _ := client.New("http://"+r.addr, client.WithToken("tenant-token"), client.WithRetry(1, time.Millisecond, time.Millisecond))
+	wait := uint64(120)
+	claimID := uuid.Must(uuid.NewV7())
+	req := wire.ClaimRequest{ClaimID: &claimID, Release: r.rel, Image: &ref, WaitSeconds: &wait,
+		Binding: lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}}
+
+	r.start(2)
+	go func() { _, _ = c.Claim(context.Background(), req) }() // answered by no one: the server dies
+	r.waitFor("a cell provisioning for the claim", func(m map[string]int) bool { return m["provisioning"] > 0 })
+	r.kill()
+
+	r.start(2)
+	first, err := c.Claim(ctxTimeout(t, 3*time.Minute), req)
+	if err != nil || first.Lease == nil {
+		t.Fatalf("the claim's retry after the restart: %v %v\n%s", first, err, r.log.String())
+	}
+	again, err := c.Claim(ctxTimeout(t, time.Minute), req)
+	if err != nil || again.Lease == nil || again.Lease.LeaseID != first.Lease.LeaseID {
+		t.Fatalf("the next retry: %v %v, want lease %s", again, err, first.Lease.LeaseID)
+	}
+	if _, err := c.Release(context.Background(), first.Lease.LeaseID, first.Proof(), lease.Destroyed); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.WaitProviderAbsent(ctxTimeout(t, 90*time.Second), first.Lease.LeaseID, 50*time.Millisecond)
+	if err != nil || !st.ProviderAbsent {
+		t.Fatalf("the released cell: %+v %v", st, err)
+	}
+	// The image is warm: a cell of it is made for its next claim.
+	r.waitFor("a quiet pool", func(m map[string]int) bool {
+		return m["ready"] == 1 && m["provisioning"] == 0 && m["stopping"] == 0 && m["cleanup_pending"] == 0
+	})
+	r.kill()
+	r.checkInvariants(true)
+
+	// Drain: the same pool as a fixed pool of target 0 stops what is left.
+	r.env = nil
+	r.start(0)
+	r.waitFor("an empty pool", func(m map[string]int) bool { return live(m) == 0 })
+	r.kill()
+	r.checkInvariants(true)
+	if ids := r.containers(); len(ids) != 0 {
+		t.Fatalf("containers leaked: %v", ids)
+	}
 }
