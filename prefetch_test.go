@@ -1,142 +1,34 @@
 package sandboxwich_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/internal/testenv"
+	"github.com/sandboxwich/sandboxwich/internal/testenv/fakecache"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 )
 
-// memCache is an image cache in memory, which cacheProviders of one ID
-// share.
-type memCache struct {
-	id     string
-	mu     sync.Mutex
-	images map[string]driver.CachedImage // by digest
-}
-
-func newMemCache(id string) *memCache {
-	return &memCache{id: id, images: map[string]driver.CachedImage{}}
-}
-
-// put caches ref as if some pull had.
-func (m *memCache) put(ref string, bytes int64) {
-	d, _ := driver.PinnedDigest(ref)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.images[d] = driver.CachedImage{Digest: d, Reference: ref, Bytes: bytes, LastUsed: time.Now()}
-}
-
-// cacheProvider is the fake provider made a driver.ImageCache over a
-// memCache: a prefetch "pulls" an image at once, or once the test lets it
-// through gate; fails says which images fail, and how. It counts the
-// prefetches of each image and the most that ran at once.
-type cacheProvider struct {
-	*fake.Provider
-	cache     *memCache
-	evictions uint64
-
-	mu      sync.Mutex
-	gate    chan struct{} // nil: no wait
-	fails   map[string]error
-	calls   map[string]int
-	pulling int
-	most    int
-}
-
-var _ driver.ImageCache = (*cacheProvider)(nil)
-
-func newCacheProvider(cache *memCache) *cacheProvider {
-	return &cacheProvider{Provider: fake.New(fake.Config{Mode: driver.Apply}), cache: cache,
-		fails: map[string]error{}, calls: map[string]int{}}
-}
-
-func (c *cacheProvider) Prefetch(ctx context.Context, image string) error {
-	c.mu.Lock()
-	c.calls[image]++
-	c.pulling++
-	c.most = max(c.most, c.pulling)
-	gate := c.gate
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		c.pulling--
-		c.mu.Unlock()
-	}()
-	if gate != nil {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	c.mu.Lock()
-	err := c.fails[image]
-	c.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	c.cache.put(image, 100)
-	return nil
-}
-
-func (c *cacheProvider) CachedImages(context.Context) ([]driver.CachedImage, error) {
-	c.cache.mu.Lock()
-	defer c.cache.mu.Unlock()
-	out := make([]driver.CachedImage, 0, len(c.cache.images))
-	for _, i := range c.cache.images {
-		out = append(out, i)
-	}
-	return out, nil
-}
-
-func (c *cacheProvider) CacheStats(ctx context.Context) (int64, uint64, error) {
-	imgs, _ := c.CachedImages(ctx)
-	var n int64
-	for _, i := range imgs {
-		n += i.Bytes
-	}
-	return n, c.evictions, nil
-}
-
-func (c *cacheProvider) CacheID() string { return c.cache.id }
-
-// counts returns the prefetches of each image and the most that ran at
-// once.
-func (c *cacheProvider) counts() (map[string]int, int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	calls := map[string]int{}
-	for k, v := range c.calls {
-		calls[k] = v
-	}
-	return calls, c.most
-}
-
 // prefetchEnv is a plane with an image class "swe" of tenant acme
-// (registry.test/swe/*, max_cold 2) over a cacheProvider; an image class
+// (registry.test/swe/*, max_cold 2) over a fakecache.Provider; an image class
 // "theirs" of tenant globex allowing the same repositories; and an image
 // class "plain" of acme whose provider keeps no image cache.
-func prefetchEnv(t *testing.T) (*env, *cacheProvider) {
+func prefetchEnv(t *testing.T) (*env, *fakecache.Provider) {
 	t.Helper()
 	rel := newEnv(t).rel
-	prov := newCacheProvider(newMemCache("cache-1"))
+	prov := fakecache.New(fakecache.NewCache("cache-1"))
 	e := newEnv(t, sandboxwich.WithPools(
 		pool.Config{Name: "swe", TenantID: "acme", Release: rel, Target: 4, MaxProvisioning: 2, Provider: prov,
 			Images: []string{"registry.test/swe/*"}},
-		pool.Config{Name: "theirs", TenantID: "globex", Release: rel, Target: 1, Provider: newCacheProvider(newMemCache("cache-2")),
+		pool.Config{Name: "theirs", TenantID: "globex", Release: rel, Target: 1, Provider: fakecache.New(fakecache.NewCache("cache-2")),
 			Images: []string{"registry.test/swe/*"}},
 		pool.Config{Name: "plain", TenantID: "acme", Release: rel, Target: 1, Provider: fake.New(fake.Config{Mode: driver.Apply}),
 			Images: []string{"registry.test/plain/*"}}))
@@ -197,7 +89,7 @@ func TestPrefetchRefusals(t *testing.T) {
 			t.Errorf("listing pool %s of acme: no error", name)
 		}
 	}
-	if calls, _ := prov.counts(); len(calls) != 0 {
+	if calls, _ := prov.Calls(); len(calls) != 0 {
 		t.Errorf("refused prefetches started %v", calls)
 	}
 	if got := e.imagesOf(t, "acme", "swe"); len(got) != 0 {
@@ -214,8 +106,7 @@ func TestPrefetchRefusals(t *testing.T) {
 // cached answers cached at once. The listing shows the pool's images only.
 func TestPrefetchStates(t *testing.T) {
 	e, prov := prefetchEnv(t)
-	gate := make(chan struct{})
-	prov.gate = gate
+	release := prov.Hold()
 	a, b, c := img("task-a", 'a'), img("task-b", 'b'), img("task-c", 'c')
 	aTagged := "registry.test/swe/task-a:v1@sha256:" + strings.Repeat("a", 64)
 	sts, err := e.plane.Prefetch(e.ctx, "acme", "swe", []string{a, b, c, aTagged})
@@ -245,13 +136,13 @@ func TestPrefetchStates(t *testing.T) {
 	if err != nil || len(again) != 1 || again[0].State == sandboxwich.ImageCached || again[0].State == sandboxwich.ImageFailed {
 		t.Errorf("prefetch of an image in flight: %+v, %v", again, err)
 	}
-	close(gate)
+	release()
 	waitFor(t, "every image cached", func() bool {
 		st := e.imagesOf(t, "acme", "swe")
 		return len(st) == 3 && st[a].State == sandboxwich.ImageCached && st[b].State == sandboxwich.ImageCached &&
 			st[c].State == sandboxwich.ImageCached
 	})
-	calls, most := prov.counts()
+	calls, most := prov.Calls()
 	if most != 2 {
 		t.Errorf("%d pulls ran at once, want max_cold (2)", most)
 	}
@@ -266,10 +157,8 @@ func TestPrefetchStates(t *testing.T) {
 
 	// Failures, and a retry.
 	full, missing := img("task-full", 'f'), img("task-missing", 'e')
-	prov.mu.Lock()
-	prov.fails[full] = fmt.Errorf("gvisor: prefetch: %w", driver.ErrImageCacheFull)
-	prov.fails[missing] = errors.New("MANIFEST_UNKNOWN: manifest unknown")
-	prov.mu.Unlock()
+	prov.Fail(full, fmt.Errorf("gvisor: prefetch: %w", driver.ErrImageCacheFull))
+	prov.Fail(missing, errors.New("MANIFEST_UNKNOWN: manifest unknown"))
 	sts, err = e.plane.Prefetch(e.ctx, "acme", "swe", []string{full, missing, a})
 	if err != nil {
 		t.Fatal(err)
@@ -288,9 +177,7 @@ func TestPrefetchStates(t *testing.T) {
 	if st[missing].Code != sandboxwich.ImageCodePullFailed || strings.Contains(st[missing].Message, "MANIFEST") {
 		t.Errorf("a failed pull: %+v (its cause is for the log only)", st[missing])
 	}
-	prov.mu.Lock()
-	delete(prov.fails, missing)
-	prov.mu.Unlock()
+	prov.Fail(missing, nil)
 	if sts, err := e.plane.Prefetch(e.ctx, "acme", "swe", []string{missing}); err != nil || sts[0].State != sandboxwich.ImageQueued {
 		t.Errorf("prefetch of a failed image: %+v, %v", sts, err)
 	}
@@ -299,7 +186,7 @@ func TestPrefetchStates(t *testing.T) {
 	})
 
 	// The listing shows only images the pool allows.
-	prov.cache.put("registry.test/other/secret@sha256:"+strings.Repeat("9", 64), 7)
+	prov.Cache().Put("registry.test/other/secret@sha256:"+strings.Repeat("9", 64), 7)
 	for img := range e.imagesOf(t, "acme", "swe") {
 		if !strings.HasPrefix(img, "registry.test/swe/") {
 			t.Errorf("the pool lists %s, which it does not allow", img)
@@ -314,9 +201,7 @@ func TestPrefetchStates(t *testing.T) {
 // pulling; a prefetch beyond is too_many_requests and starts nothing.
 func TestPrefetchQueueBound(t *testing.T) {
 	e, prov := prefetchEnv(t)
-	gate := make(chan struct{})
-	prov.gate = gate
-	defer close(gate)
+	defer prov.Hold()()
 	refs := make([]string, sandboxwich.MaxPrefetchImages)
 	for i := range refs {
 		refs[i] = fmt.Sprintf("registry.test/swe/t%d@sha256:%064x", i, i)
@@ -352,11 +237,11 @@ func TestInventoryImageClass(t *testing.T) {
 		return r
 	}
 	other, plainRel := signed("other-release"), signed("plain-release")
-	prov := newCacheProvider(newMemCache("cache-1"))
-	prov.cache.put(img("task-a", 'a'), 10)
-	prov.cache.put("registry.test/swe/task-a2:v1@sha256:"+strings.Repeat("a", 64), 10) // the same digest
-	prov.cache.put(img("task-b", 'b'), 10)
-	prov.cache.put("registry.test/other/x@sha256:"+strings.Repeat("c", 64), 10)
+	prov := fakecache.New(fakecache.NewCache("cache-1"))
+	prov.Cache().Put(img("task-a", 'a'), 10)
+	prov.Cache().Put("registry.test/swe/task-a2:v1@sha256:"+strings.Repeat("a", 64), 10) // the same digest
+	prov.Cache().Put(img("task-b", 'b'), 10)
+	prov.Cache().Put("registry.test/other/x@sha256:"+strings.Repeat("c", 64), 10)
 	e := newEnv(t, sandboxwich.WithPools(
 		pool.Config{Name: "swe", TenantID: "acme", Release: rel, Target: 4, MaxProvisioning: 2, WarmPerImage: 2,
 			Provider: prov, Images: []string{"registry.test/swe/*"}},
@@ -396,12 +281,14 @@ func TestInventoryImageClass(t *testing.T) {
 // provider once, however many pools it serves.
 func TestImageCacheStats(t *testing.T) {
 	rel := newEnv(t).rel
-	shared, own := newMemCache("dir-1"), newMemCache("dir-2")
-	shared.put(img("task-a", 'a'), 1000)
-	shared.put(img("task-b", 'b'), 200)
-	own.put(img("task-c", 'c'), 30)
-	p1, p2, p3 := newCacheProvider(shared), newCacheProvider(shared), newCacheProvider(own)
-	p1.evictions, p2.evictions, p3.evictions = 1, 2, 4
+	shared, own := fakecache.NewCache("dir-1"), fakecache.NewCache("dir-2")
+	shared.Put(img("task-a", 'a'), 1000)
+	shared.Put(img("task-b", 'b'), 200)
+	own.Put(img("task-c", 'c'), 30)
+	p1, p2, p3 := fakecache.New(shared), fakecache.New(shared), fakecache.New(own)
+	p1.SetEvictions(1)
+	p2.SetEvictions(2)
+	p3.SetEvictions(4)
 	class := func(name string, prov driver.Provider) pool.Config {
 		return pool.Config{Name: name, TenantID: "acme", Release: rel, Target: 1, Provider: prov, Images: []string{"registry.test/swe/*"}}
 	}
