@@ -10,8 +10,10 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
 )
 
@@ -174,6 +176,27 @@ type InventoryEntry struct {
 	// cell for: the plane's maximum, or less when no ready cell outlives
 	// it; 0 when none is ready.
 	MaxLeaseSeconds uint64
+	// ImageClass describes the tenant's image classes of the release
+	// (CONTRACT §21), whose cells Ready never counts; nil when it has
+	// none.
+	ImageClass *ImageClassInventory
+}
+
+// ImageClassInventory is what an inventory entry adds for the image
+// classes of its release (CONTRACT §21 "Inventory"). A release has one
+// image class in the common case; several are described together.
+type ImageClassInventory struct {
+	// Images are the repositories the classes allow (pool.Config.Images:
+	// host/repo or host/prefix/*), in configuration order, each once.
+	Images []string
+	// Cached counts the images (distinct digests) in the classes'
+	// providers' image caches that the classes allow: never an image
+	// they do not allow. nil when no class's provider keeps an image
+	// cache (driver.ImageCache), or it could not be read.
+	Cached *int
+	// MaxCells and MaxCold are the classes' max_cells and max_cold,
+	// summed; WarmPerImage the largest warm_per_image.
+	MaxCells, MaxCold, WarmPerImage int
 }
 
 // Inventory lists the tenant's inventory by release (set, runtime class,
@@ -204,7 +227,83 @@ func (p *Plane) Inventory(ctx context.Context, tenantID string) ([]InventoryEntr
 		}
 	}
 	slices.SortFunc(out, func(a, b InventoryEntry) int { return strings.Compare(key(a), key(b)) })
+	p.inventoryImageClasses(ctx, tenantID, out, key)
 	return out, nil
+}
+
+// inventoryImageClasses completes the inventory entries of the releases of
+// the tenant's image classes (every such release has an entry: Inventory
+// lists the releases of the tenant's pools). An image cache that cannot
+// be read leaves its release's Cached nil, and is logged.
+func (p *Plane) inventoryImageClasses(ctx context.Context, tenantID string, out []InventoryEntry, key func(InventoryEntry) string) {
+	if p.pools == nil {
+		return
+	}
+	type cacheRead struct {
+		imgs []driver.CachedImage
+		err  error
+	}
+	reads := map[string]cacheRead{}         // by CacheID, read once
+	digests := map[string]map[string]bool{} // the cached digests each release's classes allow
+	unread := map[string]bool{}             // releases with a class whose cache could not be read
+	for _, name := range p.pools.Names() {
+		cfg, _ := p.pools.Pool(name)
+		if cfg.TenantID != tenantID || !cfg.ImageClass() {
+			continue
+		}
+		r := cfg.Release
+		i := slices.IndexFunc(out, func(e InventoryEntry) bool {
+			return key(e) == key(InventoryEntry{ReleaseSetID: r.ReleaseSetID, RuntimeClass: r.RuntimeClass, PolicyDigest: r.PolicyDigest})
+		})
+		if i < 0 {
+			continue
+		}
+		ic := out[i].ImageClass
+		if ic == nil {
+			ic = &ImageClassInventory{}
+			out[i].ImageClass = ic
+		}
+		for _, pat := range cfg.Images {
+			if !slices.Contains(ic.Images, pat) {
+				ic.Images = append(ic.Images, pat)
+			}
+		}
+		ic.MaxCells += cfg.Target
+		ic.MaxCold += cfg.MaxProvisioning
+		ic.WarmPerImage = max(ic.WarmPerImage, cfg.WarmPerImage)
+		cache, ok := cfg.Provider.(driver.ImageCache)
+		if !ok {
+			continue
+		}
+		id := cache.CacheID()
+		rd, done := reads[id]
+		if !done {
+			rd.imgs, rd.err = cache.CachedImages(ctx)
+			reads[id] = rd
+			if rd.err != nil {
+				p.log.Warn("inventory: reading the image cache", "pool", name, "error", rd.err)
+			}
+		}
+		k := key(out[i])
+		if rd.err != nil {
+			unread[k] = true
+			continue
+		}
+		if digests[k] == nil {
+			digests[k] = map[string]bool{}
+		}
+		for _, img := range rd.imgs {
+			if canonical, _, err := pool.CanonicalImage(img.Reference); err == nil && cfg.Serves(canonical) {
+				digests[k][img.Digest] = true
+			}
+		}
+	}
+	for i := range out {
+		if ds, k := digests[key(out[i])], key(out[i]); ds != nil && !unread[k] {
+			n := len(ds)
+			out[i].ImageClass.Cached = &n
+		}
+	}
 }
 
 // Evidence is what the plane read back from a pool cell's provider and

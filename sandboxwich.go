@@ -29,6 +29,9 @@
 //     [Plane.Evidence] need no attestation: a tenant's leases, the end of one
 //     whose attestation was lost, the ready inventory, and what the plane
 //     read back from a lease's cell.
+//   - [Plane.Prefetch] and [Plane.Images] pull images a tenant's pool
+//     allows into its provider's image cache ahead of the claims, and list
+//     them (CONTRACT §21).
 //   - [Plane.Prepare], [Plane.Retire] and [Plane.Destroy] are the operations
 //     of external workers that manage their own provider.
 //
@@ -107,7 +110,8 @@ type Plane struct {
 	// New: DefaultExecMaxOutputCeiling, or maxOutput when that is more).
 	maxOutputCeiling int
 
-	waits waits // claims waiting for a cell (wait.go)
+	waits    waits      // claims waiting for a cell (wait.go)
+	prefetch prefetcher // images pulled ahead of claims (prefetch.go)
 
 	clockEvery time.Duration // 0: Now is the plane's own clock
 	clock      clockOffset   // from the database's clock (clock.go)

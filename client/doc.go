@@ -45,9 +45,10 @@
 // # Other calls
 //
 // Reads (Lease, ListLeases and Leases, Inventory, Evidence, LaunchStatus,
-// Pools, WorkerCell), Validate, Renew and ReadFile retry like a claim,
-// since repeating them changes nothing (ReadFile until the content starts;
-// a renewal sets the expiry from its own now, never twice the extension).
+// Images, Pools, WorkerCell), Validate, Renew, Prefetch and ReadFile retry
+// like a claim, since repeating them changes nothing (ReadFile until the
+// content starts; a renewal sets the expiry from its own now, never twice
+// the extension; a prefetch never pulls an image in flight twice).
 // Launch retries too: the server launches once per lease and answers an
 // exact repeat with the launch already made, so a retry after a lost answer
 // never starts a second workload. The other mutating calls (Release,

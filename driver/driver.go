@@ -8,7 +8,8 @@
 // Start with [Provider]: Capabilities, Provision, Inspect and Destroy, each
 // method's contract in its doc comment. [Lister] (orphan reconciliation),
 // [Execer] (commands) and [AgentHost] (the cell agent) are optional
-// abilities the plane detects. The plane checks what Inspect reports with
+// abilities the plane detects, and so is [ImageCache] (an image cache
+// the plane prefetches into). The plane checks what Inspect reports with
 // [Verify], and a Destroy that cannot prove deletion returns
 // [ErrUncertain]. driver/drivertest's Example_customProvider is a complete
 // driver proven by drivertest.Run.
@@ -104,6 +105,57 @@ type Object struct {
 // (ProvisionRequest.Image) when the provider does not report
 // Capabilities.Images.
 var ErrImageUnsupported = errors.New("the provider cannot make a cell of a requested image (it serves no image class, CONTRACT §21)")
+
+// ImageCache is implemented by providers that keep the images of their
+// cells in a cache on the host, shared with other providers (the gVisor
+// driver's image cache, CONTRACT §15, §21): the plane prefetches images
+// into it (POST /v1/images/prefetch), lists it, and reports its bytes and
+// evictions as installation-wide metrics. Providers whose images another
+// system pulls (a kubelet) do not implement it.
+type ImageCache interface {
+	// Prefetch makes sure image, an OCI reference pinned by digest, is
+	// in the cache, pulling it when it is not, within ctx, under the
+	// rules of a provision's pull: it never exceeds the cache's budget
+	// and never evicts an image a live cell uses. An image the budget has
+	// no room for is an error that errors.Is ErrImageCacheFull. A cached
+	// image is not pulled again; a prefetch marks it used now.
+	Prefetch(ctx context.Context, image string) error
+	// CachedImages lists the complete images of the cache, of every
+	// provider, pool and installation that shares it.
+	CachedImages(ctx context.Context) ([]CachedImage, error)
+	// CacheStats reports the bytes the cache's images take, the whole
+	// cache's (every provider sharing it reports the same figure), and
+	// how many images this provider evicted from it to keep within its
+	// budget since it was made.
+	CacheStats(ctx context.Context) (bytes int64, evictions uint64, err error)
+	// CacheID names the cache: providers that report one ID share one
+	// cache (the gVisor driver's absolute cache directory), so its bytes
+	// are counted once. It does no I/O.
+	CacheID() string
+}
+
+// CachedImage is one complete image of an ImageCache.
+type CachedImage struct {
+	// Digest is the image's digest, "sha256:<hex>".
+	Digest string
+	// Reference is the reference pinned by that digest the image was
+	// pulled by; "" when the cache did not record it.
+	Reference string
+	// Bytes is what the image takes in the cache, as its budget counts
+	// it.
+	Bytes int64
+	// LastUsed is the image's last use (a provision or a prefetch), or
+	// when it was cached.
+	LastUsed time.Time
+}
+
+// ErrImageCacheFull is matched (errors.Is) by the error of a pull that an
+// image cache's budget has no room for, even after evicting every image
+// it may evict: the rest is held by images live cells use, pools
+// reference, or pulls in flight reserved. Nothing of the image is left
+// in the cache; room is made by cells that end. A prefetch reports it as
+// failed with code insufficient_storage.
+var ErrImageCacheFull = errors.New("the image cache's budget has no room for the image")
 
 // ProvisionRequest asks for one object.
 type ProvisionRequest struct {

@@ -137,7 +137,8 @@ func readRevoke(o *object) wire.RevokeRequest {
 	return r
 }
 
-// inventory serves GET /v1/sterile-cells/inventory.
+// inventory serves GET /v1/sterile-cells/inventory; the entry of an image
+// class's release adds the class's fields (CONTRACT §21).
 func (h *handler) inventory(c *call) (int, any, error) {
 	inv, err := h.plane.Inventory(c.ctx(), c.p.tenant)
 	if err != nil {
@@ -145,8 +146,12 @@ func (h *handler) inventory(c *call) (int, any, error) {
 	}
 	resp := wire.InventoryResponse{OK: true, Inventory: make([]wire.InventoryEntry, 0, len(inv))}
 	for _, e := range inv {
-		resp.Inventory = append(resp.Inventory, wire.InventoryEntry{ReleaseSetID: e.ReleaseSetID,
-			RuntimeClass: e.RuntimeClass, PolicyDigest: e.PolicyDigest, Ready: e.Ready, MaxLeaseSeconds: e.MaxLeaseSeconds})
+		w := wire.InventoryEntry{ReleaseSetID: e.ReleaseSetID, RuntimeClass: e.RuntimeClass, PolicyDigest: e.PolicyDigest,
+			Ready: e.Ready, MaxLeaseSeconds: e.MaxLeaseSeconds}
+		if ic := e.ImageClass; ic != nil {
+			w.Images, w.Cached, w.MaxCells, w.MaxCold, w.WarmPerImage = ic.Images, ic.Cached, ic.MaxCells, ic.MaxCold, ic.WarmPerImage
+		}
+		resp.Inventory = append(resp.Inventory, w)
 	}
 	return http.StatusOK, resp, nil
 }

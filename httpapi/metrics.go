@@ -67,7 +67,7 @@ func newMetrics(reg *prometheus.Registry, plane *sandboxwich.Plane) (*metrics, e
 		Help: "Claims of this replica waiting for a cell (wait_seconds), first come first served per tenant and release.",
 	}, func() float64 { return float64(plane.WaitingClaims()) })
 	cs := []prometheus.Collector{m.requests, m.latency, m.claims, m.empty, waiting, newCellCollector(plane), newClockCollector(plane),
-		newPoolCollector(plane), buildInfo()}
+		newPoolCollector(plane), newImageCacheCollector(plane), buildInfo()}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, done := range cs[:i] {
@@ -189,6 +189,44 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, st.Name)
 	}
+}
+
+// imageCacheCollector reports the image caches of the plane's pools'
+// providers, installation-wide (CONTRACT §21): each cache's bytes once,
+// however many pools share it, and the evictions of every provider. It
+// reports nothing while no pool's provider keeps an image cache.
+type imageCacheCollector struct {
+	plane            *sandboxwich.Plane
+	bytes, evictions *prometheus.Desc
+}
+
+func newImageCacheCollector(plane *sandboxwich.Plane) *imageCacheCollector {
+	return &imageCacheCollector{plane: plane,
+		bytes: prometheus.NewDesc("sandboxwich_image_cache_bytes",
+			"Bytes the images of the image caches take (gVisor image_cache_dir; its budget is image_cache_bytes), "+
+				"each cache counted once however many pools share it.", nil, nil),
+		evictions: prometheus.NewDesc("sandboxwich_image_cache_evictions_total",
+			"Images this server's providers evicted from their image caches to keep within budget "+
+				"(least recently used first; never an image a live cell uses).", nil, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *imageCacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.bytes; ch <- c.evictions }
+
+// Collect implements prometheus.Collector.
+func (c *imageCacheCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := c.plane.ImageCacheStats(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.bytes, err)
+		return
+	}
+	if st.Caches == 0 {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(st.Bytes))
+	ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions))
 }
 
 // serveMetrics serves the registry in the Prometheus exposition format.

@@ -209,6 +209,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		"FileReadRequest": wire.FileReadRequest{},
 		"LeaseSummary":    wire.LeaseSummary{}, "LeasesResponse": wire.LeasesResponse{}, "RevokeRequest": wire.RevokeRequest{},
 		"InventoryEntry": wire.InventoryEntry{}, "InventoryResponse": wire.InventoryResponse{},
+		"PrefetchRequest": wire.PrefetchRequest{}, "ImageState": wire.ImageState{}, "ImagesResponse": wire.ImagesResponse{},
 		"Evidence": wire.Evidence{}, "EvidenceResponse": wire.EvidenceResponse{},
 		"Event": wire.Event{}, "EventsResponse": wire.EventsResponse{},
 		"WebhookDelivery": wire.WebhookDelivery{}, "DeliveriesResponse": wire.DeliveriesResponse{},

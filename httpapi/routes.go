@@ -98,6 +98,8 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/revoke", access: accessTenant, optBody: true, idem: idemReplay, serve: (*handler).revoke},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}/evidence", access: accessTenant, serve: (*handler).evidence},
 	{method: http.MethodGet, path: "/v1/sterile-cells/inventory", access: accessTenant, serve: (*handler).inventory},
+	{method: http.MethodPost, path: "/v1/images/prefetch", access: accessTenant, body: true, serve: (*handler).prefetch},
+	{method: http.MethodGet, path: "/v1/images", access: accessTenant, serve: (*handler).listImages},
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/prepare", access: accessWorker, body: true, serve: (*handler).prepare},
 	{method: http.MethodGet, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}", access: accessWorker, serve: (*handler).workerCell},
 	{method: http.MethodPost, path: "/v1/workers/{worker_id}/sterile-cells/{cell_id}/retire", access: accessWorker, body: true, serve: (*handler).retire},

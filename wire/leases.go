@@ -50,6 +50,17 @@ type InventoryEntry struct {
 	// MaxLeaseSeconds is the longest lease_seconds a claim now finds a
 	// cell for; 0 when none is ready.
 	MaxLeaseSeconds uint64 `json:"max_lease_seconds"`
+	// An image class's (CONTRACT §21), for the release of the tenant's
+	// image classes (described together when it has several): the
+	// repositories they allow, how many cached images they allow (absent
+	// when their providers keep no image cache), their max_cells and
+	// max_cold summed, and the largest warm_per_image. All absent for a
+	// release without an image class, so a Part I entry is unchanged.
+	Images       []string `json:"images,omitempty"`
+	Cached       *int     `json:"cached,omitempty"`
+	MaxCells     int      `json:"max_cells,omitempty"`
+	MaxCold      int      `json:"max_cold,omitempty"`
+	WarmPerImage int      `json:"warm_per_image,omitempty"`
 }
 
 // InventoryResponse answers GET /v1/sterile-cells/inventory.

@@ -615,7 +615,7 @@ func TestCLIHelpOrder(t *testing.T) {
 			names = append(names, f[0])
 		}
 	}
-	want := "serve migrate dev sign-release bench inventory claim validate exec cp launch launch-status supervise lease leases evidence renew release revoke events pools prepare cell retire destroy"
+	want := "serve migrate dev sign-release bench inventory images claim validate exec cp launch launch-status supervise lease leases evidence renew release revoke events pools prepare cell retire destroy"
 	if strings.Join(names, " ") != want {
 		t.Errorf("help lists %q, want %q", strings.Join(names, " "), want)
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/sandboxwich/sandboxwich/attest"
@@ -117,10 +118,20 @@ func cliInventory(ctx context.Context, e env, args []string) error {
 		}
 		return cliJSON(e.stdout, wire.InventoryResponse{OK: true, Inventory: inv})
 	}
+	// An image class's release adds the images it allows and how many of
+	// them are cached ("-" for a release without one).
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RELEASE_SET_ID\tRUNTIME_CLASS\tPOLICY_DIGEST\tREADY\tMAX_LEASE_SECONDS")
+	fmt.Fprintln(tw, "RELEASE_SET_ID\tRUNTIME_CLASS\tPOLICY_DIGEST\tREADY\tMAX_LEASE_SECONDS\tIMAGES\tCACHED")
 	for _, i := range inv {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", i.ReleaseSetID, i.RuntimeClass, i.PolicyDigest, i.Ready, i.MaxLeaseSeconds)
+		images, cached := "-", "-"
+		if len(i.Images) > 0 {
+			images = strings.Join(i.Images, ",")
+		}
+		if i.Cached != nil {
+			cached = strconv.Itoa(*i.Cached)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", i.ReleaseSetID, i.RuntimeClass, i.PolicyDigest, i.Ready, i.MaxLeaseSeconds,
+			images, cached)
 	}
 	return tw.Flush()
 }

@@ -68,6 +68,7 @@ var commands = []command{
 	{name: "sign-release", summary: "operator: print the signature of a release under the signing key", run: signRelease},
 	{name: "bench", summary: "measure the claim path against the database's own limit (ratios)", run: runBench},
 	{name: "inventory", summary: "show the tenant's ready cells by release and the longest lease a claim gets", run: cliInventory},
+	{name: "images", summary: "images prefetch --pool P REF…: pull images an image class allows into its cache ahead of the claims; images list --pool P: its images", run: cliImages},
 	{name: "claim", summary: "claim a sterile cell (attestation goes to a new 0600 file)", run: cliClaim},
 	{name: "validate", summary: "check a lease attestation against the live lease", run: cliValidate},
 	{name: "exec", summary: "run a command in a leased cell, its output streamed as it comes: exec [flags] -- argv…", run: cliExec, workload: true},

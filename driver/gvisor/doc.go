@@ -37,9 +37,10 @@
 // pulled by Provision within its context, unless cached; concurrent
 // provisions of one image, in any process, pull it once; a reference that
 // is not pinned by digest is refused before anything is made, and no tag
-// is ever resolved. Inspect reports the digest really mounted. Prefetch
-// pulls an image without a cell; CachedImages and CacheStats describe the
-// cache.
+// is ever resolved. Inspect reports the digest really mounted. The
+// provider is a driver.ImageCache: Prefetch pulls an image without a
+// cell; CachedImages and CacheStats describe the cache, and CacheID names
+// it (its directory) so that the plane counts a shared cache once.
 //
 // The cache's budget, Config.ImageCacheBytes (0: unbounded), bounds its
 // unpacked images together, as they take on disk. Before a pull (the
@@ -51,8 +52,8 @@
 // recorded in the cache from before its container exists until its
 // deletion is proven, and a provision holds its image from the pull until
 // the container runs), one a pool names as Config.Image, or one being
-// pulled. A pull that cannot fit fails with an *ImageCacheFullError and
-// leaves nothing behind. Apart from the budget, a pool image no pool
+// pulled. A pull that cannot fit fails with an *ImageCacheFullError
+// (matching driver.ErrImageCacheFull) and leaves nothing behind. Apart from the budget, a pool image no pool
 // references any more is removed after its pool's next pull; images used
 // on demand are left to the budget.
 //

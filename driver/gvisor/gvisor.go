@@ -145,8 +145,8 @@ type Config struct {
 }
 
 // Provider runs sterile cells as runsc (gVisor) containers on this host.
-// It implements driver.Provider, driver.Lister and driver.AgentHost, and
-// is safe for concurrent use.
+// It implements driver.Provider, driver.Lister, driver.AgentHost,
+// driver.Preparer and driver.ImageCache, and is safe for concurrent use.
 type Provider struct {
 	cfg        Config
 	r          *runsc
@@ -173,10 +173,11 @@ type Provider struct {
 }
 
 var (
-	_ driver.Provider  = (*Provider)(nil)
-	_ driver.Lister    = (*Provider)(nil)
-	_ driver.AgentHost = (*Provider)(nil)
-	_ driver.Preparer  = (*Provider)(nil)
+	_ driver.Provider   = (*Provider)(nil)
+	_ driver.Lister     = (*Provider)(nil)
+	_ driver.AgentHost  = (*Provider)(nil)
+	_ driver.Preparer   = (*Provider)(nil)
+	_ driver.ImageCache = (*Provider)(nil)
 )
 
 var poolRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)

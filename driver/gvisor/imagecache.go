@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/internal/imageref"
 )
 
@@ -451,7 +452,8 @@ func (c *imageCache) reserved(exclude string) (int64, error) {
 // every image it may evict: the rest is held by images that live cells
 // use or pools reference (Config.Image), and by other pulls in flight.
 // Nothing of the image is left in the cache. Provision, PullImage and
-// Prefetch return it wrapped (errors.As finds it); it is not backed off
+// Prefetch return it wrapped (errors.As finds it, and errors.Is matches
+// driver.ErrImageCacheFull); it is not backed off
 // like a registry failure, since room is made by cells that end. The
 // pool reconciler records it as any failed provision (the pool's
 // last_error, the member stopped provision_failed); a prefetch route
@@ -468,6 +470,9 @@ type ImageCacheFullError struct {
 	// Held is the bytes of the cache that could not be evicted.
 	Held int64
 }
+
+// Is makes the error match driver.ErrImageCacheFull.
+func (e *ImageCacheFullError) Is(target error) bool { return target == driver.ErrImageCacheFull }
 
 func (e *ImageCacheFullError) Error() string {
 	if e.Need > e.Budget {
@@ -714,21 +719,6 @@ func (c *imageCache) remove(d string, inUse map[string]bool, why string) (bool, 
 	return removed, errors.Join(errs...)
 }
 
-// CachedImage is one unpacked image of the image cache.
-type CachedImage struct {
-	// Digest is the image's digest, "sha256:<hex>".
-	Digest string
-	// Reference is the reference pinned by that digest the image was
-	// pulled by; "" for an image unpacked before references were recorded.
-	Reference string
-	// Bytes is what the unpacked image takes on disk, as measured when it
-	// was unpacked; the budget (Config.ImageCacheBytes) counts these.
-	Bytes int64
-	// LastUsed is the image's last use: its last provision or prefetch on
-	// demand, else (a pool's Config.Image) when it was unpacked.
-	LastUsed time.Time
-}
-
 // Prefetch pulls image, an OCI reference pinned by digest, into the image
 // cache without provisioning a cell (for POST /v1/images/prefetch, CONTRACT
 // §21), within ctx, under the rules of a provision's pull: the budget
@@ -751,24 +741,28 @@ func (p *Provider) Prefetch(ctx context.Context, image string) error {
 }
 
 // CachedImages lists the unpacked images of the image cache, of every
-// installation and pool sharing it, the most recently used first.
-func (p *Provider) CachedImages(ctx context.Context) ([]CachedImage, error) {
+// installation and pool sharing it, the most recently used first. An
+// image's Bytes is what it takes on disk, as measured when it was
+// unpacked (what Config.ImageCacheBytes counts); its LastUsed is its last
+// provision or prefetch on demand, else (a pool's Config.Image) when it
+// was unpacked.
+func (p *Provider) CachedImages(ctx context.Context) ([]driver.CachedImage, error) {
 	imgs, err := p.images.images(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: image cache: %w", err)
 	}
-	out := make([]CachedImage, len(imgs))
+	out := make([]driver.CachedImage, len(imgs))
 	for i, e := range imgs {
-		out[i] = CachedImage{Digest: e.digest, Reference: e.ref, Bytes: e.bytes, LastUsed: e.used}
+		out[i] = driver.CachedImage{Digest: e.digest, Reference: e.ref, Bytes: e.bytes, LastUsed: e.used}
 	}
-	slices.SortFunc(out, func(a, b CachedImage) int {
+	slices.SortFunc(out, func(a, b driver.CachedImage) int {
 		return cmp.Or(b.LastUsed.Compare(a.LastUsed), strings.Compare(a.Digest, b.Digest))
 	})
 	return out, nil
 }
 
 // CacheStats reports the bytes the image cache's unpacked images take (as
-// CachedImage.Bytes counts them, installation-wide) and how many images
+// driver.CachedImage.Bytes counts them, installation-wide) and how many images
 // this provider evicted for the budget since it was made.
 func (p *Provider) CacheStats(ctx context.Context) (bytes int64, evictions uint64, err error) {
 	imgs, err := p.images.images(ctx)
@@ -780,3 +774,7 @@ func (p *Provider) CacheStats(ctx context.Context) (bytes int64, evictions uint6
 	}
 	return bytes, p.images.evictions.Load(), nil
 }
+
+// CacheID names the image cache: its absolute directory
+// (Config.ImageCacheDir), which every provider sharing it names.
+func (p *Provider) CacheID() string { return p.images.dir }

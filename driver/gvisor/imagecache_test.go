@@ -213,8 +213,8 @@ func TestImageCacheBudget(t *testing.T) {
 }
 
 // TestImageCacheTooSmall: an image that unpacks to more than the whole
-// budget fails at once the next time, without a download, and leaves
-// nothing.
+// budget fails (driver.ErrImageCacheFull) at once the next time, without
+// a download, and leaves nothing.
 func TestImageCacheTooSmall(t *testing.T) {
 	t.Parallel()
 	reg := newTestRegistry(t)
@@ -226,7 +226,7 @@ func TestImageCacheTooSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	var fe *ImageCacheFullError
-	if err := s.prepare(context.Background()); !errors.As(err, &fe) || fe.Need <= fe.Budget {
+	if err := s.prepare(context.Background()); !errors.As(err, &fe) || fe.Need <= fe.Budget || !errors.Is(err, driver.ErrImageCacheFull) {
 		t.Fatalf("pulling an image larger than the budget: %v", err)
 	}
 	assertNoPartial(t, dir, s.digest)
@@ -343,7 +343,7 @@ func TestImageCollectLeavesImagesOnDemand(t *testing.T) {
 }
 
 // TestImageCacheDefaults: without Config.Image and ImageCacheDir the cache
-// is where Config.Image's would be, nothing is made at New, the provider
+// is where Config.Image's would be (its CacheID), nothing is made at New, the provider
 // serves images, and a reference not pinned by digest is refused before
 // runsc runs.
 func TestImageCacheDefaults(t *testing.T) {
@@ -354,8 +354,8 @@ func TestImageCacheDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := filepath.Abs(imageCacheDir(p.cfg.BundleDir))
-	if p.images.dir != want || p.cfg.ImageCacheDir != imageCacheDir(p.cfg.BundleDir) {
-		t.Errorf("the image cache is %s, want %s", p.images.dir, want)
+	if p.images.dir != want || p.cfg.ImageCacheDir != imageCacheDir(p.cfg.BundleDir) || p.CacheID() != want {
+		t.Errorf("the image cache is %s (CacheID %s), want %s", p.images.dir, p.CacheID(), want)
 	}
 	if !p.Capabilities().Images {
 		t.Error("Capabilities().Images is false")

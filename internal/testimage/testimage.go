@@ -7,6 +7,7 @@ package testimage
 import (
 	"archive/tar"
 	"bytes"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -163,6 +164,50 @@ func HostPython() (v1.Layer, error) {
 
 // Image is an image of the layers, bottom first.
 func Image(layers ...v1.Layer) (v1.Image, error) { return mutate.AppendLayers(empty.Image, layers...) }
+
+// Marked is an image of a static busybox (Busybox of the binary at
+// busybox) and a layer holding /etc/marker that says "marker <name>\n": a
+// cell of it runs, and tells which image it is.
+func Marked(busybox, name string) (v1.Image, error) {
+	bb, err := Busybox(busybox)
+	if err != nil {
+		return nil, err
+	}
+	m, err := Layer(Entry{Name: "etc/", Type: tar.TypeDir}, Entry{Name: "etc/marker", Body: "marker " + name + "\n"})
+	if err != nil {
+		return nil, err
+	}
+	return Image(bb, m)
+}
+
+// Data is an image of one layer holding /data: size bytes made of name,
+// so that images of other names differ and images of one size take about
+// as much unpacked.
+func Data(name string, size int) (v1.Image, error) {
+	body := strings.Repeat(name, size/max(len(name), 1)+1)[:size]
+	l, err := Layer(Entry{Name: "data", Body: body})
+	if err != nil {
+		return nil, err
+	}
+	return Image(l)
+}
+
+// StaticBusybox returns the static busybox the images of cells need,
+// /bin/busybox, or an error that says how to install it.
+func StaticBusybox() (string, error) {
+	const path = "/bin/busybox"
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w (apt-get install busybox-static, or scripts/install-busybox.sh)", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return "", fmt.Errorf("%s is dynamically linked (apt-get install busybox-static, or scripts/install-busybox.sh)", path)
+		}
+	}
+	return path, nil
+}
 
 // Registry is go-containerregistry's registry on a loopback port.
 type Registry struct {

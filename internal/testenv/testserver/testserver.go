@@ -56,12 +56,25 @@ type Server struct {
 // admits cells the way a pass would. The server stops when the test ends.
 func Start(t *testing.T, prov driver.Provider, target int) *Server {
 	t.Helper()
+	return start(t, prov, target, nil)
+}
+
+// StartImageClass is Start with the pool an image class (CONTRACT §21)
+// of at most target cells, allowing images (pool.Config.Images); prov
+// must serve images (driver.Capabilities.Images).
+func StartImageClass(t *testing.T, prov driver.Provider, target int, images ...string) *Server {
+	t.Helper()
+	return start(t, prov, target, images)
+}
+
+func start(t *testing.T, prov driver.Provider, target int, images []string) *Server {
+	t.Helper()
 	keys := testenv.Keyring(t)
 	s := &Server{Store: testenv.SQLite(t), Release: testenv.Release(keys, lease.KataMicroVM), WorkerID: uuid.Must(uuid.NewV7())}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var err error
 	s.Plane, err = sandboxwich.New(s.Store, keys, sandboxwich.WithLogger(quiet), sandboxwich.WithPools(pool.Config{
-		Name: Pool, TenantID: Tenant, Release: s.Release, Target: target, Provider: prov}))
+		Name: Pool, TenantID: Tenant, Release: s.Release, Target: target, Provider: prov, Images: images}))
 	if err != nil {
 		t.Fatal(err)
 	}
