@@ -184,11 +184,14 @@ class Proof:
 class Claim:
     """The outcome of a claim. ``lease`` is None for an empty claim (no ready
     cell matched); ``claim_id`` is the fence that was sent. The attestation
-    never shows in ``repr``/``str``."""
+    never shows in ``repr``/``str``. ``empty_reason`` says why a claim that
+    carried ``image`` or ``wait_seconds`` > 0 is empty (``"wait_elapsed"``,
+    ``"no_inventory"``, …, :data:`~sandboxwich.EmptyReason`); None otherwise."""
 
     claim_id: uuid.UUID
     lease: Lease | None
     attestation: Attestation | None = field(default=None, repr=False)
+    empty_reason: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -242,6 +245,11 @@ def lease_path(lease_id: uuid.UUID | str, suffix: str = "") -> str:
     return "/sterile-cell-leases/" + quote(str(uuid.UUID(str(lease_id)))) + suffix
 
 
+CLAIM_WAIT_MARGIN = 30.0
+"""How much longer than its wait_seconds the HTTP read timeout of a waiting
+claim is: the server answers when the wait ends, then needs time to write."""
+
+
 def claim_req(
     release: Release,
     organization_id: str,
@@ -250,7 +258,16 @@ def claim_req(
     runner_session_id: str,
     lease_seconds: int | None,
     claim_id: uuid.UUID,
+    image: str | None = None,
+    wait_seconds: int | None = None,
+    default_timeout: float = 60.0,
 ) -> Req:
+    """The claim's request: its body encoded once (every retry resends these
+    bytes under the same claim_id) and, for a claim that may wait, a read
+    timeout that outlasts the wait. The range of wait_seconds (0 to 300) is the
+    server's to check: outside it the answer is 422 invalid_request."""
+    if wait_seconds is not None and (isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int)):
+        raise TypeError("wait_seconds is a whole number of seconds")
     body = {
         "claim_id": str(claim_id),
         "release": release.model_dump(mode="json"),
@@ -259,8 +276,13 @@ def claim_req(
         "thread_id": thread_id,
         "runner_session_id": runner_session_id,
         "lease_seconds": lease_seconds,
+        "image": image,
+        "wait_seconds": wait_seconds,
     }
-    return Req("POST", "/sterile-cells/claim", encode(body), retry=True)
+    timeout = None
+    if wait_seconds and wait_seconds > 0:
+        timeout = max(default_timeout, wait_seconds + CLAIM_WAIT_MARGIN)
+    return Req("POST", "/sterile-cells/claim", encode(body), retry=True, timeout=timeout)
 
 
 def events_query(after: str, limit: int | None, type: str | None, pool: str | None, lease_id: uuid.UUID | str | None) -> str:

@@ -161,10 +161,15 @@ class AsyncClient:
         runner_session_id: str,
         lease_seconds: int | None = None,
         claim_id: uuid.UUID | None = None,
+        image: str | None = None,
+        wait_seconds: int | None = None,
     ) -> Claim:
-        """See :meth:`sandboxwich.Client.claim`."""
+        """See :meth:`sandboxwich.Client.claim` (``image``, ``wait_seconds``
+        and the read timeout of a waiting claim included). Cancelling a
+        waiting claim stops the call; the server's wait goes on, and a claim
+        with the same ``claim_id`` and arguments joins it."""
         cid = claim_id or _core.uuid7()
-        r = _core.claim_req(release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid)
+        r = _core.claim_req(release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid, image, wait_seconds, self._timeout)
         return _claim(cid, await self._json(r, ClaimResponse, cid))
 
     async def validate(self, proof: Proof) -> Lease:

@@ -193,15 +193,31 @@ class Client:
         runner_session_id: str,
         lease_seconds: int | None = None,
         claim_id: uuid.UUID | None = None,
+        image: str | None = None,
+        wait_seconds: int | None = None,
     ) -> Claim:
         """Lease one ready cell of ``release`` bound to the binding
         (``POST /v1/sterile-cells/claim``), fenced by ``claim_id`` (a new
         UUIDv7 when None). An empty claim is not an error: ``lease`` is None.
         An exception raised by claim carries the ``claim_id`` attribute, so
         the caller can retry later under the same fence and still get at most
-        one lease."""
+        one lease.
+
+        ``image`` (an OCI reference pinned by digest, ``host/repo@sha256:…``)
+        asks for a cell of that image: a pool of the release must run it, or
+        an image class allow its repository; otherwise, and for a tag
+        without a digest, ``ImageNotAllowedError`` (422) and nothing is
+        recorded (CONTRACT §21). ``wait_seconds`` (0 to 300; outside it the
+        server answers ``InvalidRequestError``) lets the claim wait that long
+        for a cell when none is ready: it answers once a cell is leased to
+        it, or empty with ``empty_reason == "wait_elapsed"``. The HTTP read
+        timeout of such a claim is the wait plus 30 s (at least the client's
+        ``timeout``); other requests keep theirs. A retry (after a lost
+        answer) resends the same bytes under the same ``claim_id`` and joins
+        the wait; it never provisions or leases a second cell. An empty
+        answer is final for its ``claim_id``: claim again with a new one."""
         cid = claim_id or _core.uuid7()
-        r = _core.claim_req(release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid)
+        r = _core.claim_req(release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid, image, wait_seconds, self._timeout)
         resp = self._json(r, ClaimResponse, cid)
         return _claim(cid, resp)
 
@@ -583,7 +599,9 @@ class Client:
 def _claim(cid: uuid.UUID, resp: ClaimResponse) -> Claim:
     if resp.lease is not None and resp.lease_attestation is None:
         raise ProtocolError("claim response has a lease without lease_attestation")
-    return Claim(cid, resp.lease, resp.lease_attestation if resp.lease is not None else None)
+    if resp.lease is not None:
+        return Claim(cid, resp.lease, resp.lease_attestation)
+    return Claim(cid, None, None, resp.empty_reason)
 
 
 def _final(e: BaseException, n: int, claim_id: uuid.UUID | None) -> SandboxwichError:

@@ -23,6 +23,10 @@ User = Literal["cell", "root"]
 ExecReason = Literal["exited", "timed_out", "killed", "cell_lost"]
 LaunchPhase = Literal["accepted", "running", "terminal"]
 ProviderMode = Literal["apply", "dry_run"]
+EmptyReason = Literal["no_inventory", "expires_too_soon", "held_back", "wait_elapsed", "capacity"]
+"""Why a claim that carried ``image`` or ``wait_seconds`` found no cell
+(CONTRACT §21). :attr:`ClaimResponse.empty_reason` is a plain string, so
+that a reason a newer server adds still decodes."""
 
 
 class _Model(BaseModel):
@@ -48,6 +52,10 @@ class ClaimRequest(_Model):
     thread_id: str
     runner_session_id: str
     lease_seconds: int | None = None
+    image: str | None = None
+    """A cell of this image, pinned by digest (CONTRACT §21)."""
+    wait_seconds: int | None = None
+    """How long the claim may wait for a cell (0 to 300)."""
 
 
 class Lease(_Model):
@@ -70,6 +78,9 @@ class ClaimResponse(_Model):
     ok: bool
     lease: Lease | None
     lease_attestation: Attestation | None
+    empty_reason: str | None = None
+    """Why a claim that carried ``image`` or ``wait_seconds`` > 0 is empty
+    (one of :data:`EmptyReason`); absent otherwise."""
 
 
 class ValidateRequest(_Model):
