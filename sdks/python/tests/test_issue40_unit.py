@@ -164,10 +164,12 @@ def test_config_errors_are_one_line(tmp_path: Path, state_dir: Path) -> None:
     assert "unknown key 'tokn_file'" in msg and "token_file" in msg
     msg = _one_line_error(_write(tmp_path / "b.json", good | {"token": SECRET}))
     assert "token_file" in msg and "SANDBOXWICH_TOKEN" in msg
+    # A Docker Compose file (by its name, or a services: mapping) names the
+    # sample's image, which must be pinned by digest (test_images_unit.py).
     msg = _one_line_error(_write(tmp_path / "compose.yaml", "services:\n  default:\n    image: python:3.12\n"))
-    assert "Docker Compose" in msg and "images per sample are not supported yet" in msg
+    assert "image is a tag without a digest; pin it: image: host/repo@sha256:" in msg
     msg = _one_line_error(_write(tmp_path / "c.yaml", "services:\n  default:\n    image: python:3.12\n"))
-    assert "images per sample are not supported yet" in msg
+    assert "image is a tag without a digest" in msg
     msg = _one_line_error(_write(tmp_path / "d.json", good | {"lease_seconds": "long"}))
     assert "lease_seconds" in msg
     msg = _one_line_error(_write(tmp_path / "e.json", good | {"release": {"release_set_id": SECRET}}))

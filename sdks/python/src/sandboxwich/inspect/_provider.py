@@ -24,7 +24,7 @@ from inspect_ai.util import (
     SandboxUserUnsupportedError,
     sandboxenv,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from typing_extensions import override
 
 from .. import errors
@@ -32,6 +32,7 @@ from .._core import Claim, Proof, uuid7
 from .._keepalive import AsyncKeepAlive
 from ..aclient import AsyncClient
 from ..models import Evidence, Release, User
+from . import _compose
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ STDIN_INLINE_MAX = 512 << 10
 body carries at most 1 MiB of stdin)."""
 
 _IDENT = re.compile(r"[^A-Za-z0-9._:/-]")
+
+MAX_WAIT_SECONDS = 300
+"""The longest wait_seconds the server accepts (CONTRACT §21)."""
 
 
 def _env(name: str, default: str = "") -> str:
@@ -109,10 +113,27 @@ class SandboxwichConfig(BaseModel):
     workspace_id: str | None = None
     """Default: the task name."""
     claim_timeout: float = 120.0
-    """How long sample_init waits for a ready cell before failing the sample."""
+    """How long sample_init waits for a cell before failing the sample: its
+    claim waits at the server (wait_seconds, at most 300 s a claim) for a
+    ready cell or one made for it."""
     wait_for_deletion: bool = True
     """sample_cleanup waits for the provider's proof of deletion."""
     deletion_timeout: float = 120.0
+    image: str | None = None
+    """A cell of this image, an OCI reference pinned by digest
+    (host/repo@sha256:<64 hex>): each sample's claim names it (CONTRACT
+    §21), and a pool of the release must run it or an image class allow its
+    repository. Default: the pool's own image. A Docker Compose file given
+    as the config sets it from its one service's image."""
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, v: str | None) -> str | None:
+        if v is not None:
+            why = _compose.pin_error(v)
+            if why:
+                raise ValueError(f"the image {why}")
+        return v
 
     def resolved_release(self) -> Release:
         if self.release is not None:
@@ -167,6 +188,9 @@ class _Session:
             raise SandboxwichConfigError(f"sandboxwich: {e}") from None
         self.record = state_dir() / (self.runner_session_id + ".json")
         self.recorded = False
+        self.checked = False
+        """task_init found the server usable and serving the release (the
+        configs of several images share one session: checked once)."""
         self.released: set[uuid.UUID] = set()
         """Leases whose release the server accepted: task_cleanup leaves
         them to finish (a revoke would contradict their disposition)."""
@@ -189,7 +213,6 @@ class _Session:
 
 
 _KNOWN = ", ".join(SandboxwichConfig.model_fields)
-_COMPOSE_NAMES = ("compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml", "Dockerfile")
 
 
 def _first_error(e: ValidationError) -> str:
@@ -200,15 +223,13 @@ def _first_error(e: ValidationError) -> str:
     return f"{loc}: {err['msg']}"
 
 
-def _validate(data: Any, where: str) -> SandboxwichConfig:
-    """A SandboxwichConfig from a mapping, or one line saying what is wrong."""
+def _validate(data: Any, where: str, compose: bool = True) -> SandboxwichConfig:
+    """A SandboxwichConfig from a mapping (a Docker Compose mapping, with
+    services:, when ``compose``), or one line saying what is wrong."""
     if not isinstance(data, dict):
         raise SandboxwichConfigError(f"sandboxwich: {where}: expected a mapping of config keys ({_KNOWN}), got {type(data).__name__}")
-    if "services" in data:
-        raise SandboxwichConfigError(
-            f"sandboxwich: {where} is a Docker Compose file; images per sample are not supported yet:"
-            f" cells run their pool's image. Give a sandboxwich config ({_KNOWN})"
-        )
+    if compose and "services" in data:
+        return _from_compose(data, where, None)
     if "token" in data:
         raise SandboxwichConfigError(
             f"sandboxwich: {where}: an inline 'token' is not accepted; put the token in a file and give token_file, or set SANDBOXWICH_TOKEN"
@@ -216,26 +237,55 @@ def _validate(data: Any, where: str) -> SandboxwichConfig:
     unknown = [str(k) for k in data if k not in SandboxwichConfig.model_fields]
     if unknown:
         raise SandboxwichConfigError(f"sandboxwich: {where}: unknown key {unknown[0]!r} (known: {_KNOWN})")
+    if data.get("image") is not None:
+        why = _compose.pin_error(data["image"])
+        if why:
+            raise SandboxwichConfigError(f"sandboxwich: {where}: image {why}")
     try:
         return SandboxwichConfig.model_validate(data)
     except ValidationError as e:
         raise SandboxwichConfigError(f"sandboxwich: {where}: {_first_error(e)}") from None
 
 
+def _from_compose(data: Any, where: str, path: str | None) -> SandboxwichConfig:
+    """The config of a Docker Compose mapping: its one service's image (and
+    working_dir), and the sandboxwich keys of its top-level x-sandboxwich
+    mapping (else their defaults: SANDBOXWICH_URL, SANDBOXWICH_TOKEN_FILE or
+    SANDBOXWICH_TOKEN, SANDBOXWICH_RELEASE_FILE). A relative token_file in
+    x-sandboxwich is relative to the compose file (``path``)."""
+    try:
+        spec = _compose.parse(data, where)
+    except _compose.ComposeError as e:
+        raise SandboxwichConfigError(f"sandboxwich: {e}") from None
+    cfg = _validate(spec.sandboxwich, f"{where} x-sandboxwich", compose=False) if spec.sandboxwich is not None else SandboxwichConfig()
+    if path is not None and spec.sandboxwich and spec.sandboxwich.get("token_file") and not os.path.isabs(cfg.token_file):
+        cfg = cfg.model_copy(update={"token_file": os.path.join(os.path.dirname(os.path.abspath(path)), cfg.token_file)})
+    update: dict[str, Any] = {"image": spec.image}
+    if spec.working_dir is not None:
+        update["working_dir"] = spec.working_dir
+    return cfg.model_copy(update=update)
+
+
 def _load_file(path: str) -> SandboxwichConfig:
+    """The config of a file: a sandboxwich config (JSON, or YAML by its
+    extension) or a Docker Compose file (by its name, or a YAML/JSON mapping
+    with services:). A relative path is relative to the working directory,
+    as Inspect leaves it: it makes a task's config path absolute (from the
+    task file's directory) and a dataset sample's (from the dataset file's);
+    a Sample built in code passes its path as written."""
     where = f"config {path}"
-    name = os.path.basename(path)
+    if _compose.is_dockerfile(path):
+        raise SandboxwichConfigError(
+            f"sandboxwich: {where} is a Dockerfile; cells do not build images: build it, push it to a registry and name it"
+            " by its digest in a compose file (image: host/repo@sha256:<64 hex>)"
+        )
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise SandboxwichConfigError(f"sandboxwich: {where}: {e.strerror or e}") from None
-    if name in _COMPOSE_NAMES:
-        raise SandboxwichConfigError(
-            f"sandboxwich: {where} is a Docker Compose file; images per sample are not supported yet:"
-            f" cells run their pool's image. Give a sandboxwich config ({_KNOWN})"
-        )
+    compose = _compose.is_compose_file(path)
     try:
-        if path.endswith((".yaml", ".yml")):
+        if compose or path.endswith((".yaml", ".yml")):
             import yaml  # type: ignore[import-untyped]
 
             data = yaml.safe_load(text)
@@ -245,6 +295,8 @@ def _load_file(path: str) -> SandboxwichConfig:
         raise SandboxwichConfigError(f"sandboxwich: {where} is not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: {_one_line(e)}") from None
     except Exception as e:  # yaml.YAMLError is not a ValueError
         raise SandboxwichConfigError(f"sandboxwich: {where} is not valid YAML: {_one_line(e)}") from None
+    if compose or (isinstance(data, dict) and "services" in data):
+        return _from_compose(data, where, path)
     cfg = _validate(data, where)
     if cfg.token_file and not os.path.isabs(cfg.token_file):
         # Relative to the config file, wherever Inspect runs the task from.
@@ -264,7 +316,10 @@ def _resolve_config(config: SandboxEnvironmentConfigType | None) -> SandboxwichC
     if isinstance(config, str):
         return _load_file(config)
     if isinstance(config, BaseModel):
-        return _validate(config.model_dump(), f"config {type(config).__name__}")
+        data = config.model_dump(by_alias=True)
+        if "services" in data:  # Inspect's ComposeConfig: its unset keys are None
+            return _from_compose(config.model_dump(by_alias=True, exclude_none=True), f"config {type(config).__name__}", None)
+        return _validate(data, f"config {type(config).__name__}")
     raise SandboxwichConfigError(f"sandboxwich: unsupported config {type(config).__name__}: give a config file path or a SandboxwichConfig")
 
 
@@ -327,19 +382,24 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     # Task life cycle.
 
     @classmethod
-    def _session_for(cls, config: SandboxEnvironmentConfigType | None) -> _Session:
+    def _session_for(cls, config: SandboxEnvironmentConfigType | None) -> tuple[_Session, str | None]:
+        """The session of a config, and the image its samples claim. The
+        configs that differ only in their image (a compose file per sample)
+        share one session: one client, runner session and run record."""
         cfg = _resolve_config(config)
-        key = cfg.model_dump_json()
+        key = _session_key(cfg)
         s = cls._sessions.get(key)
         if s is None:
-            s = _Session(cfg)
+            s = _Session(cfg.model_copy(update={"image": None}))
             cls._sessions[key] = s
-        return s
+        return s, cfg.image
 
     @override
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        s = cls._session_for(config)
+        s, _ = cls._session_for(config)
+        if s.checked:
+            return
         try:
             await s.client.health()
             inventory = await s.client.inventory()
@@ -350,12 +410,13 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
         if not any(i.release_set_id == rel.release_set_id and i.runtime_class == rel.runtime_class and i.policy_digest == rel.policy_digest for i in inventory):
             have = ", ".join(f"{i.release_set_id}/{i.runtime_class}" for i in inventory) or "none"
             raise RuntimeError(f"sandboxwich: the server serves no cells of release {rel.release_set_id}/{rel.runtime_class} (it has: {have})")
+        s.checked = True
 
     @override
     @classmethod
     async def sample_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]) -> dict[str, SandboxEnvironment]:
-        s = cls._session_for(config)
-        claim = await cls._claim(s, _ident(s.config.workspace_id or task_name))
+        s, image = cls._session_for(config)
+        claim = await cls._claim(s, _ident(s.config.workspace_id or task_name), image)
         s.write_record()  # task_init wrote it already, unless the caller skipped task_init
         env = cls(s, claim)
         assert claim.lease is not None
@@ -367,23 +428,33 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
             "runner_session_id": s.runner_session_id,
             "release": {"release_set_id": rel.release_set_id, "runtime_class": rel.runtime_class, "policy_digest": rel.policy_digest},
         }
+        if image:
+            env.metadata["image"] = image
         _record(env)
         return {"default": env}
 
     @classmethod
-    async def _claim(cls, s: _Session, workspace_id: str) -> Claim:
-        """One cell for this sample attempt. The claim_id changes only after
-        an empty answer (a fenced empty is final for its ID); a failure whose
-        outcome is unknown is retried under the same ID, so a lost answer
-        never leases twice."""
+    async def _claim(cls, s: _Session, workspace_id: str, image: str | None = None) -> Claim:
+        """One cell (of ``image``, if given) for this sample attempt. Each
+        claim waits at the server for a cell (wait_seconds: what is left of
+        claim_timeout, at most the server's 300 s), so a cell made or freed
+        for it is leased to it as soon as it is ready, first come first
+        served. The claim_id changes only after an empty answer (a fenced
+        empty is final for its ID: the wait elapsed, or the server answered
+        at once); a failure whose outcome is unknown is retried under the
+        same ID with the same body, which joins the wait and never leases
+        twice."""
         import anyio
 
         deadline = time.monotonic() + s.config.claim_timeout
         claim_id = uuid7()
         thread = "attempt-" + str(claim_id)
+        wait = _wait_seconds(deadline)
+        of = f"release {s.release.release_set_id}" + (f" and image {image}" if image else "")
         n = 0
         while True:
             n += 1
+            started = time.monotonic()
             try:
                 c = await s.client.claim(
                     s.release,
@@ -393,16 +464,29 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                     runner_session_id=s.runner_session_id,
                     lease_seconds=s.config.lease_seconds,
                     claim_id=claim_id,
+                    image=image,
+                    wait_seconds=wait or None,
                 )
                 if not c.empty:
                     return c
+                last = f"the last claim was empty: {c.empty_reason}" if c.empty_reason else "no ready cell"
                 claim_id = uuid7()  # empty is durable for that ID
-                last = "no ready cell"
+                wait = -1  # a new claim: its wait is what is left
+            except errors.ImageNotAllowedError as e:
+                raise RuntimeError(
+                    f"sandboxwich: no pool of release {s.release.release_set_id} serves image {image} ({e.message}):"
+                    " a pool must run it, or an image class allow its repository"
+                ) from None
             except (errors.TransportError, errors.InternalError, errors.ClaimContendedError) as e:
-                last = str(e)  # outcome unknown: same claim_id again
+                last = str(e)  # outcome unknown: the same claim_id and body again
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"sandboxwich: no cell of release {s.release.release_set_id} within {s.config.claim_timeout:g} s ({last})")
-            await anyio.sleep(min(2.0, 0.05 * 2 ** min(n, 6)))
+                raise RuntimeError(f"sandboxwich: no cell of {of} within {s.config.claim_timeout:g} s (claim_timeout; {last})")
+            if time.monotonic() - started < 1.0:
+                # Answered at once (no wait, or a failure): back off before
+                # the next claim, never past the deadline.
+                await anyio.sleep(max(0.0, min(2.0, 0.05 * 2 ** min(n, 6), deadline - time.monotonic())))
+            if wait < 0:
+                wait = _wait_seconds(deadline)
 
     @override
     @classmethod
@@ -475,7 +559,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
     @override
     @classmethod
     async def task_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool) -> None:
-        s = cls._sessions.pop(_resolve_config(config).model_dump_json(), None)
+        s = cls._sessions.pop(_session_key(_resolve_config(config)), None)
         if s is None:
             return
         try:
@@ -706,6 +790,16 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
 
     def default_polling_interval(self) -> float:
         return 0.2
+
+
+def _session_key(cfg: SandboxwichConfig) -> str:
+    return cfg.model_dump_json(exclude={"image"})
+
+
+def _wait_seconds(deadline: float) -> int:
+    """The wait_seconds of a claim made now: what is left until the
+    deadline, in whole seconds, at most the server's 300."""
+    return max(0, min(MAX_WAIT_SECONDS, int(deadline - time.monotonic())))
 
 
 def _retrieved(f: asyncio.Future[Evidence]) -> None:
