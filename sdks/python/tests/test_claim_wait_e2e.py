@@ -12,40 +12,16 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import sandboxwich
-from conftest import Server, claim, release_and_wait, wait_ready
+from conftest import Server, release_and_wait, release_one, wait_ready
 from sandboxwich import AsyncClient, Client, RetryPolicy
 
 BINDING: dict[str, Any] = {"organization_id": "org-py", "workspace_id": "ws-wait", "thread_id": "th-wait"}
 DIGEST = "sha256:" + "d" * 64
-
-
-@pytest.fixture
-def held(server: Server) -> Iterator[list[sandboxwich.Claim]]:
-    """Every cell of the dev pool (target 2) leased: no ready cell, and none
-    is made while they live (the pool counts leased cells as live). The
-    test releases one to let a cell come; the rest are released after."""
-    with server.client() as c:
-        wait_ready(c, 2)
-        cells = [claim(c, server, "s-held"), claim(c, server, "s-held")]
-        assert c.inventory()[0].ready == 0
-        yield cells
-        for cl in cells:
-            assert cl.lease is not None
-            st = c.lease(cl.lease.lease_id)
-            if st.state == "leased" and st.disposition is None:  # not released by the test
-                release_and_wait(c, cl)
-        wait_ready(c, 2)  # the pool is whole again for the next test
-
-
-def _release_one(server: Server, cl: sandboxwich.Claim) -> None:
-    with server.client() as c:
-        c.release(cl.proof())
 
 
 def _end(server: Server, *claims: sandboxwich.Claim) -> None:
@@ -67,7 +43,7 @@ def test_a_waiting_claim_gets_the_cell_that_comes(server: Server, held: list[san
     t.start()
     time.sleep(2)
     assert t.is_alive(), got  # it waits: no cell is ready
-    _release_one(server, held[0])
+    release_one(server, held[0])
     t.join(timeout=150)
     assert not t.is_alive()
     cl = got["claim"]
@@ -139,7 +115,7 @@ def test_async_wait_and_image_not_allowed(server: Server, held: list[sandboxwich
             task = asyncio.create_task(c.claim(server.release, **BINDING, runner_session_id="s-async-wait", wait_seconds=120))
             await asyncio.sleep(2)
             assert not task.done()
-            await asyncio.to_thread(_release_one, server, held[0])
+            await asyncio.to_thread(release_one, server, held[0])
             cl = await asyncio.wait_for(task, 150)
             assert cl.lease is not None and cl.empty_reason is None
             assert (await c.exec(cl.proof(), ["echo", "async"], timeout=10)).stdout == b"async\n"
