@@ -13,8 +13,10 @@ tokens of the route's principal, a signed release for claims and prepares,
 the live lease's ID and proof on the lease routes (a fresh lease whenever
 the last one ended), one of the worker's own cells on the worker routes, and
 a prepare deadline within the server's 7 days. It overwrites only fields
-the case already has, and schemathesis re-validates a case a hook changed,
-so a negative case stays negative only while it still breaks the document.
+the case already has (and, in a claim, drops an image string and shortens
+a valid wait_seconds to at most 1 s: see before_call), and schemathesis
+re-validates a case a hook changed, so a negative case stays negative only
+while it still breaks the document.
 
 Bounds: SANDBOXWICH_SCHEMATHESIS_EXAMPLES examples per operation and mode
 (default 12), a fixed seed, no shrinking: about a minute.
@@ -210,6 +212,17 @@ def before_call(context: HookContext, case: Case[Any], kwargs: dict[str, Any]) -
         params["cell_id"] = t.worker_cell()
     if path == "/v1/sterile-cells/claim" and isinstance(body, dict) and "release" in body:
         body["release"] = t.release
+        # State, not shape: every image string is schema-valid, but only an
+        # image a pool of the release runs or allows is claimable (else 422
+        # image_not_allowed, as for a tag), and this dry-run pool runs none;
+        # test_claim_wait_e2e.py covers claims of an image.
+        if isinstance(body.get("image"), str):
+            del body["image"]
+        # A valid wait stays valid, but short: a claim that finds no ready
+        # cell waits that long (CONTRACT §21).
+        wait = body.get("wait_seconds")
+        if isinstance(wait, int) and not isinstance(wait, bool) and 0 <= wait <= 300:
+            body["wait_seconds"] = min(wait, 1)
     if path.endswith("/prepare") and isinstance(body, dict):
         if "release" in body:
             body["release"] = t.signed(body["release"])
