@@ -23,6 +23,7 @@ User = Literal["cell", "root"]
 ExecReason = Literal["exited", "timed_out", "killed", "cell_lost"]
 LaunchPhase = Literal["accepted", "running", "terminal"]
 ProviderMode = Literal["apply", "dry_run"]
+ImagePullState = Literal["queued", "pulling", "cached", "failed"]
 EmptyReason = Literal["no_inventory", "expires_too_soon", "held_back", "wait_elapsed", "capacity"]
 """Why a claim that carried ``image`` or ``wait_seconds`` found no cell
 (CONTRACT §21). :attr:`ClaimResponse.empty_reason` is a plain string, so
@@ -223,6 +224,15 @@ class InventoryEntry(_Model):
     policy_digest: str
     ready: int
     max_lease_seconds: int
+    images: list[str] | None = None
+    """The repositories the tenant's image classes of the release allow
+    (CONTRACT §21); None (as are the four below) for a release without an
+    image class. ``ready`` never counts an image class's cells."""
+    cached: int | None = None
+    """Images (distinct digests) the image classes' caches hold that they allow."""
+    max_cells: int | None = None
+    max_cold: int | None = None
+    warm_per_image: int | None = None
 
 
 class InventoryResponse(_Model):
@@ -290,6 +300,29 @@ class ImageCells(_Model):
     ready: int
     provisioning: int
     waiting: int
+
+
+class PrefetchRequest(_Model):
+    """Body of ``POST /v1/images/prefetch`` (CONTRACT §21)."""
+
+    pool: str
+    images: list[str]
+
+
+class ImageState(_Model):
+    """One image of a pool's image cache (``GET /v1/images``, the prefetch's answer)."""
+
+    image: str
+    state: ImagePullState
+    code: Literal["insufficient_storage", "image_pull_failed", None]
+    message: str | None
+    bytes: int | None
+
+
+class ImagesResponse(_Model):
+    ok: bool
+    pool: str
+    images: list[ImageState]
 
 
 class PoolsResponse(_Model):
