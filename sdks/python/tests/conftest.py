@@ -8,13 +8,10 @@ Without ``go`` or ``runsc`` the server tests skip locally and FAIL under
 from __future__ import annotations
 
 import base64
-import ctypes
 import hashlib
 import hmac
-import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -171,8 +168,12 @@ def short_server(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture(scope="session")
-def pyregistry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """internal/testimage/cmd/pyregistry, built."""
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """A registry on loopback (internal/testimage/cmd/pyregistry -images 2)
+    serving an image of a static busybox and the host's python3, then two
+    images of it each with its own /etc/marker (swe/task-01 and swe/task-02,
+    marked task-01 and task-02): their references, pinned by digest. It
+    serves until the session ends."""
     _need("go", shutil.which("go") is not None)
     _need("a static busybox at /bin/busybox (scripts/install-busybox.sh)", Path("/bin/busybox").exists())
     _need("/usr/bin/python3", Path("/usr/bin/python3").exists())
@@ -180,36 +181,29 @@ def pyregistry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(
         ["go", "build", "-o", str(out), "./internal/testimage/cmd/pyregistry"], cwd=REPO, check=True, env=os.environ | {"GOFLAGS": "-buildvcs=false"}
     )
-    return out
-
-
-def _registry(pyregistry: Path) -> Generator[str, None, None]:
-    """Serve pyregistry's image on a loopback port until the generator
-    closes: its reference, pinned by digest."""
-    proc = subprocess.Popen([str(pyregistry)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen([str(out), "-images", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
-    ref = proc.stdout.readline().decode().strip()
+    refs = [proc.stdout.readline().decode().strip() for _ in range(3)]
     try:
-        assert re.fullmatch(r"127\.0\.0\.1:\d+/python@sha256:[0-9a-f]{64}", ref), f"pyregistry printed {ref!r}"
-        yield ref
+        for ref, repo in zip(refs, ["python", "swe/task-01", "swe/task-02"], strict=True):
+            assert re.fullmatch(r"127\.0\.0\.1:\d+/" + repo + r"@sha256:[0-9a-f]{64}", ref), f"pyregistry printed {refs!r}"
+        yield refs
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
-def python_image(pyregistry: Path) -> Iterator[str]:
-    """An image of a static busybox and the host's python3, pushed to a
-    registry on loopback (internal/testimage/cmd/pyregistry): its reference,
-    pinned by digest. The registry serves until the session ends."""
-    yield from _registry(pyregistry)
+def python_image(registry: list[str]) -> str:
+    """The registry's image of a static busybox and the host's python3."""
+    return registry[0]
 
 
 @pytest.fixture(scope="session")
-def python_image_2(pyregistry: Path) -> Iterator[str]:
-    """python_image's content from a second registry: another reference
-    (another host and port, so another repository) of the same digest."""
-    yield from _registry(pyregistry)
+def task_images(registry: list[str]) -> list[str]:
+    """The registry's two marked images (python_image plus an /etc/marker
+    of task-01, task-02), for an image class."""
+    return registry[1:]
 
 
 @pytest.fixture(scope="session")
@@ -218,119 +212,22 @@ def image_server(binary: Path, python_image: str, tmp_path_factory: pytest.TempP
     yield from _dev(binary, tmp_path_factory.mktemp("dev-image"), "--target", "1", "--image", python_image)
 
 
-IMAGE_CLASS_UNSUPPORTED = "cannot choose a cell's image"
-"""What start-up says when the pool's driver cannot make cells of an image
-class (CONTRACT §21)."""
-
-
 @pytest.fixture(scope="session")
-def image_class_server(binary: Path, python_image: str, python_image_2: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``sandboxwich serve`` (SQLite, gVisor) whose one pool is an image
-    class allowing the repositories of python_image and python_image_2
-    (max_cells 2, warm_idle_seconds 1). ``sandboxwich dev`` has no image
-    class, so this is serve with a config file. Skips when the server
-    refuses an image class of gVisor cells (a driver without per-cell
-    images). serve does not drain at exit: the fixture revokes live leases
-    and waits for the pool to empty first, then removes any runsc sandbox
-    left in its state root."""
-    _need("runsc", shutil.which("runsc") is not None or Path("/usr/local/bin/runsc").exists())
-    d = tmp_path_factory.mktemp("serve-images")
-    state = d / "state"
-    state.mkdir(mode=0o700)
-    key = state / "signing.key"
-    key.write_text(secrets.token_hex(32) + "\n")
-    key.chmod(0o600)
-    token, operator = "sbw_dev_" + secrets.token_hex(16), "sbw_op_" + secrets.token_hex(16)
-    (state / "tenant-token").write_text(token + "\n")
-    (state / "operator-token").write_text(operator + "\n")
-    digest = hashlib.sha256(b"sandboxwich image class policy").hexdigest()
-    signature = sign_release(key.read_text().strip().encode(), "dev-release", "gvisor_lower_risk", digest)
-    rel = Release(release_set_id="dev-release", runtime_class="gvisor_lower_risk", policy_digest=digest, signature=signature)
-    runsc_root = state / "runsc-state"
-    cfg = {
-        "listen": "127.0.0.1:0",
-        "database_url": "sqlite://" + str(state / "sandboxwich.db"),
-        "sterile_cell_signing_key_file": str(key),
-        "default_tenant": "dev",
-        "pools": [
-            {
-                "name": "images",
-                "provider": "gvisor",
-                "tenant_id": "dev",
-                "release": rel.model_dump(),
-                "images": [python_image.split("@")[0], python_image_2.split("@")[0]],
-                "max_cells": 2,
-                "max_cold": 2,
-                "warm_idle_seconds": 1,
-                "settings": {"state_dir": str(runsc_root), "bundle_dir": str(state / "runsc-bundles"), "image_cache_dir": str(state / "images")},
-            }
-        ],
-    }
-    (d / "config.json").write_text(json.dumps(cfg))
-    log = d / "server.log"
-    logf = open(log, "wb")
-    env = os.environ | {"SANDBOXWICH_TENANT_TOKENS": "dev=" + token, "SANDBOXWICH_OPERATOR_TOKEN": operator}
-    proc = subprocess.Popen([str(binary), "serve", "--config", str(d / "config.json")], stdout=logf, stderr=logf, cwd=d, start_new_session=True, env=env)
-    url = ""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not url:
-        m = re.search(r'msg="sandboxwich serving" url=(http://\S+)', log.read_text(errors="replace"))
-        if m:
-            url = m.group(1)
-        elif proc.poll() is not None:
-            break
-        else:
-            time.sleep(0.1)
-    if not url:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        logf.close()
-        _remove_runsc_root(runsc_root)
-        text = log.read_text(errors="replace")
-        if IMAGE_CLASS_UNSUPPORTED in text:
-            pytest.skip("this server has no image class of gVisor cells: " + text.strip().splitlines()[-1][:300])
-        pytest.fail("sandboxwich serve did not start: " + text[-3000:])
-    srv = Server(url=url, dir=state, binary=binary, token=token, operator_token=operator, release=rel, log=log)
+def image_class_server(binary: Path, task_images: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``sandboxwich dev`` with, beside its one-cell pool, an image class
+    (pool dev-images, CONTRACT §21) allowing the registry's swe/* images,
+    at most two live cells. Skips when the server shows no image class of
+    the release (a server without one)."""
+    host = task_images[0].split("/", 1)[0]
+    gen = _dev(binary, tmp_path_factory.mktemp("dev-images"), "--target", "1", "--images", host + "/swe/*", "--max-cells", "2")
+    srv = next(gen)
     try:
         with srv.client() as c:
-            c.health()
+            if not any(e.images for e in c.inventory()):
+                pytest.skip("this server has no image class (the inventory shows no images)")
         yield srv
     finally:
-        try:
-            with Client(url, token=token, operator_token=operator) as c:
-                for lz in c.iter_leases(live=True):
-                    c.revoke(lz.lease_id)
-                end = time.monotonic() + 120
-                while time.monotonic() < end:
-                    live = c.pools()[0].members
-                    if live.provisioning + live.ready + live.leased + live.stopping + live.cleanup_pending == 0:
-                        break
-                    time.sleep(0.5)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            logf.close()
-            _remove_runsc_root(runsc_root)
-
-
-def _remove_runsc_root(root: Path) -> None:
-    """End any runsc sandbox left in root, then unmount the network
-    namespace runsc pins there (as gvisor.RemoveStateDir does)."""
-    if not root.exists():
-        return
-    runsc = shutil.which("runsc") or "/usr/local/bin/runsc"
-    ids = subprocess.run([runsc, "--root", str(root), "list", "-quiet"], capture_output=True, text=True).stdout.split()
-    for cid in ids:
-        subprocess.run([runsc, "--root", str(root), "delete", "-force", cid], capture_output=True)
-    netns = root / "null-netns"
-    libc = ctypes.CDLL(None, use_errno=True)
-    while libc.umount2(str(netns).encode(), 2) == 0:  # MNT_DETACH, stacked mounts one by one
-        pass
+        gen.close()
 
 
 def wait_ready(c: Client, n: int, timeout: float = 120) -> None:

@@ -4,8 +4,7 @@ claim, not a poll loop); a compose file naming an image no pool serves
 fails the sample in one line; ``inspect eval`` of samples whose compose
 files name the image of a fixed pool (dev --image) runs them in cells of
 that image; and samples naming different images through compose files run
-on an image class of gVisor cells (``sandboxwich serve``: dev has no image
-class; the test skips on a server whose driver refuses one)."""
+on an image class (dev --images; skipped on a server without one)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -105,6 +103,8 @@ def probe():
         state.metadata["python"] = py.stdout.strip()
         state.metadata["pwd"] = (await sandbox().exec(["pwd"])).stdout.strip()
         state.metadata["image_release"] = (await sandbox().exec(["cat", "/etc/image-release"])).stdout.strip()
+        if MARKER:
+            state.metadata["marker"] = (await sandbox().exec(["cat", "/etc/marker"])).stdout.strip()
         return state
 
     return solve
@@ -130,10 +130,12 @@ def images():
 """
 
 
-def _task(d: Path, samples: list[tuple[str, str | None]], task_sandbox: str | None) -> Path:
-    """A task file in d: a sample per (id, its compose file or None)."""
+def _task(d: Path, samples: list[tuple[str, str | None]], task_sandbox: str | None, marker: bool = False) -> Path:
+    """A task file in d: a sample per (id, its compose file or None); with
+    marker, the probe also reads the image's /etc/marker."""
     items = ", ".join(f"Sample(input={sid!r}, id={sid!r}" + (f", sandbox=('sandboxwich', {c!r}))" if c else ")") for sid, c in samples)
     text = PROBE_TASK.replace("[SAMPLES]", f"[{items}]").replace("TASK_SANDBOX", repr(("sandboxwich", task_sandbox)) if task_sandbox else "None")
+    text = text.replace("if MARKER:", f"if {marker}:")
     p = d / "images_task.py"
     p.write_text(text)
     return p
@@ -211,43 +213,27 @@ def test_inspect_eval_of_compose_files_naming_a_pools_image(image_server: Server
     assert list(state_dir.glob("*.json")) == []
 
 
-def test_samples_of_different_images_on_an_image_class(
-    image_class_server: Server, python_image: str, python_image_2: str, tmp_path: Path, state_dir: Path
-) -> None:
-    """Three samples, run at once, name two images through their compose
-    files: two references, on two loopback registries, of pyregistry's one
-    image (the only image the test tools build; the plane keys cells by
-    reference). The image class (max_cells 2) makes cells of each image on
-    demand for the samples' waiting claims; each sample ran in a cell of the
-    image it named, and the pool showed cells of both."""
+def test_samples_of_different_images_on_an_image_class(image_class_server: Server, task_images: list[str], tmp_path: Path, state_dir: Path) -> None:
+    """Three samples, run at once, name two images (each with its own
+    /etc/marker) through their compose files; the image class (dev
+    --images, max_cells 2) makes cells of each image on demand for the
+    samples' waiting claims. Each sample ran in a cell of the image it
+    named: its marker, and the digest on the evidence route."""
     srv = image_class_server
     d = tmp_path / "task"
     top = _x_sandboxwich(srv, str(srv.dir / "tenant-token"))
-    _compose(d / "one" / "compose.yaml", python_image, "    network_mode: none\n", top)
-    _compose(d / "two" / "compose.yaml", python_image_2, "    init: true\n", top)
-    task = _task(d, [("a", "one/compose.yaml"), ("b", "two/compose.yaml"), ("c", "one/compose.yaml")], None)
-    seen: list[set[str]] = []
-    stop = threading.Event()
-
-    def watch() -> None:  # the image class's images while the eval runs
-        with Client(srv.url, token=srv.token, operator_token=srv.operator_token) as op:
-            while not stop.is_set():
-                pool = op.pools()[0]
-                seen.append({ic.image for ic in pool.image_cells or []})
-                time.sleep(0.5)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        log = _eval(task, d, {"SANDBOXWICH_INSPECT_STATE_DIR": str(state_dir)}, "--max-samples", "3")
-    finally:
-        stop.set()
-        watcher.join()
-    want = {"a": python_image, "b": python_image_2, "c": python_image}
+    _compose(d / "one" / "compose.yaml", task_images[0], "    network_mode: none\n", top)
+    _compose(d / "two" / "compose.yaml", task_images[1], "    init: true\n", top)
+    task = _task(d, [("a", "one/compose.yaml"), ("b", "two/compose.yaml"), ("c", "one/compose.yaml")], None, marker=True)
+    log = _eval(task, d, {"SANDBOXWICH_INSPECT_STATE_DIR": str(state_dir)}, "--max-samples", "3")
+    want = {"a": (task_images[0], "task-01"), "b": (task_images[1], "task-02"), "c": (task_images[0], "task-01")}
     with srv.client() as c:
         for s in log.samples:
+            image, marker = want[str(s.id)]
             md = s.metadata["sandboxwich"]
-            assert md["image"] == want[str(s.id)], s.id
-            assert md["evidence"]["image_digest"] == python_image.split("@", 1)[1]
+            assert md["image"] == image and s.metadata["marker"] == marker, (s.id, md, s.metadata)
+            assert md["evidence"]["image_digest"] == image.split("@", 1)[1], s.id
             assert md["provider_absent"] is True and c.lease(md["lease_id"]).provider_absent
-    assert {python_image, python_image_2} <= set().union(*seen), seen
+    with Client(srv.url, token=srv.token, operator_token=srv.operator_token) as op:
+        classes = [p for p in op.pools() if p.images]
+        assert [p.name for p in classes] == ["dev-images"] and classes[0].max_cells == 2
