@@ -78,6 +78,18 @@ func (b *bare) runsc(ctx context.Context, args ...string) error {
 	return nil
 }
 
+// output runs one runsc command with the driver's global flags and
+// returns its standard output (runsc's own messages go to the log).
+func (b *bare) output(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "runsc", append(b.flags, args...)...)
+	cmd.Stderr = b.log
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("runsc %s: %v", args[0], err)
+	}
+	return out, nil
+}
+
 // start creates and starts container id.
 func (b *bare) start(ctx context.Context, id string) error {
 	if err := b.runsc(ctx, "create", "--bundle", b.bundle, id); err != nil {
@@ -90,4 +102,28 @@ func (b *bare) close() {
 	b.log.Close()
 	os.Remove(b.log.Name())
 	os.RemoveAll(b.bundle)
+}
+
+// sandboxFlag returns the value of the global flag name (such as
+// "--overlay2") on the command line of container id's runsc sandbox, as
+// the driver started it: a bare container of the cell's spec then runs
+// with the cell's own flags.
+func sandboxFlag(id, name string) (string, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return "", err
+	}
+	for _, e := range procs {
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(raw, []byte(id)) || !bytes.Contains(raw, []byte("\x00boot\x00")) {
+			continue
+		}
+		for _, arg := range strings.Split(string(raw), "\x00") {
+			if v, ok := strings.CutPrefix(arg, name+"="); ok {
+				return v, nil
+			}
+		}
+		return "", nil
+	}
+	return "", fmt.Errorf("no runsc sandbox of container %s", id)
 }

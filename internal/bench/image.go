@@ -103,21 +103,23 @@ func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, erro
 		}
 		return took, err
 	}
-	var withImage, withDir []time.Duration
-	for i := range n + 1 {
-		a, err := cold(fromDir)
+	t, err := inTurns(n, func() (time.Duration, error) {
+		d, err := cold(fromDir)
 		if err != nil {
-			return nil, fmt.Errorf("provision from the directory: %w", err)
+			err = fmt.Errorf("provision from the directory: %w", err)
 		}
-		b, err := cold(fromImage)
+		return d, err
+	}, func() (time.Duration, error) {
+		d, err := cold(fromImage)
 		if err != nil {
-			return nil, fmt.Errorf("provision from the image: %w", err)
+			err = fmt.Errorf("provision from the image: %w", err)
 		}
-		if i > 0 { // the first pair warms runsc's and the page cache
-			withDir, withImage = append(withDir, a), append(withImage, b)
-		}
+		return d, err
+	})
+	if err != nil {
+		return nil, err
 	}
-	rep.Image, rep.Dir = summarize(withImage, 0, 0), summarize(withDir, 0, 0)
+	rep.Dir, rep.Image = summarize(t[0], 0, 0), summarize(t[1], 0, 0)
 	rep.Ratio = ratio(rep.Image.P50MS, rep.Dir.P50MS)
 
 	if !quick {
@@ -148,6 +150,27 @@ func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, erro
 		_ = os.RemoveAll(filepath.Join(dir, "images-large"))
 	}
 	return rep, nil
+}
+
+// inTurns runs fns one after the other, in order, n+1 times, and returns
+// each one's n times after the first round, which only warms runsc's and
+// the page cache: series that take turns see the machine at the same
+// moments, which is what makes their ratio mean something on a shared
+// machine. The first error ends it.
+func inTurns(n int, fns ...func() (time.Duration, error)) ([][]time.Duration, error) {
+	out := make([][]time.Duration, len(fns))
+	for i := range n + 1 {
+		for j, fn := range fns {
+			d, err := fn()
+			if err != nil {
+				return nil, err
+			}
+			if i > 0 {
+				out[j] = append(out[j], d)
+			}
+		}
+	}
+	return out, nil
 }
 
 // busybox is the static busybox of scripts/install-busybox.sh, whose
