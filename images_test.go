@@ -22,20 +22,54 @@ func img(name string, c byte) string {
 }
 
 // classEnv is a plane with an image class "swe" allowing
-// registry.test/swe/* (max_cells cells, max_cold 2) and a fixed pool
-// "fixed" pinning one image, on fake providers that record each cell's
-// image.
-func classEnv(t *testing.T, maxCells int) (*env, *fake.Provider) {
+// registry.test/swe/* (max_cells cells, max_cold 2, edited by edit) and a
+// fixed pool "fixed" pinning one image, on fake providers that record each
+// cell's image.
+func classEnv(t *testing.T, maxCells int, edit ...func(*pool.Config)) (*env, *fake.Provider) {
 	t.Helper()
 	rel := newEnv(t).rel
 	prov := fake.New(fake.Config{Mode: driver.Apply})
 	fixed := "registry.test/base/fixed:v1@sha256:" + strings.Repeat("f", 64)
+	class := pool.Config{Name: "swe", TenantID: "acme", Release: rel, Target: maxCells, MaxProvisioning: 2, Provider: prov,
+		Images: []string{"registry.test/swe/*"}}
+	for _, f := range edit {
+		f(&class)
+	}
 	e := newEnv(t, sandboxwich.WithPools(
 		pool.Config{Name: "fixed", TenantID: "acme", Release: rel, Target: 1, Image: fixed,
-			Provider: fake.New(fake.Config{Mode: driver.Apply, Image: fixed})},
-		pool.Config{Name: "swe", TenantID: "acme", Release: rel, Target: maxCells, MaxProvisioning: 2, Provider: prov,
-			Images: []string{"registry.test/swe/*"}}))
+			Provider: fake.New(fake.Config{Mode: driver.Apply, Image: fixed})}, class))
 	return e, prov
+}
+
+// cellsByImage counts the provider's cells by image.
+func cellsByImage(ctx context.Context, prov *fake.Provider) map[string]int {
+	out := map[string]int{}
+	objs, _ := prov.List(ctx)
+	for _, o := range objs {
+		out[prov.Image(o.CellID)]++
+	}
+	return out
+}
+
+// claimWaiting makes n claims of image at once, each waiting, runs a pass
+// that makes their cells, and returns their leases.
+func (e *env) claimWaiting(t *testing.T, image string, n int) []sandboxwich.ClaimResult {
+	t.Helper()
+	outs := make([]<-chan claimOutcome, n)
+	for i := range outs {
+		outs[i] = e.claimAsync(e.ctx, sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: image, WaitSeconds: 60})
+	}
+	waitFor(t, "the claims wait", func() bool { return e.plane.WaitingClaims() == n })
+	e.passes(1)
+	res := make([]sandboxwich.ClaimResult, n)
+	for i, ch := range outs {
+		out := <-ch
+		if out.err != nil || out.res.Lease == nil {
+			t.Fatalf("claim of %s: %v %v", image, out.res, out.err)
+		}
+		res[i] = out.res
+	}
+	return res
 }
 
 // pass runs reconciler passes until one changes nothing more (a stop
@@ -120,27 +154,11 @@ func TestImageClassEvictsForAWait(t *testing.T) {
 	e, prov := classEnv(t, 2)
 	a, b, c := img("task-a", 'a'), img("task-b", 'b'), img("task-c", 'c')
 	for _, im := range []string{a, b} { // one claim each: each image warm, one ready cell each
-		got := e.claimAsync(e.ctx, sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: im, WaitSeconds: 60})
-		waitFor(t, "the claim waits", func() bool { return e.plane.WaitingClaims() == 1 })
-		e.passes(1)
-		out := <-got
-		if out.err != nil || out.res.Lease == nil {
-			t.Fatalf("claim of %s: %v %v", im, out.res, out.err)
-		}
-		if _, err := e.plane.Release(e.ctx, "acme", out.res.Lease.ID, out.res.Proof(), lease.Destroyed); err != nil {
-			t.Fatal(err)
-		}
+		e.release(t, e.claimWaiting(t, im, 1)...)
 		e.now = e.now.Add(time.Second)
 		e.passes(3) // the released cell destroyed, the warm cell made
 	}
-	ready := func() map[string]int {
-		out := map[string]int{}
-		objs, _ := prov.List(e.ctx)
-		for _, o := range objs {
-			out[prov.Image(o.CellID)]++
-		}
-		return out
-	}
+	ready := func() map[string]int { return cellsByImage(e.ctx, prov) }
 	if got := ready(); got[a] != 1 || got[b] != 1 {
 		t.Fatalf("cells by image before the wait: %v, want one warm cell of %s and of %s", got, a, b)
 	}
@@ -153,6 +171,41 @@ func TestImageClassEvictsForAWait(t *testing.T) {
 	}
 	if got := ready(); got[a] != 0 || got[b] != 1 || got[c] != 1 {
 		t.Errorf("cells by image after the wait: %v, want %s (least recently used) evicted, %s kept, %s made", got, a, b, c)
+	}
+}
+
+// release releases leases, their cells destroyed.
+func (e *env) release(t *testing.T, leases ...sandboxwich.ClaimResult) {
+	t.Helper()
+	for _, res := range leases {
+		if _, err := e.plane.Release(e.ctx, "acme", res.Lease.ID, res.Proof(), lease.Destroyed); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestImageClassWarmFollowsDemand: an image keeps as many warm cells as
+// the most of its cells in use at once lately, up to warm_per_image; in a
+// full class, a more recently used image's warm cell evicts a less
+// recently used image's, never the other way round.
+func TestImageClassWarmFollowsDemand(t *testing.T) {
+	e, prov := classEnv(t, 3, func(c *pool.Config) { c.WarmPerImage = 2 })
+	cold, hot := img("task-cold", 'c'), img("task-hot", 'e')
+	e.release(t, e.claimWaiting(t, cold, 1)...)
+	e.passes(3) // the released cell destroyed, the warm cell made
+	if got := cellsByImage(e.ctx, prov); got[cold] != 1 || len(got) != 1 {
+		t.Fatalf("cells by image after one claim of %s: %v, want its one warm cell", cold, got)
+	}
+	e.now = e.now.Add(time.Second)
+	hots := e.claimWaiting(t, hot, 2) // two cells of hot in use at once: the class is full
+	e.passes(3)                       // cold's warm cell evicted, destroyed; a warm cell of hot made
+	if got := cellsByImage(e.ctx, prov); got[cold] != 0 || got[hot] != 3 {
+		t.Fatalf("cells by image with 2 of %s leased in a full class: %v, want %s's warm cell evicted for a warm cell of %s", hot, got, cold, hot)
+	}
+	e.release(t, hots...)
+	e.passes(4)
+	if got := cellsByImage(e.ctx, prov); got[hot] != 2 || got[cold] != 1 {
+		t.Fatalf("cells by image after the release: %v, want 2 warm cells of %s (2 were in use at once) and 1 of %s", got, hot, cold)
 	}
 }
 

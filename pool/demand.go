@@ -13,12 +13,16 @@ import (
 
 // imageDemand is what a reconciler knows of the demand for one image of
 // an image class (CONTRACT §21): the claims of this process waiting for a
-// cell of it, since when the oldest of them waits, and when it was last
-// claimed or waited for (which keeps it warm for WarmIdle).
+// cell of it, since when the oldest of them waits, when it was last
+// claimed or waited for (which keeps it warm for WarmIdle), and the most
+// of its cells in use at once — leased, or waited for — lately (peak,
+// last reached or renewed at peakAt; it decays after WarmIdle).
 type imageDemand struct {
 	waiting int
 	since   time.Time
 	last    time.Time
+	peak    int
+	peakAt  time.Time
 }
 
 // Want records that a claim of this process waits for a cell of image
@@ -97,7 +101,9 @@ type imageState struct {
 	name          string
 	waiting, want int
 	since, last   time.Time
+	peak          int
 	coming        int            // members provisioning
+	leased        int            // members leased
 	ready         []store.Member // ready members not to stop, oldest first
 }
 
@@ -105,9 +111,18 @@ type imageState struct {
 // image is warm — a claim waits for it, or it was claimed, waited for or a
 // cell of it admitted within WarmIdle (so a cell made for a claim that
 // gave up, or found after a restart, stays warm inventory that long) — it
-// wants a cell for each waiting claim, and at least WarmPerImage ready or
-// coming: one claim waiting makes one cell, and the image's next claim
-// finds a warm one.
+// wants a cell for each waiting claim, and as many ready or coming as the
+// most of its cells in use at once lately (leased or waited for; at least
+// one, at most WarmPerImage): one claim waiting makes one cell, the
+// image's next claim finds a warm one, and an image claimed by several
+// workers at once keeps a warm cell for each, up to WarmPerImage.
+//
+// Room is made in this order: below max_cells a cell is created; a stop
+// under way makes room once its deletion is proven; otherwise the
+// least recently used warm image's oldest ready cell is evicted — for a
+// waiting claim, of any image no claim waits for; for a warm cell, only of
+// an image used less recently, so the most used images keep theirs when
+// the class is full and two images never evict each other in turn.
 func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Member, now time.Time) imagePlan {
 	images := map[string]*imageState{}
 	get := func(name string) *imageState {
@@ -118,16 +133,6 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 		}
 		return im
 	}
-	r.mu.Lock()
-	for name, d := range ps.demand {
-		if d.waiting == 0 && now.Sub(d.last) >= cfg.WarmIdle {
-			delete(ps.demand, name) // decayed
-			continue
-		}
-		im := get(name)
-		im.waiting, im.since, im.last = d.waiting, d.since, d.last
-	}
-	r.mu.Unlock()
 	live, freeing := len(members), 0
 	for _, m := range members {
 		switch m.State {
@@ -135,6 +140,8 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 			freeing++ // room once destroyed
 		case lease.MemberProvisioning:
 			get(m.Image).coming++
+		case lease.MemberLeased:
+			get(m.Image).leased++
 		case lease.MemberReady:
 			im := get(m.Image)
 			im.ready = append(im.ready, m)
@@ -143,11 +150,28 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 			}
 		}
 	}
+	r.mu.Lock()
+	for name, d := range ps.demand {
+		if d.waiting == 0 && now.Sub(d.last) >= cfg.WarmIdle {
+			delete(ps.demand, name) // decayed
+			continue
+		}
+		im := get(name)
+		im.waiting, im.since = d.waiting, d.since
+		if d.last.After(im.last) {
+			im.last = d.last
+		}
+		if inUse := im.waiting + im.leased; inUse >= d.peak || now.Sub(d.peakAt) >= cfg.WarmIdle {
+			d.peak, d.peakAt = inUse, now
+		}
+		im.peak = d.peak
+	}
+	r.mu.Unlock()
 	plan := imagePlan{stop: map[uuid.UUID]string{}}
 	var waiting, warm []*imageState
 	for _, im := range images {
 		if im.waiting > 0 || now.Sub(im.last) < cfg.WarmIdle {
-			im.want = max(im.waiting, cfg.WarmPerImage)
+			im.want = max(im.waiting, min(cfg.WarmPerImage, max(im.peak, 1)))
 		}
 		// Ready cells beyond the image's want decay, oldest first.
 		for im.coming+len(im.ready) > im.want && len(im.ready) > 0 {
@@ -166,8 +190,10 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 	})
 	// Most recently used first: the last are the first evicted.
 	slices.SortFunc(warm, func(a, b *imageState) int { return cmp.Or(b.last.Compare(a.last), cmp.Compare(a.name, b.name)) })
-	for _, im := range waiting {
-		for need := im.waiting - im.coming - len(im.ready); need > 0; need-- {
+	// fill makes up to need cells of im, evicting from victims for why
+	// when the class is full.
+	fill := func(im *imageState, need int, victims []*imageState, why string) {
+		for ; need > 0; need-- {
 			switch {
 			case live < cfg.Target:
 				plan.create = append(plan.create, im.name)
@@ -175,17 +201,19 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 				live++
 			case freeing > 0:
 				freeing-- // a stop under way makes the room
-			case !evict(warm, plan.stop):
-				need = 0 // full of cells that claims hold or wait for: the claim waits
+			case !evict(victims, plan.stop, why):
+				return // full of cells in use, wanted or more recently used: it waits
 			}
 		}
 	}
-	for _, im := range append(waiting, warm...) {
-		for need := im.want - im.coming - len(im.ready); need > 0 && live < cfg.Target; need-- {
-			plan.create = append(plan.create, im.name)
-			im.coming++
-			live++
-		}
+	for _, im := range waiting {
+		fill(im, im.waiting-im.coming-len(im.ready), warm, "evicted for a claim of another image")
+	}
+	for _, im := range waiting {
+		fill(im, im.want-im.coming-len(im.ready), nil, "")
+	}
+	for i, im := range warm {
+		fill(im, im.want-im.coming-len(im.ready), warm[i+1:], "evicted for a more recently used image")
 	}
 	seen := make([]ImageStatus, 0, len(images))
 	for _, im := range images {
@@ -207,13 +235,14 @@ type ImageStatus struct {
 	Ready, Provisioning, Waiting int
 }
 
-// evict stops the oldest ready cell of the least recently used image of
-// warm (images no claim waits for) that has one: it makes room in a full
-// pool once destroyed. It reports whether it found one.
-func evict(warm []*imageState, stop map[uuid.UUID]string) bool {
+// evict stops, for why, the oldest ready cell of the least recently used
+// image of warm (images no claim waits for, most recently used first) that
+// has one: it makes room in a full pool once destroyed. It reports whether
+// it found one.
+func evict(warm []*imageState, stop map[uuid.UUID]string, why string) bool {
 	for i := len(warm) - 1; i >= 0; i-- {
 		if im := warm[i]; len(im.ready) > 0 {
-			stop[im.ready[0].CellID] = "evicted for a claim of another image"
+			stop[im.ready[0].CellID] = why
 			im.ready = im.ready[1:]
 			return true
 		}

@@ -13,7 +13,7 @@ import (
 
 // Defaults of an image class (CONTRACT §21).
 const (
-	// DefaultWarmPerImage is how many ready cells an image class keeps of
+	// DefaultWarmPerImage is the most ready cells an image class keeps of
 	// each recently claimed image, unless Config.WarmPerImage says.
 	DefaultWarmPerImage = 1
 	// DefaultWarmIdle is how long an image stays warm after its last

@@ -73,9 +73,11 @@ type Config struct {
 	// (driver.Capabilities.Images). Only claims that name an image take
 	// its cells.
 	Images []string
-	// WarmPerImage is how many ready cells an image class keeps of each
+	// WarmPerImage is the most ready cells an image class keeps of each
 	// image claimed (or waited for) within WarmIdle (default
-	// DefaultWarmPerImage), within Target.
+	// DefaultWarmPerImage), within Target: as many as the most of the
+	// image's cells in use at once (leased or waited for) lately, at least
+	// one.
 	WarmPerImage int
 	// WarmIdle is how long an image stays warm after its last claim or
 	// wait (default DefaultWarmIdle); then its ready cells beyond the

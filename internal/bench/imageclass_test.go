@@ -52,8 +52,8 @@ func TestZipfTrace(t *testing.T) {
 // live cells stay within max_cells. How many were warm is the bench's
 // figure (it depends on timing), not asserted here.
 func TestReplayTrace(t *testing.T) {
-	r := &WarmHitReport{Claims: 40, Images: 6, ZipfS: 1.1, Concurrency: 4, HoldMS: 20, MaxCold: 2, WarmPerImage: 1}
-	r.MaxCells = r.Images*r.WarmPerImage + r.Concurrency + r.MaxCold
+	r := &WarmHitReport{Claims: 40, Images: 6, ZipfS: 1.1, Concurrency: 4, HoldMS: 20, MaxCold: 2, WarmPerImage: 2}
+	r.MaxCells = r.Images + r.Concurrency + r.MaxCold
 	refs := make([]string, r.Images)
 	for i := range refs {
 		refs[i] = fmt.Sprintf("registry.bench/trace/img-%02d@sha256:%064x", i, i+1)

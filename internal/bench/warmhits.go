@@ -171,15 +171,16 @@ func replayTrace(ctx context.Context, plane *sandboxwich.Plane, rel lease.Releas
 
 // newWarmHitReport is the trace's shape: the whole one, or quick's.
 func newWarmHitReport(quick bool) *WarmHitReport {
-	r := &WarmHitReport{Claims: 500, Images: 50, ZipfS: 1.1, Concurrency: 8, HoldMS: 2000, MaxCold: 4, WarmPerImage: 1}
+	r := &WarmHitReport{Claims: 500, Images: 50, ZipfS: 1.1, Concurrency: 8, HoldMS: 2000, MaxCold: 4, WarmPerImage: 3}
 	if quick {
 		r.Claims, r.Images = 120, 15
 	}
-	// Room for a warm cell of every image, beside the trace's leases, the
+	// Room for one warm cell of every image, beside the trace's leases, the
 	// provisions in flight (max_cold) and the stops of released cells (one
-	// a worker at most): the class does not fill, so no claim waits for an
-	// eviction and no warm cell goes unreplaced for want of room.
-	r.MaxCells = r.Images*r.WarmPerImage + 2*r.Concurrency + r.MaxCold
+	// a worker at most). The most claimed images keep up to warm_per_image
+	// warm cells (as many as were in use at once), evicting the least
+	// recently used images' when the class is full.
+	r.MaxCells = r.Images + 2*r.Concurrency + r.MaxCold
 	return r
 }
 
