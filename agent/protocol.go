@@ -72,6 +72,11 @@ type Status struct {
 	CellID string `json:"cell_id"`
 	// Digest is "sha256:<hex>" of the agent's own executable.
 	Digest string `json:"digest"`
+	// Kernel is the kernel release the agent sees (uname's release field),
+	// "" where it cannot tell: under gVisor, gVisor's own kernel, not the
+	// host's. A driver may check it at admission, when nothing but the
+	// agent has run in the cell.
+	Kernel string `json:"kernel,omitempty"`
 }
 
 // ProtocolVersion is the Activation version this package speaks.

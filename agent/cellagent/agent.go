@@ -47,9 +47,10 @@ type Config struct {
 //
 // An Agent implements agent.Conn; it is safe for concurrent use.
 type Agent struct {
-	cfg   Config
-	log   *slog.Logger
-	procs *procTable
+	cfg    Config
+	log    *slog.Logger
+	procs  *procTable
+	kernel string // the kernel release the agent sees (Status.Kernel)
 
 	mu     sync.Mutex
 	gate   *agent.Gate
@@ -90,11 +91,12 @@ func New(cfg Config) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Agent{
-		cfg:   cfg,
-		log:   log,
-		procs: newProcTable(),
-		gate:  agent.NewGate(cfg.CellID),
-		ended: make(chan struct{}),
+		cfg:    cfg,
+		log:    log,
+		procs:  newProcTable(),
+		gate:   agent.NewGate(cfg.CellID),
+		kernel: kernelRelease(),
+		ended:  make(chan struct{}),
 	}, nil
 }
 
@@ -103,7 +105,7 @@ func (a *Agent) Status(ctx context.Context) (agent.Status, error) {
 	a.expireIfDue()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := agent.Status{State: a.gate.State(time.Now()), CellID: a.cfg.CellID, Digest: a.cfg.Digest}
+	st := agent.Status{State: a.gate.State(time.Now()), CellID: a.cfg.CellID, Digest: a.cfg.Digest, Kernel: a.kernel}
 	if st.State != agent.Waiting {
 		st.Activations = 1
 	}

@@ -15,6 +15,9 @@ import (
 
 var errNoProcesses = agent.Errorf(agent.CodeUserUnsupported, "the cell agent runs processes on Linux only")
 
+// kernelRelease is unknown outside Linux.
+func kernelRelease() string { return "" }
+
 // HelperMain returns at once: there is no helper outside Linux.
 func HelperMain() {}
 

@@ -12,6 +12,23 @@ import (
 	"github.com/sandboxwich/sandboxwich/agent"
 )
 
+// kernelRelease returns the release of the kernel the agent runs on, as
+// uname(2) reports it: inside gVisor, gVisor's own.
+func kernelRelease() string {
+	var u syscall.Utsname
+	if err := syscall.Uname(&u); err != nil {
+		return ""
+	}
+	b := make([]byte, 0, len(u.Release))
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
 // The process layer. Every child the agent starts goes through
 // procTable.spawn: it starts in its own session (so its process group and
 // session are numbered by its pid), and its exit status comes from the one

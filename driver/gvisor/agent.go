@@ -128,21 +128,20 @@ func (p *Provider) Agent(ctx context.Context, obj driver.Object) (agent.Conn, er
 }
 
 // awaitAgent waits until the agent of a started container answers its
-// status, within ctx and agentStartTimeout.
-func (p *Provider) awaitAgent(ctx context.Context, id string) error {
+// status through c, within ctx and agentStartTimeout, and returns it.
+func (p *Provider) awaitAgent(ctx context.Context, id string, c *agent.Client) (agent.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, agentStartTimeout)
 	defer cancel()
-	c := agent.NewClient(p.dialer(id))
 	for {
-		_, err := c.Status(ctx)
+		st, err := c.Status(ctx)
 		if err == nil {
-			return nil
+			return st, nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("the cell agent did not answer: %w (%w)", ctx.Err(), err)
+			return agent.Status{}, fmt.Errorf("the cell agent did not answer: %w (%w)", ctx.Err(), err)
 		}
 		if st := p.r.stateFile(id); st != nil && (st.Status != statusRunning || !p.isSandboxProcess(st.Pid, id)) {
-			return fmt.Errorf("the container's sandbox stopped before its agent answered (runsc state: %s): %w", st.Status, err)
+			return agent.Status{}, fmt.Errorf("the container's sandbox stopped before its agent answered (runsc state: %s): %w", st.Status, err)
 		}
 		select {
 		case <-ctx.Done():

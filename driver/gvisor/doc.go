@@ -60,7 +60,8 @@
 // # Guarantees
 //
 //   - Isolation: a cell has no network (--network=none), sees its own
-//     kernel (Provision checks from inside that the kernel release differs
+//     kernel (Provision checks from inside, with the release the cell agent
+//     reports when it first answers, that the kernel release differs
 //     from the host's before anything else runs there), and gets nothing of
 //     the driver's environment; command lines carry only paths, IDs and PIDs.
 //   - Limits: Config.MemoryLimitBytes (default 512 MiB), Config.CPUs

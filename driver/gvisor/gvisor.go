@@ -653,26 +653,21 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string, img *i
 		return driver.Object{}, errors.New("runsc reports another container under the same ID")
 	}
 	// The admission's kernel check from inside (Inspect's, remembered for
-	// this identity) runs while the agent starts: each waits on the
-	// sandbox, not on the other. Its outcome is Inspect's to read; a cell
-	// whose agent never answered is not checked to the end.
-	checkCtx, stopCheck := context.WithCancel(ctx)
-	defer stopCheck()
-	checked := make(chan struct{})
-	go func() {
-		defer close(checked)
-		_ = p.checkKernel(checkCtx, id, st, new(driver.Observation))
-	}()
-	err = p.awaitAgent(ctx, id)
-	if err != nil {
-		stopCheck()
-	}
-	<-checked
+	// this identity) reads the kernel release the agent reports: nothing
+	// but the agent has run in the cell yet, and its uname is answered by
+	// the sandbox's kernel as any process's is. The connection the agent
+	// answered on is the one the cell's first lease operation uses.
+	identity := identityOf(st)
+	status, err := p.awaitAgent(ctx, id, p.client(identity, id))
 	if err != nil {
 		p.forget(id)
+		p.dropAgents(id)
 		return driver.Object{}, err
 	}
-	return driver.Object{CellID: cell, Identity: identityOf(st)}, nil
+	if status.Kernel != "" {
+		p.judgeKernel(id, st, status.Kernel, new(driver.Observation))
+	}
+	return driver.Object{CellID: cell, Identity: identity}, nil
 }
 
 func randomHex(n int) (string, error) {
@@ -689,8 +684,9 @@ func randomHex(n int) (string, error) {
 // runsc's. RuntimeClass is gvisor_lower_risk only when both hold.
 //
 // The check from inside costs an exec, so it runs once per object, and
-// Provision runs it while the cell's agent starts: an identity that passed
-// it is remembered, and later inspections of the same identity read
+// Provision makes it with the release the cell's agent reports when it
+// first answers (before anything else ran in the cell): an identity that
+// passed it is remembered, and later inspections of the same identity read
 // runsc's state file and check that the container's sandbox process is
 // still runsc's. A container cannot change runtime without changing
 // identity (a new container gets a new nonce).
@@ -740,7 +736,6 @@ func (p *Provider) Inspect(ctx context.Context, obj driver.Object) (o driver.Obs
 // gvisor_lower_risk when both hold (and then st's identity is remembered
 // as verified), and the Detail. The error is ctx's, when it ended.
 func (p *Provider) checkKernel(ctx context.Context, id string, st *containerState, o *driver.Observation) error {
-	sandbox := p.isSandboxProcess(st.Pid, id)
 	release, code, err := p.runInside(ctx, id, "uname", "-r")
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -752,8 +747,19 @@ func (p *Provider) checkKernel(ctx context.Context, id string, st *containerStat
 		o.Detail = fmt.Sprintf("runsc reports container %s running, but `uname -r` in it exited %d", id, code)
 		return nil
 	}
+	p.judgeKernel(id, st, string(release), o)
+	return nil
+}
+
+// judgeKernel records in o what the kernel release a process in running
+// container id (state st) saw tells: Ready, RuntimeClass
+// gvisor_lower_risk when it is not the host's and st's sandbox process is
+// runsc's (and then st's identity is remembered as verified), and the
+// Detail.
+func (p *Provider) judgeKernel(id string, st *containerState, release string, o *driver.Observation) {
+	sandbox := p.isSandboxProcess(st.Pid, id)
 	o.Ready = true
-	ok, why := sandboxedKernel(p.hostKernel, string(release))
+	ok, why := sandboxedKernel(p.hostKernel, release)
 	switch {
 	case !sandbox:
 		o.Detail = fmt.Sprintf("runsc reports container %s running, but its pid %d is not a runsc sandbox process; %s", id, st.Pid, why)
@@ -764,7 +770,6 @@ func (p *Provider) checkKernel(ctx context.Context, id string, st *containerStat
 		o.Detail = fmt.Sprintf("runsc reports container %s running in sandbox pid %d; %s", id, st.Pid, why)
 		p.verified.Store(identityOf(st), struct{}{})
 	}
-	return nil
 }
 
 // forget drops the verified identities of a container, and its gofer.

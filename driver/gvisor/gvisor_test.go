@@ -407,13 +407,11 @@ func TestInspectRefusesHostKernel(t *testing.T) {
 	cfg := testConfig(t)
 	p := newProvider(t, cfg)
 	obj := provision(t, p)
+	// Provision judged the kernel release the cell's agent reported: the
+	// provider trusts the identity it verified, without an exec.
 	o, err := p.Inspect(context.Background(), obj)
-	if err != nil || o.RuntimeClass != lease.GVisorLowerRisk {
-		t.Fatalf("Inspect = %+v, %v", o, err)
-	}
-	// The same provider trusts the identity it verified, without an exec.
-	if o, err = p.Inspect(context.Background(), obj); err != nil || !strings.Contains(o.Detail, "verified from inside earlier") {
-		t.Fatalf("second Inspect = %+v, %v", o, err)
+	if err != nil || o.RuntimeClass != lease.GVisorLowerRisk || !strings.Contains(o.Detail, "verified from inside earlier") {
+		t.Fatalf("Inspect after Provision = %+v, %v; want the identity verified at Provision", o, err)
 	}
 	// A restarted provider has verified nothing yet: it checks from
 	// inside again, and refuses when the kernels match.
@@ -432,6 +430,12 @@ func TestInspectRefusesHostKernel(t *testing.T) {
 	}
 	if driver.Verify(obj, o, lease.GVisorLowerRisk) == nil {
 		t.Error("Verify accepts an unverified observation")
+	}
+	// The agent's release is judged as an exec's is: a cell provisioned
+	// by that provider is not verified at Provision either.
+	obj = provision(t, p)
+	if o, err = p.Inspect(context.Background(), obj); err != nil || o.RuntimeClass != "" || !strings.Contains(o.Detail, "host's kernel") {
+		t.Errorf("Inspect of a cell provisioned with an equal kernel = %+v, %v", o, err)
 	}
 }
 
@@ -872,11 +876,11 @@ func TestInstallationsShareStateRoot(t *testing.T) {
 }
 
 // TestCellRunscCalls: a cell's whole life — Provision, the admission's
-// Inspect, Destroy — starts runsc four times: run --detach (create and
-// start), exec (the kernel checked from inside, while the agent starts, so
-// within Provision), delete and the state that proves the container gone.
-// Every other look at the container reads runsc's own state file
-// (Provider.state), and `runsc state` answers absence.
+// Inspect, Destroy — starts runsc three times: run --detach (create and
+// start), delete and the state that proves the container gone. The kernel
+// is checked from inside with the release the agent reports when it first
+// answers (no exec), every other look at the container reads runsc's own
+// state file (Provider.state), and `runsc state` answers absence.
 func TestCellRunscCalls(t *testing.T) {
 	requireRunsc(t)
 	t.Parallel()
@@ -916,7 +920,7 @@ func TestCellRunscCalls(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
-	if got, want := calls(), []string{"run", "exec"}; !slices.Equal(got, want) {
+	if got, want := calls(), []string{"run"}; !slices.Equal(got, want) {
 		t.Errorf("Provision started runsc for %q, want %q", got, want)
 	}
 	o, err := p.Inspect(ctx, obj)
@@ -926,7 +930,7 @@ func TestCellRunscCalls(t *testing.T) {
 	if err := p.Destroy(ctx, obj); err != nil {
 		t.Fatalf("Destroy: %v", err)
 	}
-	if got, want := calls(), []string{"run", "exec", "delete", "state"}; !slices.Equal(got, want) {
+	if got, want := calls(), []string{"run", "delete", "state"}; !slices.Equal(got, want) {
 		t.Errorf("runsc was started for %q, want %q", got, want)
 	}
 }
