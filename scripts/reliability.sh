@@ -105,6 +105,9 @@ harness lin-partition 5m "${bin[@]}" -duration "$lin_time"
 # 2. Crash recovery: SIGKILL loops.
 harness crash-dir 8m "${bin[@]}" "${mode[@]}"
 harness crash-gvisor 12m "${bin[@]}" "${mode[@]}"
+# … with an image class (CONTRACT §21): claims of three marked images from
+# a loopback registry, waiting while cells of them are made on demand.
+harness crash-gvisor-images 12m "${bin[@]}" "${mode[@]}"
 # … and two of them at once, two installations on one runsc state root.
 harness crash-two-gvisor 12m "${bin[@]}" "${mode[@]}"
 # … and the cell agent's fence on real gVisor cells (the agent binary sits

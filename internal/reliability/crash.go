@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/internal/dirprovider"
+	"github.com/sandboxwich/sandboxwich/internal/testimage"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -59,7 +60,13 @@ type CrashConfig struct {
 	// root destroys only its own installation's containers at the end and
 	// leaves the roots to the caller (RemoveGVisorRoots).
 	SharedRoot string
-	Seed       uint64
+	// Images, for the gvisor provider, makes the pool an image class
+	// (CONTRACT §21) of this many images — a static busybox and a marker
+	// of its own each, on a loopback registry, pulled on demand into the
+	// server's image cache — and every claim names one of them, with
+	// wait_seconds (Target is then max_cells, MaxProv max_cold).
+	Images int
+	Seed   uint64
 }
 
 // CrashReport is what a crash loop observed.
@@ -73,7 +80,10 @@ type CrashReport struct {
 	Final                      string // member counts after convergence
 	Objects                    int    // provider objects after convergence
 	ConvergeTime               time.Duration
-	Violations                 []string
+	// ImageLeases counts the leases of an image class whose cell was
+	// checked to run the image its claim named (CrashConfig.Images).
+	ImageLeases int
+	Violations  []string
 }
 
 func (r CrashReport) String() string {
@@ -85,6 +95,9 @@ func (r CrashReport) String() string {
 		"%d snapshots, max live %d, converged in %s to %s with %d provider objects",
 		r.Kills, strings.Join(parts, " "), r.Claims, r.Releases, r.Leases, r.Snapshots, r.MaxLive,
 		r.ConvergeTime.Round(100*time.Millisecond), r.Final, r.Objects)
+	if r.ImageLeases > 0 {
+		s += fmt.Sprintf(", %d leases each on a cell of its claim's image (canary caught)", r.ImageLeases)
+	}
 	if n := len(r.Violations); n > 0 {
 		s += fmt.Sprintf("; %d VIOLATIONS: %s", n, strings.Join(r.Violations[:min(n, 5)], "; "))
 	}
@@ -106,10 +119,15 @@ type crashRun struct {
 	dirOf string
 	acks  map[string]string // claim ID → lease ID of every answered claim
 	codes map[string]int    // "status/code" of every 5xx answer, retries included
+	refs  []string          // an image class's images (CrashConfig.Images)
+	// imageOf maps the lease ID of every answered claim of an image to
+	// that image.
+	imageOf map[string]string
 }
 
 func newCrashRun(env *Env, cfg CrashConfig) *crashRun {
-	r := &crashRun{cfg: cfg, env: env, hist: NewHistory(cfg.Target), acks: map[string]string{}, codes: map[string]int{}}
+	r := &crashRun{cfg: cfg, env: env, hist: NewHistory(cfg.Target), acks: map[string]string{}, codes: map[string]int{},
+		imageOf: map[string]string{}}
 	r.rep.Interrupted = map[string]int{}
 	return r
 }
@@ -162,6 +180,18 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 		LogFile: filepath.Join(env.Dir, "server.log"),
 		Pool:    PoolSpec{Provider: cfg.Provider, Target: cfg.Target, MaxProvisioning: cfg.MaxProv, ReadyTTLSeconds: cfg.ReadyTTL, Settings: settings},
 		Extra:   []string{"SANDBOXWICH_POOL_LOCK_TTL_MS=" + strconv.Itoa(int(cfg.LockTTL/time.Millisecond))}}
+	if cfg.Images > 0 {
+		if cfg.Provider != "gvisor" {
+			return r.rep, errors.New("an image class needs the gvisor provider")
+		}
+		reg, err := r.serveImages(cfg.Images)
+		if err != nil {
+			return r.rep, err
+		}
+		defer reg.Close()
+		settings["image_cache_dir"] = filepath.Join(env.Dir, "images")
+		r.spec.Pool.Images = reg.Host + "/rel/*"
+	}
 	faults := func(on bool) {
 		s := r.spec.Pool.Settings
 		if on && cfg.Provider == "dir" {
@@ -249,7 +279,10 @@ func (r *crashRun) settle(ctx context.Context, db *DB, stop func()) Snapshot {
 		if err == nil {
 			r.hist.Observe(s)
 			objs, lerr := r.objects(ctx)
-			if lerr == nil && s.Live() == cfg.Target && len(CheckObjects(s, objs, true)) == 0 {
+			// An image class keeps warm cells of the images claimed, not
+			// a target.
+			full := cfg.Images > 0 || s.Live() == cfg.Target
+			if lerr == nil && full && len(CheckObjects(s, objs, true)) == 0 {
 				settled = true
 				break
 			}
@@ -265,6 +298,9 @@ func (r *crashRun) settle(ctx context.Context, db *DB, stop func()) Snapshot {
 		r.hist.mu.Unlock()
 	}
 	r.checkAcknowledged(final)
+	if cfg.Images > 0 {
+		r.checkImages(final)
+	}
 	r.rep.Final = final.Counts()
 	r.rep.Snapshots, r.rep.MaxLive, r.rep.Leases = r.hist.Stats()
 	r.rep.Violations = append(r.rep.Violations, r.hist.Violations()...)
@@ -343,12 +379,19 @@ func (r *crashRun) load(i int) {
 	binding := lease.Binding{OrganizationID: "org-crash", WorkspaceID: "ws", ThreadID: fmt.Sprintf("t-%d", i), RunnerSessionID: "s"}
 	var claimID uuid.UUID
 	seconds := uint64(10) // below the pool's ready TTL, so that ready cells are claimable
+	wait := uint64(20)
+	var req wire.ClaimRequest
 	for !r.stop.Load() {
 		if claimID == uuid.Nil {
+			// A claim's retries resend its body: its image too.
 			claimID = uuid.Must(uuid.NewV7())
+			req = wire.ClaimRequest{ClaimID: &claimID, Release: r.env.Release, Binding: binding, LeaseSeconds: &seconds}
+			if len(r.refs) > 0 {
+				req.Image, req.WaitSeconds = &r.refs[rng.IntN(len(r.refs))], &wait
+			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		c, err := cl.Claim(ctx, wire.ClaimRequest{ClaimID: &claimID, Release: r.env.Release, Binding: binding, LeaseSeconds: &seconds})
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second+time.Duration(wait)*time.Second)
+		c, err := cl.Claim(ctx, req)
 		cancel()
 		var ce *client.Error
 		switch {
@@ -368,6 +411,9 @@ func (r *crashRun) load(i int) {
 		r.count(func() { r.rep.Claims++ })
 		r.hist.Claimed(c.Lease.LeaseID.String(), c.Lease.CellID.String())
 		r.ack(c)
+		if req.Image != nil {
+			r.count(func() { r.imageOf[c.Lease.LeaseID.String()] = *req.Image })
+		}
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
 		d := lease.Destroyed
 		if rng.IntN(10) == 0 {
@@ -476,6 +522,71 @@ func lostAcks(acks map[string]string, s Snapshot) []string {
 	for _, leaseID := range acks {
 		if !found[leaseID] {
 			out = append(out, fmt.Sprintf("acknowledged lease %s is on no cell", leaseID))
+		}
+	}
+	return out
+}
+
+// serveImages serves n marked busybox images (rel/img-NN) on a loopback
+// registry, the images of the run's claims.
+func (r *crashRun) serveImages(n int) (*testimage.Registry, error) {
+	busybox, err := testimage.StaticBusybox()
+	if err != nil {
+		return nil, err
+	}
+	reg, err := testimage.Serve()
+	if err != nil {
+		return nil, err
+	}
+	for i := range n {
+		img, err := testimage.Marked(busybox, strconv.Itoa(i))
+		if err == nil {
+			var ref string
+			ref, err = reg.Push(fmt.Sprintf("rel/img-%02d", i), img)
+			r.refs = append(r.refs, ref)
+		}
+		if err != nil {
+			_ = reg.Close()
+			return nil, err
+		}
+	}
+	return reg, nil
+}
+
+// checkImages verifies, on the final snapshot s, that every lease of an
+// image a client was given is on a cell of that image (the cells' image
+// is written once, when they are made), and that the check is not vacuous:
+// some were given, and one made to name another image is caught.
+func (r *crashRun) checkImages(s Snapshot) {
+	r.mu.Lock()
+	imageOf := maps.Clone(r.imageOf)
+	r.mu.Unlock()
+	for _, v := range wrongImages(imageOf, s) {
+		r.violation("%s", v)
+	}
+	r.rep.ImageLeases = len(imageOf)
+	if len(imageOf) == 0 {
+		r.violation("no claim of an image was answered with a lease")
+		return
+	}
+	for _, c := range s.Cells {
+		if image, ok := imageOf[c.Lease]; ok && c.Lease != "" {
+			imageOf[c.Lease] = image + "0" // another image, as a store that mixed them up would answer
+			break
+		}
+	}
+	if len(wrongImages(imageOf, s)) == 0 {
+		r.violation("canary: a lease on a cell of another image than its claim's went unnoticed")
+	}
+}
+
+// wrongImages returns a violation for every lease (lease ID → the image
+// its claim named) that s holds on a cell of another image.
+func wrongImages(imageOf map[string]string, s Snapshot) []string {
+	var out []string
+	for _, c := range s.Cells {
+		if want, ok := imageOf[c.Lease]; ok && c.Lease != "" && c.Image != want {
+			out = append(out, fmt.Sprintf("lease %s is on cell %s of image %q; its claim named %q", c.Lease, c.ID, c.Image, want))
 		}
 	}
 	return out

@@ -45,6 +45,9 @@ func (d *DB) Installation(ctx context.Context) (string, error) {
 type CellRow struct {
 	ID, State, Lease, Pool string
 	Generation             int
+	// Image is the image the cell runs, pinned by digest ("" for a
+	// pool's fixed image of a pool that names none).
+	Image string
 }
 
 // MemberRow is one row of pool_members.
@@ -133,13 +136,14 @@ func (d *DB) Snapshot(ctx context.Context) (Snapshot, error) {
 		}
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, `SELECT id, state, generation, COALESCE(lease_id, ''), COALESCE(pool_name, '') FROM cells`)
+	rows, err := tx.QueryContext(ctx, `SELECT id, state, generation, COALESCE(lease_id, ''), COALESCE(pool_name, ''),
+		COALESCE(image, '') FROM cells`)
 	if err != nil {
 		return s, err
 	}
 	for rows.Next() {
 		var c CellRow
-		if err := rows.Scan(&c.ID, &c.State, &c.Generation, &c.Lease, &c.Pool); err != nil {
+		if err := rows.Scan(&c.ID, &c.State, &c.Generation, &c.Lease, &c.Pool, &c.Image); err != nil {
 			rows.Close()
 			return s, err
 		}

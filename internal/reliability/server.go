@@ -77,6 +77,10 @@ type PoolSpec struct {
 	Provider        string // "dry-run", "dir" or "gvisor"
 	Target          int
 	MaxProvisioning int
+	// Images makes the pool an image class allowing this pattern
+	// (CONTRACT §21): Target is its max_cells, MaxProvisioning its
+	// max_cold.
+	Images          string
 	ReadyTTLSeconds int
 	// Settings are provider settings (SANDBOXWICH_<PROVIDER>_<KEY>).
 	Settings map[string]string
@@ -135,12 +139,17 @@ func (e *Env) environ(s ServerSpec, addr string) []string {
 		if maxProv == 0 {
 			maxProv = p.Target
 		}
-		env = append(env,
+		size := []string{"SANDBOXWICH_STERILE_POOL_TARGET=" + strconv.Itoa(p.Target),
+			"SANDBOXWICH_STERILE_POOL_MAX_PROVISIONING=" + strconv.Itoa(maxProv)}
+		if p.Images != "" {
+			size = []string{"SANDBOXWICH_STERILE_POOL_IMAGES=" + p.Images,
+				"SANDBOXWICH_STERILE_POOL_MAX_CELLS=" + strconv.Itoa(p.Target),
+				"SANDBOXWICH_STERILE_POOL_MAX_COLD=" + strconv.Itoa(maxProv)}
+		}
+		env = append(append(env, size...),
 			"SANDBOXWICH_STERILE_POOL_NAME=rel",
 			"SANDBOXWICH_STERILE_POOL_PROVIDER="+p.Provider,
 			"SANDBOXWICH_STERILE_POOL_TENANT_ID="+Tenant,
-			"SANDBOXWICH_STERILE_POOL_TARGET="+strconv.Itoa(p.Target),
-			"SANDBOXWICH_STERILE_POOL_MAX_PROVISIONING="+strconv.Itoa(maxProv),
 			"SANDBOXWICH_STERILE_POOL_READY_TTL_SECONDS="+strconv.Itoa(ttl),
 			"SANDBOXWICH_STERILE_POOL_RELEASE_SET_ID="+e.Release.ReleaseSetID,
 			"SANDBOXWICH_STERILE_POOL_RUNTIME_CLASS="+string(e.Release.RuntimeClass),

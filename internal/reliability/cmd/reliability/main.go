@@ -13,6 +13,7 @@
 //	lin-partition      lin-postgres with the servers in network namespaces whose links to PostgreSQL are cut and healed
 //	crash-dir          SIGKILL loop, SQLite, a pool on a file-backed provider that outlives the process
 //	crash-gvisor       SIGKILL loop, SQLite, a pool of real runsc (gVisor) cells
+//	crash-gvisor-images crash-gvisor with an image class: claims of marked images, pulled on demand
 //	crash-two-gvisor   two crash-gvisor loops of two installations sharing one runsc state root
 //	soak               mixed load at concurrency 64: 5xx, throughput, latency, memory, goroutines
 //	rss                the server's RSS with 100,000 terminal rows and 1,000 live leases, then a soak beside them
@@ -123,7 +124,7 @@ func dispatch(ctx context.Context, env *reliability.Env, check string, o options
 	switch check {
 	case "lin-sqlite-worker", "lin-sqlite-pool", "lin-postgres", "lin-partition":
 		return lin(ctx, env, check, o)
-	case "crash-dir", "crash-gvisor":
+	case "crash-dir", "crash-gvisor", "crash-gvisor-images":
 		return crash(ctx, env, check, o)
 	case "crash-two-gvisor":
 		return crashTwo(ctx, env, o)
@@ -213,7 +214,7 @@ func crash(ctx context.Context, env *reliability.Env, check string, o options) (
 		}
 		cfg.Provider, cfg.Target, cfg.MaxProv, cfg.Clients = "dir", 8, 4, 12
 		cfg.MinUp, cfg.MaxUp, cfg.LockTTL, cfg.Converge = 200*time.Millisecond, 2*time.Second, 3*time.Second, 60*time.Second
-	case "crash-gvisor":
+	case "crash-gvisor", "crash-gvisor-images":
 		if _, err := exec.LookPath("runsc"); err != nil {
 			return false, "runsc is not installed (scripts/install-runsc.sh)"
 		}
@@ -222,6 +223,11 @@ func crash(ctx context.Context, env *reliability.Env, check string, o options) (
 		}
 		cfg.Provider, cfg.Target, cfg.MaxProv, cfg.Clients, cfg.ReadyTTL = "gvisor", 2, 2, 2, 60
 		cfg.MinUp, cfg.MaxUp, cfg.LockTTL, cfg.Converge = 500*time.Millisecond, 8*time.Second, 10*time.Second, 3*time.Minute
+		if check == "crash-gvisor-images" {
+			// Three images in three cells: claims wait while cells of
+			// their image are made, and a full class evicts.
+			cfg.Images, cfg.Target = 3, 3
+		}
 	}
 	cfg.Kills = kills
 	rep, err := reliability.RunCrash(ctx, env, cfg)
