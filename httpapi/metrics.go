@@ -157,21 +157,37 @@ func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // poolCollector reports, per configured pool, whether its provider is
-// failing to prepare (its image cannot be pulled, CONTRACT §15), read from
-// the reconciler at scrape time.
+// failing to prepare (its image cannot be pulled, CONTRACT §15), its
+// members by state, and for an image class (CONTRACT §21) how many images
+// have a warm cell and how many claims wait for one, read from the
+// reconciler at scrape time. Per-image figures are on /v1/pools
+// (image_cells), not labels here: an image class may serve thousands of
+// images, a series each.
 type poolCollector struct {
-	plane *sandboxwich.Plane
-	desc  *prometheus.Desc
+	plane                          *sandboxwich.Plane
+	desc, members, warm, waitingBy *prometheus.Desc
 }
 
 func newPoolCollector(plane *sandboxwich.Plane) *poolCollector {
 	return &poolCollector{plane: plane, desc: prometheus.NewDesc("sandboxwich_pool_unprepared",
 		"1 while the pool's provider cannot prepare its cells (such as a pinned image that cannot be pulled; "+
-			"the pool creates no cell and retries with back-off, /v1/pools last_error says why), else 0.", []string{"pool"}, nil)}
+			"the pool creates no cell and retries with back-off, /v1/pools last_error says why), else 0.", []string{"pool"}, nil),
+		members: prometheus.NewDesc("sandboxwich_pool_members",
+			"The pool's live members by state (for an image class: provisioning are its cold provisions in flight, "+
+				"ready its warm cells).", []string{"pool", "state"}, nil),
+		warm: prometheus.NewDesc("sandboxwich_image_class_warm_images",
+			"Images of an image class with at least one ready cell, as of its last pass.", []string{"pool"}, nil),
+		waitingBy: prometheus.NewDesc("sandboxwich_image_class_claims_waiting",
+			"Claims of this replica waiting for a cell of an image class, as of its last pass.", []string{"pool"}, nil)}
 }
 
 // Describe implements prometheus.Collector.
-func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.members
+	ch <- c.warm
+	ch <- c.waitingBy
+}
 
 // Collect implements prometheus.Collector.
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -188,6 +204,23 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, st.Name)
+		for _, s := range lease.MemberStates {
+			if s.Live() {
+				ch <- prometheus.MustNewConstMetric(c.members, prometheus.GaugeValue, float64(st.Members[s]), st.Name, string(s))
+			}
+		}
+		if len(st.ImageClass) == 0 {
+			continue
+		}
+		warm, waiting := 0, 0
+		for _, im := range st.Images {
+			if im.Ready > 0 {
+				warm++
+			}
+			waiting += im.Waiting
+		}
+		ch <- prometheus.MustNewConstMetric(c.warm, prometheus.GaugeValue, float64(warm), st.Name)
+		ch <- prometheus.MustNewConstMetric(c.waitingBy, prometheus.GaugeValue, float64(waiting), st.Name)
 	}
 }
 

@@ -221,3 +221,41 @@ func TestImageCacheMetricsWithoutCaches(t *testing.T) {
 		t.Errorf("metrics report an image cache:\n%s", m)
 	}
 }
+
+// TestImageClassMetrics: /metrics reports each pool's live members by
+// state, and for an image class how many images have a warm cell and how
+// many claims wait (per-image figures stay on /v1/pools).
+func TestImageClassMetrics(t *testing.T) {
+	e, swe, _ := imagesEnv(t)
+	ctx := t.Context()
+	a := testImage("task-a", 'a')
+	swe.Cache().Put(a, 10)
+	sts, err := e.plane.PoolStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A claim of a that finds no cell marks it warm; a pass makes its cell.
+	res, err := e.plane.Claim(ctx, "acme", sandboxwich.ClaimRequest{Release: sts[0].Release, Image: a,
+		Binding: lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}})
+	if err != nil || res.Lease != nil {
+		t.Fatalf("the first claim of %s: %v %v, want empty", a, res, err)
+	}
+	e.plane.Pools().Pass(ctx)
+	e.plane.Pools().Pass(ctx) // the image figures are those its last pass planned with
+	metrics := string(e.do("GET", "/metrics", tokAcme, nil).must(t, 200).body)
+	for _, line := range []string{
+		`sandboxwich_pool_members{pool="swe",state="ready"} 1` + "\n",
+		`sandboxwich_pool_members{pool="swe",state="provisioning"} 0` + "\n",
+		`sandboxwich_pool_members{pool="fixed",state="ready"} 1` + "\n",
+		`sandboxwich_image_class_warm_images{pool="swe"} 1` + "\n",
+		`sandboxwich_image_class_claims_waiting{pool="swe"} 0` + "\n",
+		`sandboxwich_image_class_warm_images{pool="theirs"} 0` + "\n",
+	} {
+		if !strings.Contains(metrics, line) {
+			t.Errorf("metrics lack %q", line)
+		}
+	}
+	if strings.Contains(metrics, `sandboxwich_image_class_warm_images{pool="fixed"}`) {
+		t.Error("a fixed pool reports image-class figures")
+	}
+}
