@@ -173,6 +173,8 @@ func TestDependencyDirection(t *testing.T) {
 			func(_, imp string) bool { return imp == "lease" }},
 		{"egress imports only errcode", in("egress"),
 			func(_, imp string) bool { return imp == "errcode" }},
+		{"egress/gateway imports only egress and errcode", in("egress/gateway"),
+			func(_, imp string) bool { return imp == "egress" || imp == "errcode" }},
 		{"agent imports only lease, errcode, fence and attest", in("agent"),
 			func(_, imp string) bool { return pure(imp) }},
 		{"agent/cellagent imports only agent and the pure cores", func(p string) bool { return under(p, "agent/cellagent") },

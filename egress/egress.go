@@ -368,6 +368,21 @@ func (p Policy) Allows(host string, port uint16) bool {
 	return reason == "" && p.admits(h, port)
 }
 
+// AllowsName reports whether p lets a cell reach host on some port: what a
+// gateway asks before it answers a DNS query for host.
+func (p Policy) AllowsName(host string) bool {
+	h, reason := canonicalHost(host, false)
+	if reason != "" {
+		return false
+	}
+	for _, e := range p.entries {
+		if e.matches(h, e.Port) {
+			return true
+		}
+	}
+	return false
+}
+
 // admits reports whether an entry of p matches the canonical host on port.
 func (p Policy) admits(host string, port uint16) bool {
 	for _, e := range p.entries {

@@ -341,6 +341,20 @@ func TestAllows(t *testing.T) {
 		if got := p.Allows(tc.host, tc.port); got != tc.want {
 			t.Errorf("Allows(%q, %d) = %v, want %v", tc.host, tc.port, got, tc.want)
 		}
+		// A name allowed on a port is allowed as a name; AllowsName
+		// refuses what Allows refuses on every port.
+		if tc.want && !p.AllowsName(tc.host) {
+			t.Errorf("AllowsName(%q) = false, yet Allows on %d", tc.host, tc.port)
+		}
+	}
+	for host, want := range map[string]bool{"pkgs.test": true, "A.B.Files.Test.": true, "files.test": false,
+		"a.pkgs.test": false, "*.files.test": false, "127.0.0.1": false, "": false, "evil.test": false} {
+		if got := p.AllowsName(host); got != want {
+			t.Errorf("AllowsName(%q) = %v, want %v", host, got, want)
+		}
+	}
+	if egress.None.AllowsName("pkgs.test") {
+		t.Error("None allows a name")
 	}
 }
 
