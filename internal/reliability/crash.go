@@ -253,7 +253,43 @@ func RunCrash(ctx context.Context, env *Env, cfg CrashConfig) (CrashReport, erro
 	stopSampling()
 	wg.Wait()
 	r.settle(ctx, db, srv.Kill)
+	if g, ok := r.prov.(*gvisor.Provider); ok && cfg.SharedRoot == "" {
+		// Every container destroyed, no runsc process may remain under
+		// the run's state root: a sandbox whose `runsc run` a kill cut
+		// short before it wrote the container's state is in no list.
+		destroyAll(g)
+		if procs := runscProcesses(settings["state_dir"], 5*time.Second); len(procs) > 0 {
+			r.violation("runsc processes remain under the state root once every container was destroyed: %s",
+				strings.Join(procs, ", "))
+		}
+	}
 	return r.rep, nil
+}
+
+// runscProcesses returns the host processes (pid and program) run with
+// --root=root that are still there after grace.
+func runscProcesses(root string, grace time.Duration) []string {
+	var found []string
+	for deadline := time.Now().Add(grace); ; time.Sleep(100 * time.Millisecond) {
+		found = found[:0]
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err != nil || len(raw) == 0 {
+				continue
+			}
+			argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+			for i, a := range argv {
+				if a == "--root="+root || (a == "--root" && i+1 < len(argv) && argv[i+1] == root) {
+					found = append(found, e.Name()+" ("+filepath.Base(argv[0])+")")
+					break
+				}
+			}
+		}
+		if len(found) == 0 || time.Now().After(deadline) {
+			return found
+		}
+	}
 }
 
 // connect adds a load client of the server at addr.
