@@ -209,6 +209,35 @@ func TestImageClassWarmFollowsDemand(t *testing.T) {
 	}
 }
 
+// TestImageClassCapacity: a wait that ends while the class has no room
+// for a cell of its image (max_cells 1, the one cell leased) answers
+// empty_reason capacity, durably; once the class has room, a claim of the
+// image gets its cell.
+func TestImageClassCapacity(t *testing.T) {
+	e, prov := classEnv(t, 1, func(c *pool.Config) { c.MaxProvisioning = 1 })
+	a, b := img("task-a", 'a'), img("task-b", 'b')
+	held := e.claimWaiting(t, a, 1)
+	req := sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: b, WaitSeconds: 1}
+	got := e.claimAsync(e.ctx, req)
+	waitFor(t, "the claim waits", func() bool { return e.plane.WaitingClaims() == 1 })
+	e.passes(1) // no room: the class's one cell is leased
+	out := <-got
+	if out.err != nil || out.res.Lease != nil || out.res.EmptyReason != sandboxwich.EmptyCapacity {
+		t.Fatalf("a wait in a full class: %v %v, want empty (capacity)", out.res, out.err)
+	}
+	if res, err := e.plane.Claim(e.ctx, "acme", req); err != nil || !res.Replayed || res.EmptyReason != sandboxwich.EmptyCapacity {
+		t.Fatalf("its retry: %v %v, want the capacity answer replayed", res, err)
+	}
+	e.release(t, held...)
+	e.passes(3) // a's cell destroyed, and a warm cell of a made
+	got = e.claimAsync(e.ctx, sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: binding, Image: b, WaitSeconds: 60})
+	waitFor(t, "the claim waits", func() bool { return e.plane.WaitingClaims() == 1 })
+	e.passes(3) // a's warm cell evicted, destroyed; b's made
+	if out := <-got; out.err != nil || out.res.Lease == nil || prov.Image(out.res.Lease.CellID) != b {
+		t.Fatalf("the claim of %s once the class has room: %v %v, want a cell of it", b, out.res, out.err)
+	}
+}
+
 // slowClass is a plane on the real clock with an image class whose
 // provider takes latency to provision, edited by edit; the reconciler
 // runs in the background.

@@ -16,8 +16,15 @@ import (
 // MaxWaitSeconds is the longest a claim may wait for a cell (CONTRACT §21).
 const MaxWaitSeconds = 300
 
-// EmptyWaitElapsed: the claim waited wait_seconds and no cell came.
-const EmptyWaitElapsed EmptyReason = "wait_elapsed"
+const (
+	// EmptyWaitElapsed: the claim waited wait_seconds and no cell came.
+	EmptyWaitElapsed EmptyReason = "wait_elapsed"
+	// EmptyCapacity: the claim waited wait_seconds and no cell came, and
+	// its image class had no room to make one: max_cells of cells in use,
+	// waited for, or of images used more recently (CONTRACT §21). Raising
+	// max_cells is the remedy.
+	EmptyCapacity EmptyReason = "capacity"
+)
 
 // waitPoll is how often the claim at the head of a wait queue tries again
 // without being woken: cells admitted by another replica's reconciler, or
@@ -211,6 +218,9 @@ func (p *Plane) wait(ctx context.Context, params store.ClaimParams, d time.Durat
 		case <-poll.C:
 		case <-deadline.C:
 			params.Waiting, params.EmptyReason, params.Now = false, string(EmptyWaitElapsed), p.Now()
+			if maker != "" && p.pools.Starved(maker, params.Image) {
+				params.EmptyReason = string(EmptyCapacity)
+			}
 			return p.store.Claim(ctx, params)
 		case <-ctx.Done():
 			return store.ClaimResult{}, ctx.Err()

@@ -96,6 +96,18 @@ type imagePlan struct {
 	stop   map[uuid.UUID]string
 }
 
+// Starved reports whether the last pass of image class pool found no room
+// for a cell a claim of this process waiting for image needs: max_cells of
+// cells in use, waited for, or of images used more recently, and none
+// being stopped. A wait that ends so answers empty_reason capacity rather
+// than wait_elapsed (CONTRACT §21).
+func (r *Reconciler) Starved(pool, image string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps, ok := r.pools[pool]
+	return ok && ps.starved[image]
+}
+
 // imageState is one image of an image class during planning.
 type imageState struct {
 	name          string
@@ -191,8 +203,8 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 	// Most recently used first: the last are the first evicted.
 	slices.SortFunc(warm, func(a, b *imageState) int { return cmp.Or(b.last.Compare(a.last), cmp.Compare(a.name, b.name)) })
 	// fill makes up to need cells of im, evicting from victims for why
-	// when the class is full.
-	fill := func(im *imageState, need int, victims []*imageState, why string) {
+	// when the class is full; false when it found no room for one.
+	fill := func(im *imageState, need int, victims []*imageState, why string) bool {
 		for ; need > 0; need-- {
 			switch {
 			case live < cfg.Target:
@@ -202,12 +214,16 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 			case freeing > 0:
 				freeing-- // a stop under way makes the room
 			case !evict(victims, plan.stop, why):
-				return // full of cells in use, wanted or more recently used: it waits
+				return false // full of cells in use, wanted or more recently used: it waits
 			}
 		}
+		return true
 	}
+	starved := map[string]bool{}
 	for _, im := range waiting {
-		fill(im, im.waiting-im.coming-len(im.ready), warm, "evicted for a claim of another image")
+		if !fill(im, im.waiting-im.coming-len(im.ready), warm, "evicted for a claim of another image") {
+			starved[im.name] = true
+		}
 	}
 	for _, im := range waiting {
 		fill(im, im.want-im.coming-len(im.ready), nil, "")
@@ -221,7 +237,7 @@ func (r *Reconciler) planImages(ps *poolState, cfg Config, members []store.Membe
 	}
 	slices.SortFunc(seen, func(a, b ImageStatus) int { return cmp.Compare(a.Image, b.Image) })
 	r.mu.Lock()
-	ps.images = seen
+	ps.images, ps.starved = seen, starved
 	r.mu.Unlock()
 	return plan
 }

@@ -278,9 +278,10 @@ type poolState struct {
 	verified      map[uuid.UUID]time.Time
 	jobErrs       []error // of jobs ended since the last pass
 	// demand is an image class's demand by image (demand.go), and images
-	// what its last pass planned, under the reconciler's mu.
-	demand map[string]*imageDemand
-	images []ImageStatus
+	// and starved what its last pass planned, under the reconciler's mu.
+	demand  map[string]*imageDemand
+	images  []ImageStatus
+	starved map[string]bool // images a waiting claim found no room for (Starved)
 }
 
 // New returns a Reconciler for the pools over st, the pools' role of a

@@ -459,8 +459,11 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 			}
 		}
 		why := "no ready cell matched"
-		if cl.EmptyReason == "wait_elapsed" {
+		switch cl.EmptyReason {
+		case "wait_elapsed":
 			why = "no cell came within --wait-seconds"
+		case "capacity":
+			why = "no cell came within --wait-seconds: the image class had no room for one (its max_cells are in use)"
 		}
 		fmt.Fprintf(e.stderr, "sandboxwich claim: %s; nothing was leased (claim_id %s)\n", why, cl.ClaimID)
 		return cliEmptyClaim
