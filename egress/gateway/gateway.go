@@ -239,8 +239,9 @@ func (g *Gateway) answer(src Source, msg []byte) ([]byte, bool) {
 }
 
 // ServeTCP proxies the connections accepted on ln until ctx ends or ln
-// fails. The port they came to is the port the policy is asked about and
-// the port connected to.
+// fails, and returns once every connection it accepted is closed (when ctx
+// ends, at once). The port they came to is the port the policy is asked
+// about and the port connected to.
 func (g *Gateway) ServeTCP(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
@@ -269,9 +270,11 @@ type refusal struct {
 
 func (r *refusal) Error() string { return r.why }
 
-// serveConn proxies one connection, or refuses it.
+// serveConn proxies one connection, or refuses it. When ctx ends (the
+// gateway stops) the connection is closed, both ways: none outlives it.
 func (g *Gateway) serveConn(ctx context.Context, c net.Conn) {
 	defer c.Close()
+	defer context.AfterFunc(ctx, func() { _ = c.Close() })()
 	from, ok := addrOf(c.RemoteAddr())
 	local, lok := addrOf(c.LocalAddr())
 	if !ok || !lok {
@@ -289,6 +292,7 @@ func (g *Gateway) serveConn(ctx context.Context, c net.Conn) {
 	}
 	g.count(src.Key, host, true)
 	defer up.Close()
+	defer context.AfterFunc(ctx, func() { _ = up.Close() })()
 	if _, err := up.Write(prefix); err != nil {
 		return
 	}

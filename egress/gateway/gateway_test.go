@@ -44,6 +44,7 @@ type rig struct {
 	port  uint16 // the gateway's TCP port, the policy's
 	addr  string // the gateway's TCP address
 	dns   string // the gateway's DNS address
+	stop  func() // stops the gateway and waits for ServeTCP and ServeDNS
 	mu    sync.Mutex
 	dials []netip.AddrPort
 }
@@ -104,7 +105,9 @@ func newRig(t *testing.T, upstream string) *rig {
 	done := make(chan struct{}, 2)
 	go func() { _ = r.g.ServeTCP(ctx, ln); done <- struct{}{} }()
 	go func() { _ = r.g.ServeDNS(ctx, pc); done <- struct{}{} }()
-	t.Cleanup(func() { cancel(); <-done; <-done })
+	var once sync.Once
+	r.stop = func() { once.Do(func() { cancel(); <-done; <-done }) }
+	t.Cleanup(r.stop)
 	return r
 }
 
@@ -343,5 +346,41 @@ func TestIsIPLiteral(t *testing.T) {
 		if isIPLiteral(h) {
 			t.Errorf("%q is a literal", h)
 		}
+	}
+}
+
+// TestGatewayStopClosesConnections: when the gateway's context ends, a
+// connection it is proxying is closed both ways, and ServeTCP returns.
+func TestGatewayStopClosesConnections(t *testing.T) {
+	held := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		<-held // a long download
+	}))
+	defer up.Close()
+	defer close(held)
+	r := newRig(t, up.Listener.Addr().String())
+	c, err := net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: pkgs.test:%d\r\n\r\n", r.port)
+	br := bufio.NewReader(c)
+	if _, err := http.ReadResponse(br, nil); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() { r.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second): // a hang guard, not a timing
+		t.Fatal("ServeTCP did not return: the connection it proxies outlived its context")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var ne net.Error
+	if _, err := io.ReadAll(br); errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the connection outlived the gateway")
 	}
 }

@@ -169,12 +169,9 @@ func replayTrace(ctx context.Context, plane *sandboxwich.Plane, rel lease.Releas
 	return nil
 }
 
-// newWarmHitReport is the trace's shape: the whole one, or quick's.
-func newWarmHitReport(quick bool) *WarmHitReport {
+// newWarmHitReport is the trace's shape.
+func newWarmHitReport() *WarmHitReport {
 	r := &WarmHitReport{Claims: 500, Images: 50, ZipfS: 1.1, Concurrency: 8, HoldMS: 2000, MaxCold: 4, WarmPerImage: 3}
-	if quick {
-		r.Claims, r.Images = 120, 15
-	}
 	// Room for one warm cell of every image, beside the trace's leases, the
 	// provisions in flight (max_cold) and the stops of released cells (one
 	// a worker at most). The most claimed images keep up to warm_per_image
@@ -198,11 +195,11 @@ func distinct(trace []traceClaim) int {
 // images are served by a loopback registry and pulled on demand into an
 // image cache with room for every one of them and max_cold pulls in
 // flight.
-func benchWarmHits(ctx context.Context, dir string, quick bool) (*WarmHitReport, error) {
+func benchWarmHits(ctx context.Context, dir string) (*WarmHitReport, error) {
 	if _, err := os.Stat(busybox); err != nil {
 		return nil, nil
 	}
-	r := newWarmHitReport(quick)
+	r := newWarmHitReport()
 	r.Provider = "gvisor"
 	reg, err := testimage.Serve()
 	if err != nil {
