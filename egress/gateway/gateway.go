@@ -11,8 +11,8 @@
 //   - TCP: a connection must open with a TLS ClientHello whose SNI names an
 //     allowed host, or with an HTTP/1 request whose Host names one, on the
 //     port the connection came to. Everything else (SSH, git://, a
-//     ClientHello without SNI, an IP literal, a request the allowed name
-//     does not match) is refused: the connection is closed and nothing is
+//     ClientHello without SNI, an IP literal — which egress.Policy.Allows
+//     never allows — a request the allowed name does not match) is refused: the connection is closed and nothing is
 //     sent anywhere.
 //   - The gateway resolves an allowed name itself and connects only to
 //     addresses that are none of loopback, private (RFC 1918, RFC 6598,
@@ -263,13 +263,6 @@ func (g *Gateway) ServeTCP(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// refusal is why a connection was refused, and the host it named.
-type refusal struct {
-	host, why string
-}
-
-func (r *refusal) Error() string { return r.why }
-
 // serveConn proxies one connection, or refuses it. When ctx ends (the
 // gateway stops) the connection is closed, both ways: none outlives it.
 func (g *Gateway) serveConn(ctx context.Context, c net.Conn) {
@@ -322,20 +315,18 @@ func (g *Gateway) open(ctx context.Context, c net.Conn, src Source, port uint16)
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	switch {
 	case host == "":
-		return nil, nil, "", &refusal{why: "the connection names no host"}
-	case isIPLiteral(host):
-		return nil, nil, host, &refusal{host: host, why: "an IP literal is never allowed"}
+		return nil, nil, "", errors.New("the connection names no host")
 	case !src.Policy.Allows(host, port):
-		return nil, nil, host, &refusal{host: host, why: "the policy does not allow " + host + ":" + strconv.Itoa(int(port))}
+		return nil, nil, host, errors.New("the policy does not allow " + host + ":" + strconv.Itoa(int(port)))
 	}
 	addrs, err := g.cfg.Resolve(ctx, host)
 	if err != nil {
-		return nil, nil, host, &refusal{host: host, why: "resolving: " + err.Error()}
+		return nil, nil, host, fmt.Errorf("resolving: %w", err)
 	}
-	var lastErr error = &refusal{host: host, why: host + " resolves to no address"}
+	var lastErr error = errors.New(host + " resolves to no address")
 	for _, a := range addrs {
 		if why := g.forbidden(a); why != "" {
-			lastErr = &refusal{host: host, why: host + " resolves to " + a.String() + ", " + why}
+			lastErr = errors.New(host + " resolves to " + a.String() + ", " + why)
 			continue
 		}
 		up, err := g.cfg.Dial(ctx, netip.AddrPortFrom(a.Unmap(), port))
@@ -438,7 +429,7 @@ func sniff(c net.Conn) (host string, read []byte, err error) {
 	r := bufio.NewReader(io.TeeReader(io.LimitReader(c, maxSniff), &buf))
 	first, err := r.Peek(1)
 	if err != nil {
-		return "", nil, &refusal{why: "no bytes before the deadline"}
+		return "", nil, errors.New("no bytes before the deadline")
 	}
 	if first[0] == 0x16 { // a TLS handshake record
 		host, err = clientHelloSNI(r)
@@ -449,7 +440,7 @@ func sniff(c net.Conn) (host string, read []byte, err error) {
 	}
 	req, err := http.ReadRequest(r)
 	if err != nil {
-		return "", nil, &refusal{why: "neither TLS nor an HTTP/1 request (only those are forwarded)"}
+		return "", nil, errors.New("neither TLS nor an HTTP/1 request (only those are forwarded)")
 	}
 	// The port asked about, and connected to, is the one the connection
 	// came to, whatever the Host header says.
@@ -475,7 +466,7 @@ func clientHelloSNI(r io.Reader) (string, error) {
 		return nil, errSNI
 	}}).Handshake()
 	if !hello {
-		return "", &refusal{why: fmt.Sprintf("not a TLS ClientHello: %v", err)}
+		return "", fmt.Errorf("not a TLS ClientHello: %v", err)
 	}
 	return sni, nil
 }
@@ -496,23 +487,6 @@ func (c readOnly) SetReadDeadline(time.Time) error  { return nil }
 func (c readOnly) SetWriteDeadline(time.Time) error { return nil }
 func (c readOnly) LocalAddr() net.Addr              { return &net.TCPAddr{} }
 func (c readOnly) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
-
-// isIPLiteral reports whether host is an IP address, as egress.Parse
-// refuses it (a last label that is a number is read as IPv4 by
-// resolvers).
-func isIPLiteral(host string) bool {
-	if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return true
-	}
-	last := host[strings.LastIndexByte(host, '.')+1:]
-	if last == "" {
-		return false
-	}
-	if _, err := strconv.ParseUint(last, 0, 64); err == nil {
-		return true
-	}
-	return false
-}
 
 // addrOf returns a net.Addr's address and port.
 func addrOf(a net.Addr) (netip.AddrPort, bool) {
