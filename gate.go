@@ -46,18 +46,20 @@ func (p *Plane) leaseEnded(ctx context.Context, m *store.Member) bool {
 	return ended
 }
 
-// leaseEnd reads from the store whether m's lease has ended: its stop was
-// recorded, or its expiry is within slack of now (then expired is that
-// expiry; zero for a stop). A store that cannot answer is taken for "no".
+// leaseEnd reads from the store whether m's lease has ended: its expiry
+// is within slack of now (then expired is that expiry), or its stop was
+// recorded (expired is zero). Expiry is looked at first: the sweep that
+// quarantines an expired lease may already have recorded its stop. A
+// store that cannot answer is taken for "no".
 func (p *Plane) leaseEnd(ctx context.Context, m *store.Member, slack time.Duration) (ended bool, expired time.Time) {
 	now, err := p.store.Member(ctx, m.CellID)
 	switch {
 	case err != nil:
 		return false, time.Time{}
-	case now.State != lease.MemberLeased:
-		return true, time.Time{}
 	case now.Cell != nil && now.Cell.Lease != nil && !p.Now().Add(slack).Before(now.Cell.Lease.ExpiresAt):
 		return true, now.Cell.Lease.ExpiresAt
+	case now.State != lease.MemberLeased:
+		return true, time.Time{}
 	}
 	return false, time.Time{}
 }

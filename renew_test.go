@@ -84,3 +84,34 @@ func TestMaxCellAtLeastMaxLease(t *testing.T) {
 		t.Fatalf("New with max_cell_seconds below the maximum lease: %v", err)
 	}
 }
+
+// TestCommandAcrossExpiryAfterTheSweep: a command the lease's expiry cut
+// short says the lease expired even when the pool had already recorded
+// the expired lease's stop before the command's answer came back (the
+// order a loaded machine produces; CI once saw "released or revoked").
+func TestCommandAcrossExpiryAfterTheSweep(t *testing.T) {
+	var e *env
+	prov := fake.NewWithAgent(fake.Config{Mode: driver.Apply, Kind: "fake", Now: func() time.Time { return e.now }})
+	e = newEnv(t)
+	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "p1", TenantID: "acme", Release: e.rel, Target: 1, Provider: prov}))
+	e.plane.Pools().Pass(e.ctx)
+	res, err := e.plane.Claim(e.ctx, "acme", sandboxwich.ClaimRequest{ClaimID: uuid.New(), Release: e.rel, Binding: agentBinding})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	id, proof, expires := res.Lease.ID, res.Proof(), res.Lease.ExpiresAt
+	// While the command writes, the lease expires and the pool's pass
+	// records its stop; the command's answer comes after both.
+	out, err := e.plane.ExecStream(e.ctx, "acme", id, proof, sandboxwich.ExecRequest{Argv: []string{"echo", "started"}},
+		func(sandboxwich.Output) error {
+			e.now = expires.Add(time.Second)
+			e.plane.Pools().Pass(e.ctx)
+			return nil
+		})
+	if err != nil || out.Reason != sandboxwich.ReasonKilled || !strings.Contains(out.Message, "lease expired at") {
+		t.Fatalf("a command across the expiry: %+v %v, want reason killed saying the lease expired", out, err)
+	}
+	if st, err := e.plane.LeaseStatus(e.ctx, "acme", id); err != nil || st.State == lease.Leased {
+		t.Fatalf("the lease after the pass: %+v %v, want it ended", st, err)
+	}
+}

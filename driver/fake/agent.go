@@ -36,6 +36,9 @@ const AgentDigest = "sha256:a018173cf37e8c7b43c6cc6425a7c1c03c7ad007396a0e5b4bc9
 //   - emit N      writes N bytes ("x") to stdout, in chunks of 32 KiB
 //   - exit N      exits with code N
 //   - sleep SECS  waits (real time) until its timeout kills it
+//
+// A command that ends after the activation's TTL passed (by Config.Now)
+// or its release is answered killed, as the real agent kills it then.
 //   - pwd, whoami write the request's cwd and user
 //
 // Any other command exits 127. A launched workload runs the same builtins
@@ -298,6 +301,13 @@ func (a *cellAgent) Exec(ctx context.Context, req agent.ExecRequest, out func(ag
 	res.ExitCode, res.Signal, res.Reason, err = a.run(ctx, req.Argv, req.Stdin, req.Cwd, req.User,
 		time.Duration(req.TimeoutMillis)*time.Millisecond, emit)
 	res.DurationMillis = time.Since(start).Milliseconds()
+	a.mu.Lock()
+	if err == nil && a.state() == agent.Ended {
+		// The activation's TTL passed (or it was released) while the
+		// command ran: the real agent kills it then.
+		res.ExitCode, res.Signal, res.Reason = 137, "KILL", agent.Killed
+	}
+	a.mu.Unlock()
 	return res, err
 }
 
