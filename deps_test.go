@@ -99,8 +99,9 @@ func TestCloudflareNarrowImport(t *testing.T) {
 //     under driver/internal are allowed);
 //   - pool only store, driver and the layers above; the root package only
 //     store, driver, pool and the layers above;
-//   - httpapi, e2b, mcp and console only the root package, wire, errcode
-//     and lease — the Plane's own types are their vocabulary;
+//   - httpapi, e2b, mcp and console only the root package, wire, errcode,
+//     lease and egress — the Plane's own types and the nouns they are made
+//     of are their vocabulary;
 //   - wire only the pure cores; webhook only store, wire and those;
 //   - client only the wire types and the nouns they are made of: wire,
 //     errcode and lease (never the server side).
@@ -195,12 +196,13 @@ func TestDependencyDirection(t *testing.T) {
 			}},
 		{"the root package imports only store, driver, pool and the layers above", in("."),
 			func(_, imp string) bool { return protocol(imp) || imp == "store" || imp == "driver" || imp == "pool" }},
-		{"httpapi, e2b, mcp and console import only the root package, wire, errcode and lease",
+		{"httpapi, e2b, mcp and console import only the root package, wire, errcode, lease and egress",
 			func(p string) bool {
 				return under(p, "httpapi") || under(p, "e2b") || under(p, "mcp") || under(p, "console")
 			},
 			func(pkg, imp string) bool {
-				return imp == "." || imp == "wire" || imp == "errcode" || imp == "lease" || under(imp, strings.Split(pkg, "/")[0])
+				return imp == "." || imp == "wire" || imp == "errcode" || imp == "lease" || imp == "egress" ||
+					under(imp, strings.Split(pkg, "/")[0])
 			}},
 		{"wire imports only the pure cores", in("wire"),
 			func(_, imp string) bool { return pure(imp) }},

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
@@ -326,6 +327,11 @@ type Evidence struct {
 	// AgentDigest is the cell agent's build digest the provider reported;
 	// "" when the cell runs no agent.
 	AgentDigest string
+	// Egress is the cell's effective egress policy in canonical form
+	// (CONTRACT §22): its pool's, or the narrower one its claim named;
+	// EgressDigest is its SHA-256 (egress_digest).
+	Egress       string
+	EgressDigest string
 	// AdmittedAt and LastVerifiedAt are zero when not recorded.
 	AdmittedAt     time.Time
 	LastVerifiedAt time.Time
@@ -344,7 +350,8 @@ func (p *Plane) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID
 			"cell was prepared by an external worker; the plane holds no evidence of it")
 	}
 	out := Evidence{CellID: ev.CellID, Pool: ev.Pool, RuntimeClass: ev.RuntimeClass, AgentDigest: ev.AgentDigest,
-		ImageDigest: ev.ImageDigest, AdmittedAt: ev.AdmittedAt, LastVerifiedAt: ev.VerifiedAt}
+		ImageDigest: ev.ImageDigest, Egress: ev.Egress, EgressDigest: egress.DigestOf(ev.Egress),
+		AdmittedAt: ev.AdmittedAt, LastVerifiedAt: ev.VerifiedAt}
 	if p.pools != nil {
 		if cfg, ok := p.pools.Pool(ev.Pool); ok {
 			caps := cfg.Provider.Capabilities()

@@ -70,6 +70,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/fence"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -332,6 +333,13 @@ type ClaimRequest struct {
 	// served first come first served; one that waited in vain answers
 	// empty with EmptyWaitElapsed, and a fenced one records that outcome.
 	WaitSeconds uint64
+	// Egress, when not nil, narrows the egress policy of the cell the
+	// claim leases (CONTRACT §22; build it with egress.Parse): only cells
+	// of the tenant's pools of the release whose policy covers it serve
+	// the claim, else errcode.ErrEgressNotAllowed; the lease's policy is
+	// then this one. &egress.None asks for no egress, which every pool
+	// covers. nil keeps the policy of the pool that serves the claim.
+	Egress *egress.Policy
 }
 
 // ClaimResult is a claim's outcome. Lease is nil when no cell was available.
@@ -425,6 +433,10 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if err != nil {
 		return ClaimResult{}, err
 	}
+	pools, err := p.egressPools(tenantID, req, image)
+	if err != nil {
+		return ClaimResult{}, err
+	}
 	r, b := req.Release, req.Binding
 	// signed is the last token Sign made: a new lease's, since the store
 	// signs each lease it tries just before writing it.
@@ -439,6 +451,7 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 		Now:          p.Now(),
 		ReadyFloors:  p.floors,
 		Image:        image,
+		Pools:        pools,
 		Sign: func(l lease.Lease) string {
 			signed = p.token(l)
 			return attest.Digest(signed)
@@ -447,7 +460,14 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if req.ClaimID != uuid.Nil {
 		fr := fence.ClaimRequestOf(r, b, req.LeaseSeconds)
 		fr.Image, fr.WaitSeconds = req.Image, req.WaitSeconds
+		if req.Egress != nil {
+			s := req.Egress.FenceString()
+			fr.Egress = &s
+		}
 		params.Digest = fence.Digest(fr)
+	}
+	if req.Egress != nil {
+		params.Egress = req.Egress.Canonical()
 	}
 	if image != "" {
 		// A claim of an image answers empty with a reason, recorded with

@@ -27,6 +27,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -88,6 +89,12 @@ type Capabilities struct {
 	// plane does not choose (agent-sandbox templates) reports false, and
 	// its pools refuse images at start-up.
 	Images bool
+	// Egress reports that the provider enforces an egress allow-list
+	// outside its cells (ProvisionRequest.Egress; CONTRACT §22). A pool
+	// with an allow-list needs such a provider, else it is refused at
+	// start-up: a cell never gets more network than its provider can
+	// hold to the list.
+	Egress bool
 }
 
 // Object names one provider object: the cell it backs and the identity the
@@ -169,6 +176,11 @@ type ProvisionRequest struct {
 	// never resolving a tag) within the call's context, and reports the
 	// digest it admitted in Observation.ImageDigest.
 	Image string
+	// Egress is the cell's egress policy (CONTRACT §22): its pool's.
+	// egress.None, the default, is loopback only. Only a provider whose
+	// Capabilities report Egress is given another, which it enforces
+	// outside the cell; a claim may narrow it later, never widen it.
+	Egress egress.Policy
 }
 
 // Observation is what the provider reports about an object when asked

@@ -336,8 +336,12 @@ func (p Policy) FenceString() string {
 
 // Digest returns the egress_digest of CONTRACT §22: the lowercase hex
 // SHA-256 of the canonical form.
-func (p Policy) Digest() string {
-	sum := sha256.Sum256([]byte(p.Canonical()))
+func (p Policy) Digest() string { return DigestOf(p.Canonical()) }
+
+// DigestOf returns the egress_digest of a policy's canonical form, as
+// stored (CONTRACT §22).
+func DigestOf(canonical string) string {
+	sum := sha256.Sum256([]byte(canonical))
 	return hex.EncodeToString(sum[:])
 }
 

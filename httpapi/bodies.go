@@ -60,6 +60,7 @@ func readClaim(o *object) wire.ClaimRequest {
 		LeaseSeconds: o.optUint("lease_seconds"),
 		Image:        o.optStrPtr("image"),
 		WaitSeconds:  o.optUint("wait_seconds"),
+		Egress:       o.optStrs("egress"),
 	}
 }
 

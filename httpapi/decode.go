@@ -272,6 +272,20 @@ func (o *object) strs(name string) []string {
 	return s
 }
 
+// optStrs reads an optional array of strings: nil when missing or null,
+// so that an empty array is told from none.
+func (o *object) optStrs(name string) *[]string {
+	v, ok := o.value(name)
+	if !ok {
+		return nil
+	}
+	s := []string{}
+	if o.decodeInto(name, v, &s, "must be an array of strings") && hasNull(v) {
+		o.fail(name, "must be an array of strings")
+	}
+	return &s
+}
+
 // optStrMap reads an optional object of strings.
 func (o *object) optStrMap(name string) map[string]string {
 	var m map[string]string

@@ -174,6 +174,8 @@ func (h *handler) evidence(c *call) (int, any, error) {
 		RuntimeClass:   nonEmpty(ev.RuntimeClass),
 		ImageDigest:    nonEmpty(ev.ImageDigest),
 		AgentDigest:    nonEmpty(ev.AgentDigest),
+		Egress:         ev.Egress,
+		EgressDigest:   ev.EgressDigest,
 		AdmittedAt:     wireTimeOrNil(ev.AdmittedAt),
 		LastVerifiedAt: wireTimeOrNil(ev.LastVerifiedAt),
 	}}, nil

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
 	"github.com/sandboxwich/sandboxwich/wire"
@@ -269,7 +270,8 @@ func TestEvidenceRoute(t *testing.T) {
 		checkSchema(t, "EvidenceResponse", r.body)
 		// The pool is not configured in this plane: provider and mode null.
 		want := `{"ok":true,"evidence":{"cell_id":"` + id.String() + `","pool":"p1","provider":null,"provider_mode":null,` +
-			`"runtime_class":"gvisor_lower_risk","image_digest":"` + image + `","agent_digest":"` + agent + `","admitted_at":"` +
+			`"runtime_class":"gvisor_lower_risk","image_digest":"` + image + `","agent_digest":"` + agent + `","egress":"none",` +
+			`"egress_digest":"` + egress.None.Digest() + `","admitted_at":"` +
 			attest.WireTime(admitted) + `","last_verified_at":"` + attest.WireTime(verified) + `"}}`
 		if string(r.body) != want {
 			t.Errorf("evidence\n got %s\nwant %s", r.body, want)

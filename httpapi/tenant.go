@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
@@ -37,9 +38,17 @@ func (h *handler) claim(c *call) (int, any, error) {
 			return 0, nil, errcode.New(errcode.ImageNotAllowed, "image must be a reference pinned by digest, not empty")
 		}
 	}
+	var narrow *egress.Policy
+	if req.Egress != nil {
+		pol, err := egress.Parse(*req.Egress)
+		if err != nil {
+			return 0, nil, err
+		}
+		narrow = &pol
+	}
 	res, err := h.plane.Claim(c.ctx(), c.p.tenant, sandboxwich.ClaimRequest{
 		ClaimID: claimID, Release: req.Release, Binding: req.Binding, LeaseSeconds: req.LeaseSeconds,
-		Image: image, WaitSeconds: wait,
+		Image: image, WaitSeconds: wait, Egress: narrow,
 	})
 	h.metrics.claims.WithLabelValues(claimOutcome(res, err)).Inc()
 	if res.EmptyReason != "" {

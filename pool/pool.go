@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/store"
@@ -83,6 +84,11 @@ type Config struct {
 	// wait (default DefaultWarmIdle); then its ready cells beyond the
 	// claims waiting for it are stopped.
 	WarmIdle time.Duration
+	// Egress is the egress policy of the pool's cells (CONTRACT §22; pool
+	// key egress): egress.None, the default, is loopback only; an
+	// allow-list needs a provider that enforces one
+	// (driver.Capabilities.Egress). A claim may narrow it, never widen it.
+	Egress egress.Policy
 }
 
 // imageDigest is the digest c.Image is pinned by, or "" without an image.
@@ -145,6 +151,9 @@ func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 		return bad("provider", "is required")
 	case c.Image != "" && c.imageDigest() == "":
 		return bad("image", "must be pinned by digest (host/repo@sha256:<64 hex digits>)")
+	case !c.Egress.IsNone() && !c.Provider.Capabilities().Egress:
+		return bad("egress", fmt.Sprintf("allows hosts, but provider %s enforces no egress allow-list (only none)",
+			c.Provider.Capabilities().Kind))
 	case !slices.Contains(c.Provider.Capabilities().RuntimeClasses, c.Release.RuntimeClass):
 		return bad("release.runtime_class", fmt.Sprintf("%q is not served by provider %s",
 			c.Release.RuntimeClass, c.Provider.Capabilities().Kind))
@@ -721,7 +730,7 @@ func (r *Reconciler) hold(ctx context.Context, cellID uuid.UUID) (release func()
 func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) error {
 	pctx, cancel := context.WithTimeout(ctx, r.opt.ProvisionTimeout)
 	obj, err := cfg.Provider.Provision(pctx, driver.ProvisionRequest{CellID: m.CellID, RuntimeClass: cfg.Release.RuntimeClass,
-		Image: m.Image})
+		Image: m.Image, Egress: cfg.Egress})
 	var obs driver.Observation
 	if err == nil {
 		m.Identity = obj.Identity
@@ -745,7 +754,7 @@ func (r *Reconciler) provision(ctx context.Context, cfg Config, m store.Member) 
 		ProviderCellID: m.CellID.String(), Identity: obj.Identity, Release: cfg.Release,
 		ReadyDeadline: now.Add(cfg.ReadyTTL), Now: now,
 		AdmittedClass: obs.RuntimeClass, AgentDigest: obs.AgentDigest, ImageDigest: obs.ImageDigest,
-		Image: cfg.cellImage(m),
+		Image: cfg.cellImage(m), Egress: cfg.Egress.Canonical(),
 	})
 	if err == nil {
 		r.opt.Logger.Info("cell ready", "pool", cfg.Name, "cell_id", m.CellID, "image", m.Image)

@@ -363,6 +363,13 @@ type ClaimParams struct {
 	// of image classes and fixed pools alike (CONTRACT §21); "" takes
 	// only cells that are not an image class's (Part I).
 	Image string
+	// Pools, when not nil, restricts the claim to cells of those pools:
+	// the pools whose egress policy covers the claim's (CONTRACT §22).
+	Pools []string
+	// Egress is the claim's egress policy in canonical form (package
+	// egress), which the leased cell's egress becomes; "" when the claim
+	// names none, and the cell keeps its pool's.
+	Egress string
 	// Waiting marks an attempt of a claim that waits for a cell (CONTRACT
 	// §21): when it finds no cell it records nothing, since the caller
 	// tries again; an outcome already recorded under its fence still
@@ -486,6 +493,10 @@ type Evidence struct {
 	// reported as admitted, as last read back; "" when the cell runs no
 	// pinned image.
 	ImageDigest string
+	// Egress is the cell's effective egress policy in canonical form
+	// (CONTRACT §22): its pool's, or the narrower one its claim named;
+	// "none" for a cell prepared by an external worker.
+	Egress string
 	// AdmittedAt and VerifiedAt are when the member was admitted and last
 	// verified; zero when not recorded.
 	AdmittedAt time.Time
@@ -645,6 +656,9 @@ type AdmitParams struct {
 	// member's (an image class's cell, which only claims that name the
 	// image take) or its fixed pool's; "" when the pool pins none.
 	Image string
+	// Egress is the pool's egress policy in canonical form (CONTRACT §22);
+	// "" is none.
+	Egress string
 }
 
 // StopIntent records that a member's provider object is to be destroyed.

@@ -73,15 +73,20 @@ type InventoryResponse struct {
 // agent at admission and at its last verification. Fields it did not
 // record are null.
 type Evidence struct {
-	CellID         uuid.UUID           `json:"cell_id"`
-	Pool           string              `json:"pool"`
-	Provider       *string             `json:"provider"`
-	ProviderMode   *string             `json:"provider_mode"`
-	RuntimeClass   *lease.RuntimeClass `json:"runtime_class"`
-	ImageDigest    *string             `json:"image_digest"`
-	AgentDigest    *string             `json:"agent_digest"`
-	AdmittedAt     *Time               `json:"admitted_at"`
-	LastVerifiedAt *Time               `json:"last_verified_at"`
+	CellID       uuid.UUID           `json:"cell_id"`
+	Pool         string              `json:"pool"`
+	Provider     *string             `json:"provider"`
+	ProviderMode *string             `json:"provider_mode"`
+	RuntimeClass *lease.RuntimeClass `json:"runtime_class"`
+	ImageDigest  *string             `json:"image_digest"`
+	AgentDigest  *string             `json:"agent_digest"`
+	// Egress is the cell's effective egress policy in canonical form
+	// (CONTRACT §22): "none", or host:port lines; EgressDigest is its
+	// SHA-256, lowercase hex.
+	Egress         string `json:"egress"`
+	EgressDigest   string `json:"egress_digest"`
+	AdmittedAt     *Time  `json:"admitted_at"`
+	LastVerifiedAt *Time  `json:"last_verified_at"`
 }
 
 // EvidenceResponse answers GET /v1/sterile-cell-leases/{id}/evidence.

@@ -65,6 +65,10 @@ type ClaimRequest struct {
 	// WaitSeconds is how long the claim may wait for a cell (CONTRACT §21):
 	// 0 to 300; absent or 0 answers at once.
 	WaitSeconds *uint64 `json:"wait_seconds,omitempty"`
+	// Egress narrows the egress policy of the pool that serves the claim
+	// (CONTRACT §22): host[:port] entries, [] for none; absent or null
+	// keeps the pool's.
+	Egress *[]string `json:"egress,omitempty"`
 }
 
 // Lease is the lease object of claim and validate responses.

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/httpapi"
 	"github.com/sandboxwich/sandboxwich/internal/imageref"
 	"github.com/sandboxwich/sandboxwich/lease"
@@ -80,12 +81,46 @@ type poolConfig struct {
 	// Images makes the pool an image class (CONTRACT §21), with MaxCells,
 	// MaxCold, WarmPerImage and WarmIdleSeconds; a fixed pool reads
 	// max_cells as its target and max_cold as its max_provisioning.
-	Images          []string          `json:"images"`
-	MaxCells        int               `json:"max_cells"`
-	MaxCold         int               `json:"max_cold"`
-	WarmPerImage    int               `json:"warm_per_image"`
-	WarmIdleSeconds int               `json:"warm_idle_seconds"`
-	Settings        map[string]string `json:"settings"`
+	Images          []string `json:"images"`
+	MaxCells        int      `json:"max_cells"`
+	MaxCold         int      `json:"max_cold"`
+	WarmPerImage    int      `json:"warm_per_image"`
+	WarmIdleSeconds int      `json:"warm_idle_seconds"`
+	// Egress is the pool key egress (CONTRACT §22): "none" (the default)
+	// or {"allow": ["host[:port]", "*.suffix", …]}.
+	Egress   egressConfig      `json:"egress"`
+	Settings map[string]string `json:"settings"`
+}
+
+// egressConfig is the pool key egress as written: "none", or an object
+// whose allow list is parsed into Policy when the configuration is
+// checked. null and an absent key are none.
+type egressConfig struct {
+	Allow  []string `json:"allow"`
+	Policy egress.Policy
+}
+
+// UnmarshalJSON reads "none" or {"allow": [...]}; anything else is an
+// error naming the key.
+func (e *egressConfig) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		if s != "none" {
+			return fmt.Errorf(`pool key egress: %q is neither "none" nor {"allow": [...]}`, s)
+		}
+		*e = egressConfig{}
+		return nil
+	}
+	var v struct {
+		Allow *[]string `json:"allow"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil || v.Allow == nil {
+		return errors.New(`pool key egress: neither "none" nor {"allow": [...]}`)
+	}
+	*e = egressConfig{Allow: *v.Allow}
+	return nil
 }
 
 // setting is one scalar configuration key.
@@ -207,7 +242,7 @@ func parseMaxLease(dst *uint64, v string) error {
 // poolEnv lists the single pool's environment keys (SANDBOXWICH_STERILE_POOL_*).
 var poolEnv = []string{"NAME", "PROVIDER", "TARGET", "READY_FLOOR", "MAX_PROVISIONING", "READY_TTL_SECONDS",
 	"MAX_CELL_SECONDS", "TENANT_ID", "RELEASE_SET_ID", "RUNTIME_CLASS", "POLICY_DIGEST", "RELEASE_SIGNATURE", "IMAGE",
-	"CELL_DISK_BYTES", "IMAGES", "MAX_CELLS", "MAX_COLD", "WARM_PER_IMAGE", "WARM_IDLE_SECONDS"}
+	"CELL_DISK_BYTES", "IMAGES", "MAX_CELLS", "MAX_COLD", "WARM_PER_IMAGE", "WARM_IDLE_SECONDS", "EGRESS"}
 
 // migrateSettings are the settings migrate has flags for: the others only
 // matter to serve (their environment and file values are still checked).
@@ -298,6 +333,11 @@ func (c *config) check() error {
 		if err := checkCellDisk(p); err != nil {
 			return err
 		}
+		pol, err := egress.Parse(p.Egress.Allow)
+		if err != nil {
+			return fmt.Errorf("invalid pool %q: key egress: %w", p.Name, err)
+		}
+		p.Egress.Policy = pol
 		if err := p.checkCapacity(); err != nil {
 			return fmt.Errorf("invalid pool %q: %w", p.Name, err)
 		}
@@ -458,6 +498,11 @@ func poolFromEnv(e env, defaultTenant string) (*poolConfig, error) {
 	if s := v["IMAGES"]; s != "" {
 		for _, im := range strings.Split(s, ",") {
 			p.Images = append(p.Images, strings.TrimSpace(im))
+		}
+	}
+	if s := v["EGRESS"]; s != "" && s != "none" {
+		for _, h := range strings.Split(s, ",") {
+			p.Egress.Allow = append(p.Egress.Allow, strings.TrimSpace(h))
 		}
 	}
 	if s := v["CELL_DISK_BYTES"]; s != "" {

@@ -244,3 +244,39 @@ func TestConfigImageClass(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigEgress: the pool key egress from the config file ("none" or
+// {"allow": [...]}) and the environment (a comma list, or none), in
+// canonical form; a malformed one stops start-up naming the pool and the
+// key.
+func TestConfigEgress(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(file, []byte(`{"pools": [
+		{"name": "open", "provider": "gvisor", "target": 1, "egress": {"allow": ["PKGS.test.", "*.files.test:8443"]}},
+		{"name": "closed", "provider": "gvisor", "target": 1, "egress": "none"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e, _, _ := testEnv(map[string]string{"SANDBOXWICH_CONFIG": file, "SANDBOXWICH_STERILE_POOL_NAME": "env",
+		"SANDBOXWICH_STERILE_POOL_TARGET": "1", "SANDBOXWICH_STERILE_POOL_EGRESS": "pypi.test, files.test:443"})
+	c, err := loadConfig(e, "serve", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"*.files.test:8443\npkgs.test:443\npkgs.test:80", "none", "files.test:443\npypi.test:443\npypi.test:80"} {
+		if got := c.Pools[i].Egress.Policy.Canonical(); got != want {
+			t.Errorf("pool %s: egress %q, want %q", c.Pools[i].Name, got, want)
+		}
+	}
+	for _, tc := range []struct{ egress, want string }{
+		{`"open"`, "egress"}, {`{"allow": ["10.0.0.1"]}`, "IP literal"}, {`{"allow": "pkgs.test"}`, "egress"},
+		{`{"allow": ["pkgs.test"], "deny": []}`, "egress"}, {`{}`, "egress"},
+	} {
+		if err := os.WriteFile(file, []byte(`{"pools": [{"name": "p", "target": 1, "egress": `+tc.egress+`}]}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e, _, _ := testEnv(map[string]string{"SANDBOXWICH_CONFIG": file})
+		if _, err := loadConfig(e, "serve", nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("egress %s: %v, want an error naming %q", tc.egress, err, tc.want)
+		}
+	}
+}

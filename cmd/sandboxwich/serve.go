@@ -112,7 +112,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 			Name: p.Name, TenantID: p.TenantID, Release: p.Release, Target: p.Target,
 			ReadyFloor: p.ReadyFloor, MaxProvisioning: p.MaxProvisioning,
 			ReadyTTL: time.Duration(p.ReadyTTLSeconds) * time.Second, MaxCell: time.Duration(p.MaxCellSeconds) * time.Second,
-			Provider: prov, Image: p.Image,
+			Provider: prov, Image: p.Image, Egress: p.Egress.Policy,
 		}
 		if len(p.Images) > 0 {
 			cfg.Images, cfg.Target, cfg.MaxProvisioning = p.Images, p.MaxCells, p.MaxCold

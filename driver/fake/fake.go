@@ -30,6 +30,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/internal/ctxsleep"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
@@ -66,6 +67,11 @@ type Config struct {
 	// without one (as a fixed pool's Image): what Inspect reports as
 	// admitted. "" reports none.
 	Image string
+	// Egress makes the provider report Capabilities.Egress, so that a
+	// pool with an egress allow-list takes it (tests of the plane's
+	// side of CONTRACT §22). Its objects carry no traffic at all; each
+	// records the policy it was given (Egress).
+	Egress bool
 }
 
 // Provider is the in-memory provider. It implements driver.Provider and
@@ -87,6 +93,7 @@ type Provider struct {
 type object struct {
 	identity string
 	image    string // the request's, "" for none
+	egress   egress.Policy
 	class    lease.RuntimeClass
 	drift    *lease.RuntimeClass
 	agent    *cellAgent // nil without agents
@@ -135,6 +142,7 @@ func (p *Provider) Capabilities() driver.Capabilities {
 		RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk, lease.KataMicroVM},
 		Identity:       p.cfg.Kind,
 		Images:         true, // any image: the object only records it
+		Egress:         p.cfg.Egress,
 	}
 }
 
@@ -176,11 +184,15 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 	if _, ok := driver.PinnedDigest(req.Image); req.Image != "" && !ok {
 		return driver.Object{}, fmt.Errorf("fake: image %q is not pinned by digest", req.Image)
 	}
+	if !req.Egress.IsNone() && !p.cfg.Egress {
+		return driver.Object{}, fmt.Errorf("fake: an egress allow-list was given to a provider that reports none")
+	}
 	p.mu.Lock()
 	o, ok := p.objects[req.CellID]
 	if !ok {
 		p.seq++
-		o = &object{identity: fmt.Sprintf("fake-%d", p.seq), class: req.RuntimeClass, image: cmp.Or(req.Image, p.cfg.Image)}
+		o = &object{identity: fmt.Sprintf("fake-%d", p.seq), class: req.RuntimeClass, image: cmp.Or(req.Image, p.cfg.Image),
+			egress: req.Egress}
 		if p.agents {
 			o.agent = newCellAgent(p, req.CellID)
 		}
@@ -228,6 +240,17 @@ func (p *Provider) Image(cellID uuid.UUID) string {
 		return o.image
 	}
 	return ""
+}
+
+// Egress returns the egress policy the cell's object was provisioned with
+// (egress.None when there is no object).
+func (p *Provider) Egress(cellID uuid.UUID) egress.Policy {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if o, ok := p.objects[cellID]; ok {
+		return o.egress
+	}
+	return egress.None
 }
 
 // Destroy implements driver.Provider.

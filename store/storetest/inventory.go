@@ -113,7 +113,7 @@ func testEvidence(e *env) {
 	admitted := e.now
 	l := e.mustLease()
 	want := store.Evidence{CellID: m.CellID, Pool: poolA, RuntimeClass: lease.KataMicroVM, AgentDigest: agentDigest,
-		ImageDigest: imageDigest, AdmittedAt: admitted, VerifiedAt: admitted}
+		ImageDigest: imageDigest, Egress: "none", AdmittedAt: admitted, VerifiedAt: admitted}
 	if got := e.evidence(tenantA, l); got != want {
 		e.t.Errorf("Evidence after admission:\n got  %+v\n want %+v", got, want)
 	}
@@ -147,7 +147,7 @@ func testEvidence(e *env) {
 	_, err = e.s.AdmitMember(e.ctx, e.admitParams(m2))
 	e.wantOK(err, "AdmitMember")
 	l2 := e.mustLease()
-	want2 := store.Evidence{CellID: m2.CellID, Pool: poolB, AdmittedAt: e.now, VerifiedAt: e.now}
+	want2 := store.Evidence{CellID: m2.CellID, Pool: poolB, Egress: "none", AdmittedAt: e.now, VerifiedAt: e.now}
 	if got := e.evidence(tenantA, l2); got != want2 {
 		e.t.Errorf("Evidence without an observation:\n got  %+v\n want %+v", got, want2)
 	}
@@ -160,8 +160,8 @@ func testEvidence(e *env) {
 func testEvidencePrepared(e *env) {
 	c := e.prepare()
 	l := e.mustLease()
-	if got := e.evidence(tenantA, l); got != (store.Evidence{CellID: c.ID}) {
-		e.t.Errorf("Evidence of a prepared cell = %+v, want its cell ID only", got)
+	if got := e.evidence(tenantA, l); got != (store.Evidence{CellID: c.ID, Egress: "none"}) {
+		e.t.Errorf("Evidence of a prepared cell = %+v, want its cell ID and egress none only", got)
 	}
 }
 

@@ -84,7 +84,7 @@ var (
 	leasesSuite = [][]scenario{claimScenarios, fencedScenarios, floorScenarios, leaseScenarios, releaseScenarios,
 		listScenarios, revokeScenarios, renewScenarios, inventoryScenarios, expireScenarios}
 	workersSuite     = [][]scenario{basicScenarios, workerScenarios}
-	membersSuite     = [][]scenario{memberScenarios, replenishScenarios, stopScenarios, lockScenarios, imageScenarios}
+	membersSuite     = [][]scenario{memberScenarios, replenishScenarios, stopScenarios, lockScenarios, imageScenarios, egressScenarios}
 	eventLogSuite    = [][]scenario{eventScenarios}
 	webhooksSuite    = [][]scenario{deliveryScenarios}
 	idempotencySuite = [][]scenario{idempotencyScenarios}

@@ -325,7 +325,7 @@ func leaseArgs(p *store.ClaimParams, l *lease.Lease) []any {
 		claimID = p.ClaimID.String()
 	}
 	return []any{l.ID.String(), b.OrganizationID, b.WorkspaceID, b.ThreadID, b.RunnerSessionID,
-		us(l.ExpiresAt), l.AttestationDigest, claimID, us(p.Now), us(p.Now), l.CellID.String(),
+		us(l.ExpiresAt), l.AttestationDigest, claimID, us(p.Now), us(p.Now), p.Egress, l.CellID.String(),
 		us(p.Now.Add(secondsDuration(p.LeaseSeconds)))}
 }
 
@@ -339,15 +339,28 @@ func (s *Store) leaseAll(p *store.ClaimParams, l *lease.Lease) (string, []any) {
 	// The next candidate is the oldest other ready cell, whatever lease
 	// the next claim asks for: its compare-and-set checks the deadline.
 	r := p.Release
+	pools := poolList(p)
 	return q, append(args, p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
-		us(p.Now), p.Image, p.Image, l.CellID.String())
+		us(p.Now), p.Image, p.Image, pools, pools, pools, l.CellID.String())
 }
 
-// inventory is the key of a claim's inventory: tenant, exact release and
-// image.
+// poolList is the candidate query's argument for p.Pools: "" for any pool,
+// else the names between commas (",a,b,"), which no pool name contains
+// (lease.ValidIdentifier). The query tests a cell's pool by whether
+// replacing ",name," shortens the list: replace and length are the same in
+// both dialects, and unlike LIKE they have no wildcard a name could hold.
+func poolList(p *store.ClaimParams) string {
+	if p.Pools == nil {
+		return ""
+	}
+	return "," + strings.Join(p.Pools, ",") + ","
+}
+
+// inventory is the key of a claim's inventory: tenant, exact release,
+// image and the pools it may take from.
 func inventory(p *store.ClaimParams) string {
 	r := p.Release
-	return strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature, p.Image}, "\x1f")
+	return strings.Join([]string{p.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature, p.Image, poolList(p)}, "\x1f")
 }
 
 // leaseCell writes lease l: the cell's compare-and-set from ready, its
@@ -459,8 +472,9 @@ func (s *Store) pickCell(ctx context.Context, tx txn, p *store.ClaimParams) (can
 // candidateArgs are the arguments of the candidate query.
 func (s *Store) candidateArgs(p *store.ClaimParams) []any {
 	r := p.Release
+	pools := poolList(p)
 	return []any{p.TenantID, string(r.RuntimeClass), r.ReleaseSetID, r.PolicyDigest, r.Signature,
-		us(p.Now.Add(secondsDuration(p.LeaseSeconds))), p.Image, p.Image}
+		us(p.Now.Add(secondsDuration(p.LeaseSeconds))), p.Image, p.Image, pools, pools, pools}
 }
 
 func (s *Store) pickWith(ctx context.Context, tx txn, p *store.ClaimParams, first, lockClause string) (candidate, error) {

@@ -119,8 +119,9 @@ func (s *Store) Inventory(ctx context.Context, p store.InventoryParams) ([]store
 // Evidence implements store.Store.
 func (s *Store) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID) (store.Evidence, error) {
 	var id, pool, class, digest, image sql.NullString
+	var egress string
 	var admitted, verified sql.NullInt64
-	err := s.r.row(ctx, s.q.evidence, leaseID.String(), tenantID).Scan(&id, &pool, &class, &digest, &image, &admitted, &verified)
+	err := s.r.row(ctx, s.q.evidence, leaseID.String(), tenantID).Scan(&id, &pool, &class, &digest, &image, &egress, &admitted, &verified)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Evidence{}, errLeaseNotFound
 	}
@@ -132,7 +133,7 @@ func (s *Store) Evidence(ctx context.Context, tenantID string, leaseID uuid.UUID
 		return store.Evidence{}, s.fail(ctx, "evidence", err)
 	}
 	ev := store.Evidence{CellID: cellID, Pool: pool.String, RuntimeClass: lease.RuntimeClass(class.String), AgentDigest: digest.String,
-		ImageDigest: image.String}
+		ImageDigest: image.String, Egress: egress}
 	if admitted.Valid {
 		ev.AdmittedAt = fromUS(admitted.Int64)
 	}

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -99,7 +100,7 @@ func (s *Store) AdmitMember(ctx context.Context, p store.AdmitParams) (lease.Cel
 		}
 		if _, err := tx.exec(ctx, s.q.cellInsertPool, c.ID.String(), c.TenantID, c.WorkerID, c.PoolName,
 			c.ProviderCellID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, r.Signature,
-			us(c.ExpiresAt), us(p.Now), us(p.Now), nullString(image), class); err != nil {
+			us(c.ExpiresAt), us(p.Now), us(p.Now), nullString(image), class, cmp.Or(p.Egress, "none")); err != nil {
 			if s.d.UniqueViolation(err) {
 				return errcode.New(errcode.Conflict, "cell_id or provider_cell_id was already used")
 			}

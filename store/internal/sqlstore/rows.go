@@ -269,12 +269,13 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE c.tenant_id = CAST(? AS TEXT) AND c.runtime_class = CAST(? AS TEXT) AND c.release_set_id = CAST(? AS TEXT)
 			  AND c.policy_digest = CAST(? AS TEXT) AND c.release_signature = CAST(? AS TEXT) AND c.state = 'ready'
 			  AND c.ready_deadline_us > CAST(? AS BIGINT)
-			  AND ((CAST(? AS TEXT) = '' AND c.image_class = 0) OR c.image = CAST(? AS TEXT))`,
+			  AND ((CAST(? AS TEXT) = '' AND c.image_class = 0) OR c.image = CAST(? AS TEXT))
+			  AND (CAST(? AS TEXT) = '' OR length(replace(CAST(? AS TEXT), ',' || c.pool_name || ',', '')) < length(CAST(? AS TEXT)))`,
 		candidateOrder: oldestFirst + ` LIMIT 1`,
 		readyMembers:   `SELECT count(*) FROM pool_members WHERE pool_name = CAST(? AS TEXT) AND state = 'ready'`,
 		leaseCell: `UPDATE cells SET state = 'leased', generation = 2, lease_id = ?, organization_id = ?,
 			workspace_id = ?, thread_id = ?, runner_session_id = ?, lease_expires_us = ?, attestation_digest = ?,
-			claim_id = ?, updated_us = ?, leased_us = ?, event_reason = 'claimed'
+			claim_id = ?, updated_us = ?, leased_us = ?, event_reason = 'claimed', egress = coalesce(NULLIF(CAST(? AS TEXT), ''), egress)
 			WHERE id = ? AND ready_deadline_us > CAST(? AS BIGINT) AND state = 'ready' AND generation = 1
 			  AND lease_id IS NULL`,
 		fenceInsert: `INSERT INTO claim_fences (tenant_id, claim_id, request_digest, lease_id, created_us)
@@ -337,8 +338,8 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			WHERE cell_id = ? AND pool_name = ? AND state = 'provisioning'`,
 		cellInsertPool: `INSERT INTO cells (id, tenant_id, worker_id, pool_name, provider_cell_id, state, generation,
 			release_set_id, runtime_class, policy_digest, release_signature, ready_deadline_us, created_us, updated_us,
-			image, image_class)
-			VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			image, image_class, egress)
+			VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		memberStop: `UPDATE pool_members SET state = 'stopping', requested_disposition = ?, stop_lease_id = ?,
 			stop_generation = ?, last_error = ?, updated_us = ?, event_reason = ?
 			WHERE cell_id = ? AND state = ?`,
@@ -368,7 +369,7 @@ func bindQueries(db *sqlx.DB, d Dialect) queries {
 			  AND c.image_class = 0
 			GROUP BY c.release_set_id, c.runtime_class, c.policy_digest
 			ORDER BY c.release_set_id, c.runtime_class, c.policy_digest`,
-		evidence: `SELECT c.id, m.pool_name, m.admitted_class, m.agent_digest, m.image_digest, m.admitted_us, m.verified_us
+		evidence: `SELECT c.id, m.pool_name, m.admitted_class, m.agent_digest, m.image_digest, c.egress, m.admitted_us, m.verified_us
 			FROM cells c LEFT JOIN pool_members m ON m.cell_id = c.id AND m.pool_name = c.pool_name
 			WHERE c.lease_id = ? AND c.tenant_id = ?`,
 		// A verification records what it read back; a later one of another
