@@ -333,3 +333,24 @@ def test_cell_of_a_python_image(image_server: Server, python_image: str) -> None
         assert c.exec(p, ["cat", "/etc/image-release"]).stdout == b"busybox test image\n"
         assert c.exec(p, ["sh", "-c", "test -e /usr/bin/apt; echo $?"]).stdout == b"1\n"  # not the host's /usr
         release_and_wait(c, cl)
+
+
+def test_claim_egress(server: Server) -> None:
+    """A claim's egress (CONTRACT §22) against the real server: [] asks for
+    none, which every pool covers, and the lease's evidence says so with its
+    digest; an entry the pool (egress none) does not allow is
+    EgressNotAllowedError, a malformed one InvalidRequestError, a string
+    instead of a list a TypeError before anything is sent."""
+    with server.client() as c:
+        with pytest.raises(sandboxwich.EgressNotAllowedError):
+            c.claim(server.release, organization_id="org-py", workspace_id="ws-py", thread_id="th-py", runner_session_id="s-egress", egress=["pkgs.test"])
+        with pytest.raises(sandboxwich.InvalidRequestError):
+            c.claim(server.release, organization_id="org-py", workspace_id="ws-py", thread_id="th-py", runner_session_id="s-egress", egress=["10.0.0.1"])
+        with pytest.raises(TypeError):
+            c.claim(server.release, organization_id="org-py", workspace_id="ws-py", thread_id="th-py", runner_session_id="s-egress", egress="pkgs.test")
+        assert c.list_leases(runner_session_id="s-egress").leases == []  # the refusals recorded nothing
+        cl = claim(c, server, "s-egress", egress=[])
+        assert cl.lease is not None
+        ev = c.evidence(cl.lease.lease_id)
+        assert ev.egress == "none" and ev.egress_digest == hashlib.sha256(b"none").hexdigest()
+        release_and_wait(c, cl)

@@ -131,11 +131,20 @@ def test_compose_refusals_are_one_line_naming_the_fix(tmp_path: Path, state_dir:
 
 def test_network_mode_none_is_accepted_and_any_other_network_refused(tmp_path: Path, state_dir: Path) -> None:
     d = tmp_path / "n"
-    assert _provider._resolve_config(_compose_file(d, f"image: {IMAGE}\nnetwork_mode: none")).image == IMAGE
-    assert _provider._resolve_config(_compose_file(d, f"image: {IMAGE}")).image == IMAGE  # absent: a cell has none anyway
+    none = _provider._resolve_config(_compose_file(d, f"image: {IMAGE}\nnetwork_mode: none"))
+    assert none.image == IMAGE and none.egress == ()  # asks for no egress (CONTRACT §22)
+    absent = _provider._resolve_config(_compose_file(d, f"image: {IMAGE}"))
+    assert absent.image == IMAGE and absent.egress is None  # the pool's policy: none unless it has an allow-list
+    narrowed = _provider._resolve_config(_compose_file(d, f"image: {IMAGE}", top="x-sandboxwich:\n  egress: [pypi.test]\n"))
+    assert narrowed.egress == ("pypi.test",)
+    msg = _error(_compose_file(d, f"image: {IMAGE}\nnetwork_mode: none", top="x-sandboxwich:\n  egress: [pypi.test]\n"))
+    assert msg.endswith("network_mode: none and x-sandboxwich egress disagree; keep one"), msg
     for mode in ("bridge", "host", "service:db"):
         msg = _error(_compose_file(d, f"image: {IMAGE}\nnetwork_mode: {mode}"))
-        assert msg.endswith("service 'default' network_mode: cells have no network (loopback only); remove it or set network_mode: none"), msg
+        assert msg.endswith(
+            "service 'default' network_mode: a cell has loopback only, or its pool's egress allow-list;"
+            " remove it, or set network_mode: none (x-sandboxwich egress narrows the pool's list)"
+        ), msg
         assert mode not in msg
     msg = _error(_compose_file(d, f"image: {IMAGE}\nnetworks: [default]"))
     assert "networks: cells have no network (loopback only)" in msg

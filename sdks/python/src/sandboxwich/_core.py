@@ -11,7 +11,7 @@ import secrets
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, Literal, Union
@@ -261,6 +261,7 @@ def claim_req(
     image: str | None = None,
     wait_seconds: int | None = None,
     default_timeout: float = 60.0,
+    egress: Sequence[str] | None = None,
 ) -> Req:
     """The claim's request: its body encoded once (every retry resends these
     bytes under the same claim_id) and, for a claim that may wait, a read
@@ -268,6 +269,8 @@ def claim_req(
     server's to check: outside it the answer is 422 invalid_request."""
     if wait_seconds is not None and (isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int)):
         raise TypeError("wait_seconds is a whole number of seconds")
+    if egress is not None and (isinstance(egress, (str, bytes)) or not all(isinstance(h, str) for h in egress)):
+        raise TypeError("egress is a list of host[:port] strings ([] for none)")
     body = {
         "claim_id": str(claim_id),
         "release": release.model_dump(mode="json"),
@@ -278,6 +281,7 @@ def claim_req(
         "lease_seconds": lease_seconds,
         "image": image,
         "wait_seconds": wait_seconds,
+        "egress": None if egress is None else list(egress),
     }
     timeout = None
     if wait_seconds and wait_seconds > 0:

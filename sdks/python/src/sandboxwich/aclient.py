@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -163,13 +163,16 @@ class AsyncClient:
         claim_id: uuid.UUID | None = None,
         image: str | None = None,
         wait_seconds: int | None = None,
+        egress: Sequence[str] | None = None,
     ) -> Claim:
-        """See :meth:`sandboxwich.Client.claim` (``image``, ``wait_seconds``
+        """See :meth:`sandboxwich.Client.claim` (``image``, ``wait_seconds``, ``egress``
         and the read timeout of a waiting claim included). Cancelling a
         waiting claim stops the call; the server's wait goes on, and a claim
         with the same ``claim_id`` and arguments joins it."""
         cid = claim_id or _core.uuid7()
-        r = _core.claim_req(release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid, image, wait_seconds, self._timeout)
+        r = _core.claim_req(
+            release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid, image, wait_seconds, self._timeout, egress
+        )
         return _claim(cid, await self._json(r, ClaimResponse, cid))
 
     async def validate(self, proof: Proof) -> Lease:

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -195,6 +195,7 @@ class Client:
         claim_id: uuid.UUID | None = None,
         image: str | None = None,
         wait_seconds: int | None = None,
+        egress: Sequence[str] | None = None,
     ) -> Claim:
         """Lease one ready cell of ``release`` bound to the binding
         (``POST /v1/sterile-cells/claim``), fenced by ``claim_id`` (a new
@@ -215,9 +216,19 @@ class Client:
         ``timeout``); other requests keep theirs. A retry (after a lost
         answer) resends the same bytes under the same ``claim_id`` and joins
         the wait; it never provisions or leases a second cell. An empty
-        answer is final for its ``claim_id``: claim again with a new one."""
+        answer is final for its ``claim_id``: claim again with a new one.
+
+        ``egress`` (``host[:port]`` entries, ``*.suffix`` allowed; ``[]`` for
+        none) narrows the egress policy of the pool that serves the claim
+        (CONTRACT §22): only a pool whose list covers it serves the claim,
+        else ``EgressNotAllowedError`` (422) and nothing is recorded; a
+        malformed entry is ``InvalidRequestError``. None keeps the pool's.
+        The lease's policy is in its evidence (``egress``,
+        ``egress_digest``)."""
         cid = claim_id or _core.uuid7()
-        r = _core.claim_req(release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid, image, wait_seconds, self._timeout)
+        r = _core.claim_req(
+            release, organization_id, workspace_id, thread_id, runner_session_id, lease_seconds, cid, image, wait_seconds, self._timeout, egress
+        )
         resp = self._json(r, ClaimResponse, cid)
         return _claim(cid, resp)
 

@@ -57,6 +57,8 @@ class ClaimRequest(_Model):
     """A cell of this image, pinned by digest (CONTRACT §21)."""
     wait_seconds: int | None = None
     """How long the claim may wait for a cell (0 to 300)."""
+    egress: list[str] | None = None
+    """Narrows the serving pool's egress policy (CONTRACT §22); [] for none."""
 
 
 class Lease(_Model):
@@ -250,6 +252,11 @@ class Evidence(_Model):
     runtime_class: RuntimeClass
     image_digest: str | None
     agent_digest: str | None
+    egress: str
+    """The cell's egress policy in canonical form (CONTRACT §22): ``none``, or
+    ``host:port`` lines."""
+    egress_digest: str
+    """The SHA-256 (lowercase hex) of ``egress``."""
     admitted_at: datetime
     last_verified_at: datetime
 

@@ -64,6 +64,8 @@ class ComposeSpec:
     image: str
     working_dir: str | None
     sandboxwich: dict[str, Any] | None
+    network_none: bool = False
+    """The service says ``network_mode: none``: its cell asks for no egress."""
     """The top-level ``x-sandboxwich`` mapping (config keys), if any."""
 
 
@@ -141,6 +143,7 @@ def parse(data: object, where: str) -> ComposeSpec:
     if why:
         raise ComposeError(f"{at} image {why}")
     working_dir = None
+    network_none = False
     for k, v in svc.items():
         if not isinstance(k, str):
             raise ComposeError(f"{at}: a key is not a string; remove it")
@@ -152,7 +155,11 @@ def parse(data: object, where: str) -> ComposeSpec:
             continue
         if k == "network_mode":
             if v != "none":
-                raise ComposeError(f"{at} network_mode: cells have no network (loopback only); remove it or set network_mode: none")
+                raise ComposeError(
+                    f"{at} network_mode: a cell has loopback only, or its pool's egress allow-list;"
+                    " remove it, or set network_mode: none (x-sandboxwich egress narrows the pool's list)"
+                )
+            network_none = True
         elif k == "networks":
             raise ComposeError(f"{at} networks: cells have no network (loopback only); remove it (network_mode: none is accepted)")
         elif k in ("command", "entrypoint"):
@@ -179,4 +186,6 @@ def parse(data: object, where: str) -> ComposeSpec:
         raise ComposeError(f"{where}: x-sandboxwich must not name an image: the image is the service's; remove it")
     if sbw is not None and working_dir is not None and "working_dir" in sbw:
         raise ComposeError(f"{where}: working_dir is given twice (the service's and x-sandboxwich's); keep one")
-    return ComposeSpec(str(svc["image"]), working_dir, sbw)
+    if sbw is not None and network_none and sbw.get("egress"):
+        raise ComposeError(f"{where}: network_mode: none and x-sandboxwich egress disagree; keep one")
+    return ComposeSpec(str(svc["image"]), working_dir, sbw, network_none)

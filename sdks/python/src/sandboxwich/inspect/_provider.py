@@ -125,6 +125,12 @@ class SandboxwichConfig(BaseModel):
     §21), and a pool of the release must run it or an image class allow its
     repository. Default: the pool's own image. A Docker Compose file given
     as the config sets it from its one service's image."""
+    egress: tuple[str, ...] | None = None
+    """Narrows the egress of each sample's cell (CONTRACT §22): host[:port]
+    entries (``*.suffix`` allowed; no port means 443 and 80) its pool's
+    allow-list covers, ``[]`` for none. Default: the pool's policy (``none``
+    unless the operator gave the pool an allow-list). A compose service's
+    ``network_mode: none`` sets ``[]``."""
 
     @field_validator("image")
     @classmethod
@@ -263,6 +269,8 @@ def _from_compose(data: Any, where: str, path: str | None) -> SandboxwichConfig:
     update: dict[str, Any] = {"image": spec.image}
     if spec.working_dir is not None:
         update["working_dir"] = spec.working_dir
+    if spec.network_none:
+        update["egress"] = ()
     return cfg.model_copy(update=update)
 
 
@@ -466,6 +474,7 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                     claim_id=claim_id,
                     image=image,
                     wait_seconds=wait or None,
+                    egress=s.config.egress,
                 )
                 if not c.empty:
                     return c
@@ -476,6 +485,11 @@ class SandboxwichSandboxEnvironment(SandboxEnvironment):
                 raise RuntimeError(
                     f"sandboxwich: no pool of release {s.release.release_set_id} serves image {image} ({e.message}):"
                     " a pool must run it, or an image class allow its repository"
+                ) from None
+            except errors.EgressNotAllowedError as e:
+                raise RuntimeError(
+                    f"sandboxwich: no pool of release {s.release.release_set_id} allows the egress {list(s.config.egress or ())} ({e.message}):"
+                    " a claim may narrow its pool's allow-list, never widen it"
                 ) from None
             except (errors.TransportError, errors.InternalError, errors.ClaimContendedError) as e:
                 last = str(e)  # outcome unknown: the same claim_id and body again
