@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/driver/fake"
 	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/errcode"
+	"github.com/sandboxwich/sandboxwich/lease"
 	"github.com/sandboxwich/sandboxwich/pool"
 )
 
@@ -58,8 +59,8 @@ func TestEgressClaims(t *testing.T) {
 	if err != nil || res.Lease == nil || res.PoolName != "open" {
 		t.Fatalf("a claim narrowing the open pool's egress: %+v %v, want a lease of pool open", res, err)
 	}
-	if prov.Egress(res.Lease.CellID).Canonical() != open.Canonical() {
-		t.Errorf("the provider was given egress %q, want the pool's %q", prov.Egress(res.Lease.CellID).Canonical(), open.Canonical())
+	if got := prov.Egress(res.Lease.CellID).Canonical(); got != narrow.Canonical() {
+		t.Errorf("the provider holds the cell to egress %q, want the claim's %q (provisioned with the pool's, then narrowed)", got, narrow.Canonical())
 	}
 	ev, err := e.plane.Evidence(e.ctx, "acme", res.Lease.ID)
 	if err != nil || ev.Egress != "a.files.test:8443" || ev.EgressDigest != narrow.Digest() {
@@ -109,5 +110,27 @@ func TestEgressNeedsAnEnforcingProvider(t *testing.T) {
 		Provider: fake.New(fake.Config{Mode: driver.Apply, Kind: "fake"}), Egress: *mustEgress(t, "pkgs.test")}))
 	if err == nil || !strings.Contains(err.Error(), "egress") {
 		t.Fatalf("a pool with an allow-list on a provider enforcing none: %v, want a start-up error naming egress", err)
+	}
+}
+
+// TestEgressUnsetQuarantines: a claim whose cell could not be held to the
+// claim's egress fails, and its cell is quarantined (never leased on with
+// the pool's wider policy); a retry of the claim is a conflict.
+func TestEgressUnsetQuarantines(t *testing.T) {
+	e := newEnv(t)
+	prov := fake.New(fake.Config{Mode: driver.Apply, Kind: "fake", Egress: true, Faults: fake.Faults{SetEgress: true}})
+	e = newEnv(t, sandboxwich.WithPools(pool.Config{Name: "open", TenantID: "acme", Release: e.rel, Target: 1, Provider: prov,
+		Egress: *mustEgress(t, "pkgs.test")}))
+	e.plane.Pools().Pass(e.ctx)
+	id := uuid.New()
+	req := sandboxwich.ClaimRequest{ClaimID: id, Release: e.rel, Binding: binding, Egress: mustEgress(t, "pkgs.test:443")}
+	if res, err := e.plane.Claim(e.ctx, "acme", req); err == nil {
+		t.Fatalf("a claim whose egress could not be set: %+v, want an error", res)
+	}
+	if counts, _ := e.plane.CellCounts(e.ctx); counts[lease.Quarantined] != 1 || counts[lease.Leased] != 0 {
+		t.Errorf("cells after the failed narrowing: %v, want the one cell quarantined", counts)
+	}
+	if _, err := e.plane.Claim(e.ctx, "acme", req); !errors.Is(err, errcode.ErrConflict) {
+		t.Errorf("a retry of the claim: %v, want a conflict", err)
 	}
 }

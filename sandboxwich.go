@@ -487,6 +487,13 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if err != nil {
 		return ClaimResult{}, err
 	}
+	if req.Egress != nil && res.Lease != nil {
+		// A replay sets it again: the first answer may have been lost
+		// with the process before it was set.
+		if err := p.setEgress(ctx, res.Lease.CellID, *req.Egress); err != nil {
+			return ClaimResult{}, err
+		}
+	}
 	out := ClaimResult{Lease: res.Lease, Replayed: res.Replayed, PoolName: res.PoolName, EmptyReason: EmptyReason(res.EmptyReason)}
 	if res.Lease == nil {
 		if !res.Replayed && out.EmptyReason == "" {

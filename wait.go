@@ -255,33 +255,3 @@ func (p *Plane) imagePools(tenantID string, req ClaimRequest) (image, maker stri
 	}
 	return "", "", errcode.New(errcode.ImageNotAllowed, "no pool of this release allows the image "+image)
 }
-
-// egressPools returns the pools a claim that narrows egress may take a cell
-// from (CONTRACT §22): the tenant's pools of the release serving the
-// claim's image (or, without one, fixed pools) whose policy covers the
-// claim's. nil — any pool — for a claim that names no egress or asks for
-// none, which every pool covers; errcode.ErrEgressNotAllowed when no pool
-// covers it.
-func (p *Plane) egressPools(tenantID string, req ClaimRequest, image string) ([]string, error) {
-	if req.Egress == nil || req.Egress.IsNone() {
-		return nil, nil
-	}
-	var out []string
-	if p.pools != nil {
-		for _, name := range p.pools.Names() {
-			cfg, _ := p.pools.Pool(name)
-			serves := cfg.Serves(image)
-			if image == "" {
-				serves = !cfg.ImageClass()
-			}
-			if cfg.TenantID == tenantID && cfg.Release == req.Release && serves && cfg.Egress.Covers(*req.Egress) {
-				out = append(out, name)
-			}
-		}
-	}
-	if len(out) == 0 {
-		return nil, errcode.New(errcode.EgressNotAllowed,
-			"no pool of this release allows the egress asked for (a claim may narrow its pool's egress, never widen it)")
-	}
-	return out, nil
-}

@@ -130,6 +130,15 @@ func (c *Client) Inventory(ctx context.Context) ([]wire.InventoryEntry, error) {
 	return resp.Inventory, err
 }
 
+// EgressCounts returns the connections of a lease's cell by host, as its
+// egress gateway counted them (CONTRACT §22): empty for a cell without
+// egress.
+func (c *Client) EgressCounts(ctx context.Context, leaseID uuid.UUID) ([]wire.EgressHost, error) {
+	var resp wire.EgressResponse
+	err := c.do(ctx, request{method: http.MethodGet, path: leasePath(leaseID, "/egress"), retry: true}, &resp)
+	return resp.Hosts, err
+}
+
 // Evidence returns what the server read back from the provider and agent
 // of a lease's pool cell, at admission and at its last verification
 // (GET /v1/sterile-cell-leases/{id}/evidence). An external worker's cell,

@@ -97,6 +97,22 @@ type Capabilities struct {
 	Egress bool
 }
 
+// EgressEnforcer is implemented by every provider whose Capabilities report
+// Egress (CONTRACT §22). SetEgress holds a cell to policy p from now on:
+// the narrower policy of the claim that leased it, never a wider one than
+// it was provisioned with (the plane checks that). EgressCounts returns
+// how many of the cell's connections were allowed and refused, by the
+// host they named ("-" for one that named none); a provider keeps them
+// for a while after the cell is destroyed, and nil means none are known.
+type EgressEnforcer interface {
+	SetEgress(ctx context.Context, obj Object, p egress.Policy) error
+	EgressCounts(obj Object) map[string]EgressCount
+}
+
+// EgressCount is how many connections of a cell to one host were allowed
+// and refused.
+type EgressCount struct{ Allowed, Refused int }
+
 // Object names one provider object: the cell it backs and the identity the
 // provider gave it (a container ID, a Pod UID…). Identity distinguishes the
 // object from a later one that reuses the same name. An empty Identity (a

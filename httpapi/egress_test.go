@@ -46,6 +46,12 @@ func TestClaimEgress(t *testing.T) {
 	if ev.Egress != "pkgs.test:443" || ev.EgressDigest != egress.DigestOf("pkgs.test:443") {
 		t.Errorf("evidence egress %q digest %q, want pkgs.test:443 and its digest", ev.Egress, ev.EgressDigest)
 	}
+	r = e.do("GET", leasePath(c.Lease.LeaseID, "/egress"), tokAcme, nil).must(t, 200)
+	checkSchema(t, "EgressResponse", r.body)
+	if string(r.body) != `{"ok":true,"hosts":[]}` {
+		t.Errorf("the egress counts of a cell that carries no traffic: %s", r.body)
+	}
+	e.do("GET", leasePath(c.Lease.LeaseID, "/egress"), tokGlobex, nil).errCode(t, 404, "not_found")
 	e.do("POST", "/v1/sterile-cells/claim", tokAcme, body([]string{})).errCode(t, 409, "conflict")
 	if again := decodeAs[wire.ClaimResponse](t, e.do("POST", "/v1/sterile-cells/claim", tokAcme, body([]string{"pkgs.test:443"})).must(t, 200)); again.Lease == nil || again.Lease.LeaseID != c.Lease.LeaseID {
 		t.Errorf("a retry with the same canonical egress: %+v, want the same lease", again)

@@ -181,6 +181,23 @@ func (h *handler) evidence(c *call) (int, any, error) {
 	}}, nil
 }
 
+// egressCounts serves GET /v1/sterile-cell-leases/{lease_id}/egress.
+func (h *handler) egressCounts(c *call) (int, any, error) {
+	id, err := pathUUID(c.r, "lease_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	hosts, err := h.plane.EgressCounts(c.ctx(), c.p.tenant, id)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp := wire.EgressResponse{OK: true, Hosts: make([]wire.EgressHost, 0, len(hosts))}
+	for _, e := range hosts {
+		resp.Hosts = append(resp.Hosts, wire.EgressHost{Host: e.Host, Allowed: e.Allowed, Refused: e.Refused})
+	}
+	return http.StatusOK, resp, nil
+}
+
 // nonEmpty is nil for "", else a pointer to s: null on the wire.
 func nonEmpty[S ~string](s S) *S {
 	if s == "" {

@@ -97,6 +97,7 @@ var routes = []route{
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases", access: accessTenant, serve: (*handler).listLeases},
 	{method: http.MethodPost, path: "/v1/sterile-cell-leases/{lease_id}/revoke", access: accessTenant, optBody: true, idem: idemReplay, serve: (*handler).revoke},
 	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}/evidence", access: accessTenant, serve: (*handler).evidence},
+	{method: http.MethodGet, path: "/v1/sterile-cell-leases/{lease_id}/egress", access: accessTenant, serve: (*handler).egressCounts},
 	{method: http.MethodGet, path: "/v1/sterile-cells/inventory", access: accessTenant, serve: (*handler).inventory},
 	{method: http.MethodPost, path: "/v1/images/prefetch", access: accessTenant, body: true, serve: (*handler).prefetch},
 	{method: http.MethodGet, path: "/v1/images", access: accessTenant, serve: (*handler).listImages},

@@ -151,6 +151,8 @@ func (c Config) withDefaults(maxLease time.Duration) (Config, error) {
 		return bad("provider", "is required")
 	case c.Image != "" && c.imageDigest() == "":
 		return bad("image", "must be pinned by digest (host/repo@sha256:<64 hex digits>)")
+	case c.Provider.Capabilities().Egress && !implementsEgress(c.Provider):
+		return bad("provider", fmt.Sprintf("%s reports egress but cannot set a cell's (driver.EgressEnforcer)", c.Provider.Capabilities().Kind))
 	case !c.Egress.IsNone() && !c.Provider.Capabilities().Egress:
 		return bad("egress", fmt.Sprintf("allows hosts, but provider %s enforces no egress allow-list (only none)",
 			c.Provider.Capabilities().Kind))
@@ -921,4 +923,9 @@ func (e *errList) err() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return errors.Join(e.errs...)
+}
+
+func implementsEgress(p driver.Provider) bool {
+	_, ok := p.(driver.EgressEnforcer)
+	return ok
 }

@@ -89,6 +89,20 @@ type Evidence struct {
 	LastVerifiedAt *Time  `json:"last_verified_at"`
 }
 
+// EgressHost is how many connections of a lease's cell to one host the
+// egress gateway allowed and refused ("-": connections that named none).
+type EgressHost struct {
+	Host    string `json:"host"`
+	Allowed int    `json:"allowed"`
+	Refused int    `json:"refused"`
+}
+
+// EgressResponse answers GET /v1/sterile-cell-leases/{id}/egress.
+type EgressResponse struct {
+	OK    bool         `json:"ok"`
+	Hosts []EgressHost `json:"hosts"`
+}
+
 // EvidenceResponse answers GET /v1/sterile-cell-leases/{id}/evidence.
 type EvidenceResponse struct {
 	OK       bool     `json:"ok"`

@@ -409,11 +409,20 @@ func cliClaim(ctx context.Context, e env, args []string) error {
 	claimID := cliUUID(f.fs, "claim-id", "claim ID fence (default: a new UUIDv7); repeat a claim with the same ID to get the same outcome")
 	image := f.fs.String("image", "", "a cell of this image, pinned by digest (host/repo@sha256:<hex>), from a pool that runs or allows it")
 	waitSeconds := cliUint(f.fs, "wait-seconds", "wait up to this many seconds (at most 300) for a cell when none is ready (default 0: answer at once)")
+	allow := f.fs.String("egress", "", `narrow the pool's egress allow-list to these comma-separated host[:port] entries ("none": no egress; default: the pool's)`)
 	attFile := f.fs.String("attestation-file", "", "NEW file to write the lease attestation to, mode 0600 (required; never printed)")
 	if err := f.parse(args, false); err != nil {
 		return err
 	}
 	req := wire.ClaimRequest{Release: *rel, Binding: *b, LeaseSeconds: *leaseSeconds, WaitSeconds: *waitSeconds}
+	switch *allow {
+	case "":
+	case "none":
+		req.Egress = &[]string{}
+	default:
+		entries := strings.Split(*allow, ",")
+		req.Egress = &entries
+	}
 	if *image != "" {
 		req.Image = image
 	}

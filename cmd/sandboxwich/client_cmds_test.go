@@ -640,3 +640,27 @@ func TestCLIVersion(t *testing.T) {
 		t.Errorf("versionLine = %q, want %q", got, want)
 	}
 }
+
+// TestCLIClaimEgress: claim --egress sends the list (422
+// egress_not_allowed from a pool without egress, nothing claimed), and
+// --egress none asks for no egress, which the pool covers.
+func TestCLIClaimEgress(t *testing.T) {
+	s := startCLITestServer(t)
+	s.addPoolCell(t)
+	te := newCLITestEnv(s.url)
+	dir := t.TempDir()
+	if code := te.run(s.claimArgs(filepath.Join(dir, "wide.att"), "--egress", "pypi.org,files.pythonhosted.org")...); code == 0 ||
+		!strings.Contains(te.stderr.String(), "egress_not_allowed") {
+		t.Fatalf("claim --egress wider than the pool's: exit %d\n%s", code, te.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "wide.att")); !os.IsNotExist(err) {
+		t.Errorf("a refused claim left its attestation file: %v", err)
+	}
+	if code := te.run(s.claimArgs(filepath.Join(dir, "none.att"), "--json", "--egress", "none")...); code != 0 {
+		t.Fatalf("claim --egress none: exit %d\n%s", code, te.stderr)
+	}
+	var got claimJSON
+	if err := json.Unmarshal(te.stdout.Bytes(), &got); err != nil || got.Lease == nil {
+		t.Fatalf("claim --egress none = %s (%v)", te.stdout, err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/httpapi"
 	"github.com/sandboxwich/sandboxwich/internal/imageref"
@@ -90,6 +91,9 @@ type poolConfig struct {
 	// or {"allow": ["host[:port]", "*.suffix", …]}.
 	Egress   egressConfig      `json:"egress"`
 	Settings map[string]string `json:"settings"`
+	// egressNet is the plane's egress net, given to a gvisor pool whose
+	// egress allows hosts (serve makes it).
+	egressNet *gvisor.EgressNet
 }
 
 // egressConfig is the pool key egress as written: "none", or an object

@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -48,6 +49,7 @@ func dev(ctx context.Context, e env, args []string) error {
 	image := flags.String("image", "", "the gVisor pool's image, an OCI reference pinned by digest, pulled into <dir>/images (default: no image, the host's /usr)")
 	images := flags.String("images", "", "also an image class, pool dev-images: comma-separated repositories (host/repo or host/prefix/*) whose images, pinned by digest, claims may name; cells made on demand")
 	maxCells := flags.Int("max-cells", 4, "the image class's live cells, all images together (with --images)")
+	allow := flags.String("egress", "", "the dev pool's egress allow-list (pool key egress): comma-separated host[:port] entries its cells may reach through the egress gateway (default none: loopback only; gvisor only)")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -127,6 +129,13 @@ func dev(ctx context.Context, e env, args []string) error {
 		MaxPrepareAhead:    sandboxwich.DefaultMaxPrepareAhead,
 		Pools: []poolConfig{{Name: "dev", Provider: *provider, TenantID: "dev", Release: rel, Target: *target,
 			Image: *image, Settings: settings}},
+	}
+	if *allow != "" {
+		pol, err := egress.Parse(strings.Split(*allow, ","))
+		if err != nil {
+			return fmt.Errorf("--egress: %w", err)
+		}
+		c.Pools[0].Egress = egressConfig{Allow: strings.Split(*allow, ","), Policy: pol}
 	}
 	if *images != "" {
 		class := poolConfig{Name: "dev-images", Provider: *provider, TenantID: "dev", Release: rel, MaxCells: *maxCells,

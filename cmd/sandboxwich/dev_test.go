@@ -229,14 +229,15 @@ func testDevCtrlC(t *testing.T, provider string) {
 
 // startDevForTest runs dev in this process with --dir dir and returns its
 // URL, a client of its tenant, the release of its pool, its output and the
-// channel of dev's result. Cancelling ctx is Ctrl-C.
-func startDevForTest(ctx context.Context, t *testing.T, dir, provider string) (string, *client.Client, lease.Release, *lockedBuffer, *lockedBuffer, chan error) {
+// channel of dev's result; extra are more flags of dev. Cancelling ctx is
+// Ctrl-C.
+func startDevForTest(ctx context.Context, t *testing.T, dir, provider string, extra ...string) (string, *client.Client, lease.Release, *lockedBuffer, *lockedBuffer, chan error) {
 	t.Helper()
 	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- dev(ctx, env{stdout: stdout, stderr: stderr, getenv: func(string) string { return "" }},
-			[]string{"--dir", dir, "--listen", "127.0.0.1:0", "--provider", provider})
+			append([]string{"--dir", dir, "--listen", "127.0.0.1:0", "--provider", provider}, extra...))
 	}()
 	if provider == "gvisor" {
 		stateDir := filepath.Join(dir, "runsc-state")
@@ -363,7 +364,10 @@ func TestDevInstallsRunsc(t *testing.T) {
 // cell that "died"), and dev exits cleanly once every cell is proven gone
 // instead of holding the HTTP grace and failing with "context deadline
 // exceeded".
-func TestDevCtrlCDuringStreamedExec(t *testing.T) {
+// requireDevGVisor skips a test that runs a dev server with gVisor cells
+// in -short mode, or without runsc and root (which CI=true requires).
+func requireDevGVisor(t *testing.T) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("runs a dev server with gVisor cells")
 	}
@@ -373,6 +377,10 @@ func TestDevCtrlCDuringStreamedExec(t *testing.T) {
 		}
 		t.Skip("needs runsc and root")
 	}
+}
+
+func TestDevCtrlCDuringStreamedExec(t *testing.T) {
+	requireDevGVisor(t)
 	dir := filepath.Join(t.TempDir(), "dev")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -36,7 +36,7 @@ func TestExecMaxOutputSetting(t *testing.T) {
 // exec_unsupported — it must be neither a driver.AgentHost nor a
 // driver.Execer.
 func TestDryRunHasNoAgentAndNoExec(t *testing.T) {
-	prov, err := providers["dry-run"]("p", "tag", map[string]string{}, slog.New(slog.DiscardHandler))
+	prov, err := providers["dry-run"]("p", "tag", map[string]string{}, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,13 +30,13 @@ import (
 // plane's installation tag (driver.InstallationTag), which every provider
 // that creates objects puts on them. It must refuse unknown settings,
 // naming them.
-type providerFactory func(pool, installation string, settings map[string]string, log *slog.Logger) (driver.Provider, error)
+type providerFactory func(pool, installation string, settings map[string]string, log *slog.Logger, egressNet *gvisor.EgressNet) (driver.Provider, error)
 
 // providers maps SANDBOXWICH_STERILE_POOL_PROVIDER values to factories.
 var providers = map[string]providerFactory{
 	// dry-run simulates every cell: labelled dry_run in every report, never
 	// evidence that a runtime existed.
-	"dry-run": func(_, _ string, s map[string]string, _ *slog.Logger) (driver.Provider, error) {
+	"dry-run": func(_, _ string, s map[string]string, _ *slog.Logger, _ *gvisor.EgressNet) (driver.Provider, error) {
 		latency, err := settingMillis(s, "latency_ms")
 		if err != nil {
 			return nil, err
@@ -43,7 +48,7 @@ var providers = map[string]providerFactory{
 	// a restarted server finds the ones it left. It can delay calls and
 	// inject destroy faults (probabilities 0 to 1): the crash checks of the
 	// reliability proof run it.
-	"dir": func(_, _ string, s map[string]string, _ *slog.Logger) (driver.Provider, error) {
+	"dir": func(_, _ string, s map[string]string, _ *slog.Logger, _ *gvisor.EgressNet) (driver.Provider, error) {
 		if err := unknownSettings(s, "path", "min_latency_ms", "max_latency_ms", "destroy_uncertain", "lost_destroy"); err != nil {
 			return nil, err
 		}
@@ -58,7 +63,9 @@ var providers = map[string]providerFactory{
 			DestroyUncertain: uncertain, LostDestroy: lost}, errors.Join(err1, err2, err3, err4)
 	},
 	// gvisor runs each cell as a runsc container on this host.
-	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+	// With an egress net (a pool whose key egress allows hosts), each cell
+	// runs in a network namespace of its own routed only to the gateway.
+	"gvisor": func(pool, installation string, s map[string]string, log *slog.Logger, egressNet *gvisor.EgressNet) (driver.Provider, error) {
 		if err := unknownSettings(s, "runsc", "agent_path", "state_dir", "bundle_dir", "rootfs", "network", "platform",
 			"memory_limit_bytes", "cpus", "pids_limit", "image", "image_cache_dir", "registry_auth_file",
 			"image_max_bytes", "image_cache_bytes", cellDiskKey); err != nil {
@@ -70,7 +77,7 @@ var providers = map[string]providerFactory{
 		cfg := gvisor.Config{RunscPath: s["runsc"], AgentPath: s["agent_path"], StateDir: s["state_dir"], BundleDir: s["bundle_dir"],
 			RootFS: s["rootfs"], Network: s["network"], Platform: s["platform"], Pool: gvisorPoolName(pool),
 			Image: s["image"], ImageCacheDir: s["image_cache_dir"], RegistryAuthFile: s["registry_auth_file"],
-			Installation: installation, Logger: log}
+			Installation: installation, Logger: log, Egress: egressNet}
 		if v := s["memory_limit_bytes"]; v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n <= 0 {
@@ -118,7 +125,7 @@ var providers = map[string]providerFactory{
 	},
 	// kubernetes runs each cell as a RuntimeClass Pod, verified after
 	// admission (settings: SANDBOXWICH_KUBERNETES_*, see driver/kubernetes).
-	"kubernetes": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+	"kubernetes": func(pool, installation string, s map[string]string, log *slog.Logger, _ *gvisor.EgressNet) (driver.Provider, error) {
 		cfg, err := kubernetes.ConfigFromSettings(pool, s)
 		if err != nil {
 			return nil, err
@@ -134,7 +141,7 @@ var providers = map[string]providerFactory{
 	},
 	// agent-sandbox claims warm Pods of kubernetes-sigs/agent-sandbox
 	// (settings: SANDBOXWICH_AGENT_SANDBOX_*, see driver/agentsandbox).
-	"agent-sandbox": func(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+	"agent-sandbox": func(pool, installation string, s map[string]string, log *slog.Logger, _ *gvisor.EgressNet) (driver.Provider, error) {
 		cfg, err := agentsandbox.ConfigFromSettings(pool, s)
 		if err != nil {
 			return nil, err
@@ -155,7 +162,7 @@ const cloudflareStartup = 30 * time.Second
 // deployment back once: a refused token stops the start; any other
 // failure is logged, and the runtime class stays unadmitted until a
 // later read-back proves the deployment.
-func newCloudflare(pool, installation string, s map[string]string, log *slog.Logger) (driver.Provider, error) {
+func newCloudflare(pool, installation string, s map[string]string, log *slog.Logger, _ *gvisor.EgressNet) (driver.Provider, error) {
 	cfg, err := cloudflare.ConfigFromSettings(pool, s)
 	if err != nil {
 		return nil, err
@@ -266,7 +273,7 @@ func newProvider(p poolConfig, installation string, log *slog.Logger) (driver.Pr
 		}
 		settings["image_class"] = "true"
 	}
-	prov, err := f(p.Name, installation, settings, log)
+	prov, err := f(p.Name, installation, settings, log, p.egressNet)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: provider %s: %w", p.Name, p.Provider, err)
 	}
@@ -311,4 +318,46 @@ func unknownSettings(s map[string]string, known ...string) error {
 		}
 	}
 	return nil
+}
+
+// startEgressNet starts the plane's egress net (CONTRACT §22) when a
+// gvisor pool's key egress allows hosts, or returns nil: its gateway
+// listens on every port those pools allow, never connects to this host's
+// own addresses, and serves until ctx ends. Its namespaces are named after
+// the installation; their records live in the temporary directory, as
+// the namespaces do not outlive the host's boot either.
+func startEgressNet(ctx context.Context, st store.Store, pools []poolConfig, log *slog.Logger) (*gvisor.EgressNet, error) {
+	ports := map[uint16]bool{}
+	for _, p := range pools {
+		if p.Provider != "gvisor" {
+			continue
+		}
+		for _, e := range p.Egress.Policy.Entries() {
+			ports[e.Port] = true
+		}
+	}
+	if len(ports) == 0 {
+		return nil, nil
+	}
+	installation, err := st.Installation(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var own []netip.Prefix
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("egress: this host's addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil {
+			own = append(own, netip.PrefixFrom(pfx.Addr(), pfx.Addr().BitLen()))
+		}
+	}
+	tag := driver.InstallationTag(installation)
+	n, err := gvisor.NewEgressNet(ctx, gvisor.EgressConfig{Name: tag, Ports: slices.Sorted(maps.Keys(ports)), Own: own,
+		StateDir: filepath.Join(os.TempDir(), fmt.Sprintf("sandboxwich-egress-%d-%s", os.Getuid(), tag)), Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	return n, nil
 }

@@ -20,14 +20,14 @@ import (
 
 func TestGVisorPidsLimitSetting(t *testing.T) {
 	for _, v := range []string{"10", "63", "-1", "many", "1e3"} {
-		_, err := providers["gvisor"]("p", driver.InstallationTag("test"), map[string]string{"runsc": "/nonexistent/runsc", "pids_limit": v}, slog.Default())
+		_, err := providers["gvisor"]("p", driver.InstallationTag("test"), map[string]string{"runsc": "/nonexistent/runsc", "pids_limit": v}, slog.Default(), nil)
 		if err == nil || !strings.Contains(err.Error(), "pids_limit") {
 			t.Errorf("pids_limit %q: %v, want it refused", v, err)
 		}
 	}
 	// A valid value passes the setting's check (New then fails on the
 	// missing runsc, not on the setting).
-	_, err := providers["gvisor"]("p", driver.InstallationTag("test"), map[string]string{"runsc": "/nonexistent/runsc", "pids_limit": "2048"}, slog.Default())
+	_, err := providers["gvisor"]("p", driver.InstallationTag("test"), map[string]string{"runsc": "/nonexistent/runsc", "pids_limit": "2048"}, slog.Default(), nil)
 	if err == nil || strings.Contains(err.Error(), "pids_limit") {
 		t.Errorf("pids_limit 2048: %v, want only the missing runsc refused", err)
 	}
@@ -72,12 +72,12 @@ func TestDirProviderSettings(t *testing.T) {
 		{map[string]string{"path": dir, "lost_destroy": "-0.1"}, "lost_destroy"},
 		{map[string]string{"path": dir, "latency_ms": "5"}, "latency_ms"},
 	} {
-		if _, err := providers["dir"]("p", "", tc.settings, slog.Default()); err == nil || !strings.Contains(err.Error(), tc.refused) {
+		if _, err := providers["dir"]("p", "", tc.settings, slog.Default(), nil); err == nil || !strings.Contains(err.Error(), tc.refused) {
 			t.Errorf("%v: %v, want %s refused", tc.settings, err, tc.refused)
 		}
 	}
 	p, err := providers["dir"]("p", "", map[string]string{"path": dir, "min_latency_ms": "1", "max_latency_ms": "2",
-		"destroy_uncertain": "0.25", "lost_destroy": "0"}, slog.Default())
+		"destroy_uncertain": "0.25", "lost_destroy": "0"}, slog.Default(), nil)
 	want := &dirprovider.Provider{Dir: dir, MinLatency: time.Millisecond, MaxLatency: 2 * time.Millisecond, DestroyUncertain: 0.25}
 	if err != nil || !reflect.DeepEqual(p, want) || p.Capabilities().Mode != driver.DryRun {
 		t.Errorf("dir provider = %+v, %v; want %+v in mode dry_run", p, err, want)
@@ -106,16 +106,16 @@ func TestCloudflareProviderSettings(t *testing.T) {
 	for _, key := range []string{"runtime_class", "image", "api_token_file"} {
 		c := maps.Clone(s)
 		delete(c, key)
-		if _, err := providers["cloudflare"]("p", "inst", c, slog.Default()); err == nil || !strings.Contains(err.Error(), key) {
+		if _, err := providers["cloudflare"]("p", "inst", c, slog.Default(), nil); err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("without %s: %v, want it named", key, err)
 		}
 	}
 	c := maps.Clone(s)
 	c["typo"] = "1"
-	if _, err := providers["cloudflare"]("p", "inst", c, slog.Default()); err == nil || !strings.Contains(err.Error(), "typo") {
+	if _, err := providers["cloudflare"]("p", "inst", c, slog.Default(), nil); err == nil || !strings.Contains(err.Error(), "typo") {
 		t.Errorf("unknown setting: %v", err)
 	}
-	_, err := providers["cloudflare"]("p", "inst", s, slog.Default())
+	_, err := providers["cloudflare"]("p", "inst", s, slog.Default(), nil)
 	if !errors.Is(err, cloudflare.ErrUnauthorized) || strings.Contains(err.Error(), "secret-token-value") {
 		t.Fatalf("a refused API token: %v, want ErrUnauthorized without the token", err)
 	}

@@ -101,8 +101,16 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	egressNet, err := startEgressNet(ctx, st, c.Pools, log)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
 	var pools []pool.Config
 	for _, p := range c.Pools {
+		if p.Provider == "gvisor" && !p.Egress.Policy.IsNone() {
+			p.egressNet = egressNet
+		}
 		prov, err := newPoolProvider(ctx, st, p, log)
 		if err != nil {
 			st.Close()

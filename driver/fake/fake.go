@@ -46,6 +46,9 @@ type Faults struct {
 	// LostResponse performs a provision or destroy and then reports an
 	// error, as if the response was lost on the way back.
 	LostResponse float64
+	// SetEgress fails every SetEgress (the plane must then quarantine the
+	// cell rather than hand out a lease held to a wider policy).
+	SetEgress bool
 }
 
 // Config configures a Provider. The zero value is a dry-run provider with
@@ -252,6 +255,30 @@ func (p *Provider) Egress(cellID uuid.UUID) egress.Policy {
 	}
 	return egress.None
 }
+
+// SetEgress implements driver.EgressEnforcer: the object records the
+// policy (Egress), and fails with ErrInjected under Faults.SetEgress.
+func (p *Provider) SetEgress(ctx context.Context, obj driver.Object, pol egress.Policy) error {
+	p.count("set_egress")
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o, ok := p.objects[obj.CellID]
+	if !ok {
+		return fmt.Errorf("fake: cell %s: %w", obj.CellID, driver.ErrNotFound)
+	}
+	if p.cfg.Faults.SetEgress {
+		return fmt.Errorf("%w: set egress", ErrInjected)
+	}
+	o.egress = pol
+	return nil
+}
+
+// EgressCounts implements driver.EgressEnforcer: the fake's objects carry
+// no traffic, so it knows none.
+func (p *Provider) EgressCounts(driver.Object) map[string]driver.EgressCount { return nil }
 
 // Destroy implements driver.Provider.
 func (p *Provider) Destroy(ctx context.Context, obj driver.Object) error {

@@ -59,7 +59,12 @@
 //
 // # Guarantees
 //
-//   - Isolation: a cell has no network (--network=none), sees its own
+//   - Isolation: a cell has no network (--network=none) — or, with
+//     Config.Egress (an EgressNet: CONTRACT §22), a network namespace of
+//     its own whose only route leads to the egress gateway, which answers
+//     DNS for the names its policy allows and proxies TLS (by SNI) and
+//     HTTP (by Host) to them alone (root in a cell cannot add a route) —
+//     sees its own
 //     kernel (Provision checks from inside, with the release the cell agent
 //     reports when it first answers, that the kernel release differs
 //     from the host's before anything else runs there), and gets nothing of

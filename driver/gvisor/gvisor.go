@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/internal/imageref"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
@@ -57,7 +58,13 @@ type Config struct {
 	// Network is "none" (default: loopback only) or "sandbox" (gVisor's
 	// network stack over the interfaces of the network namespace the
 	// driver runs in; runsc refuses it in the host's root namespace).
+	// With Egress it is "sandbox", over each cell's own namespace.
 	Network string
+	// Egress, when set, gives every cell a network namespace of its own
+	// routed only to the egress gateway, holding the cell to its pool's
+	// egress allow-list (driver.ProvisionRequest.Egress; CONTRACT §22),
+	// and makes the provider report Capabilities.Egress.
+	Egress *EgressNet
 	// Platform is runsc's --platform ("ptrace", "kvm", "systrap"); ""
 	// leaves runsc's default (systrap in the pinned runsc).
 	Platform string
@@ -196,6 +203,12 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.Network == "" {
 		cfg.Network = DefaultNetwork
+		if cfg.Egress != nil {
+			cfg.Network = "sandbox"
+		}
+	}
+	if cfg.Egress != nil && cfg.Network != "sandbox" {
+		return nil, fmt.Errorf("gvisor: network %q: a provider with an egress net runs its cells with sandbox", cfg.Network)
 	}
 	if cfg.Network != "none" && cfg.Network != "sandbox" {
 		return nil, fmt.Errorf("gvisor: network %q: want none or sandbox", cfg.Network)
@@ -456,7 +469,38 @@ func (p *Provider) Capabilities() driver.Capabilities {
 		RuntimeClasses: []lease.RuntimeClass{lease.GVisorLowerRisk},
 		Identity:       p.identity,
 		Images:         true,
+		Egress:         p.cfg.Egress != nil,
 	}
+}
+
+// SetEgress implements driver.EgressEnforcer: the cell's connections are
+// held to policy p from now on (a claim's narrower one).
+func (p *Provider) SetEgress(ctx context.Context, obj driver.Object, pol egress.Policy) error {
+	if p.cfg.Egress == nil {
+		return errors.New("gvisor: the provider has no egress net")
+	}
+	return p.cfg.Egress.Narrow(obj.CellID, pol)
+}
+
+// EgressCounts implements driver.EgressEnforcer.
+func (p *Provider) EgressCounts(obj driver.Object) map[string]driver.EgressCount {
+	if p.cfg.Egress == nil {
+		return nil
+	}
+	return p.cfg.Egress.counts(obj.CellID)
+}
+
+// detachEgress removes the egress namespace of container id's cell, if
+// the provider has an egress net.
+func (p *Provider) detachEgress(ctx context.Context, id string) error {
+	if p.cfg.Egress == nil || len(id) < 36 {
+		return nil
+	}
+	cell, err := uuid.Parse(id[len(id)-36:])
+	if err != nil {
+		return nil
+	}
+	return p.cfg.Egress.Detach(ctx, cell)
 }
 
 // containerPrefix starts the container ID of every cell of this
@@ -579,7 +623,7 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 				return driver.Object{}, fmt.Errorf("gvisor: provision %s: clearing broken container: %w", id, err)
 			}
 		}
-		obj, err := p.create(ctx, req.CellID, id, img)
+		obj, err := p.create(ctx, req.CellID, id, img, req.Egress)
 		if err == nil {
 			p.log.Info("cell provisioned", "container", id, "identity", obj.Identity)
 			return obj, nil
@@ -608,7 +652,7 @@ func (p *Provider) Provision(ctx context.Context, req driver.ProvisionRequest) (
 // create writes a fresh bundle and the cell's host directory, creates and
 // starts the container (its root img's when img is not nil) and waits
 // until its agent answers, checking the kernel from inside meanwhile.
-func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string, img *imageStore) (driver.Object, error) {
+func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string, img *imageStore, pol egress.Policy) (driver.Object, error) {
 	nonce, err := randomHex(16)
 	if err != nil {
 		return driver.Object{}, err
@@ -626,7 +670,13 @@ func (p *Provider) create(ctx context.Context, cell uuid.UUID, id string, img *i
 	if err := mountHostDir(hostDir, p.cfg.RecordAgentMessages); err != nil {
 		return driver.Object{}, err
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), p.spec(cell.String(), nonce, hostDir, img)); err != nil {
+	spec := p.spec(cell.String(), nonce, hostDir, img)
+	if p.cfg.Egress != nil {
+		if err := p.egressSpec(ctx, &spec, cell, bundle, img, pol); err != nil {
+			return driver.Object{}, err
+		}
+	}
+	if err := writeJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return driver.Object{}, err
 	}
 	if img != nil {
@@ -895,6 +945,9 @@ func (p *Provider) destroyContainer(ctx context.Context, id string) error {
 	}
 	if err := p.removeBundle(id); err != nil {
 		return uncertain("removing the bundle: %v", err)
+	}
+	if err := p.detachEgress(ctx, id); err != nil {
+		return uncertain("removing the egress namespace: %v", err)
 	}
 	if err := p.images.unrecord(id); err != nil {
 		return uncertain("removing the cell's image record: %v", err)

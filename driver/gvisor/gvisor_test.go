@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/drivertest"
+	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
@@ -852,7 +853,7 @@ func TestInstallationsShareStateRoot(t *testing.T) {
 
 	cell := uuid.Must(uuid.NewV7())
 	legacyID := "sbw-" + a.cfg.Pool + "-" + cell.String()
-	legacy, err := a.create(ctx, cell, legacyID, a.image)
+	legacy, err := a.create(ctx, cell, legacyID, a.image, egress.None)
 	if err != nil {
 		_ = a.destroyContainer(ctx, legacyID)
 		t.Fatalf("creating a container under the old name: %v", err)

@@ -2,11 +2,16 @@ package gvisor
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/egress"
 )
 
 // The subset of the OCI runtime specification the driver writes.
@@ -83,6 +88,8 @@ type ociCPU struct {
 
 type ociNamespace struct {
 	Type string `json:"type"`
+	// Path joins an existing namespace (a cell's egress namespace).
+	Path string `json:"path,omitempty"`
 }
 
 // Inside every cell.
@@ -244,9 +251,40 @@ func (p *Provider) spec(cellID, nonce, hostDir string, img *imageStore) ociSpec 
 				CPU:    &ociCPU{Quota: int64(p.cfg.CPUs * cpuPeriod), Period: cpuPeriod},
 				Pids:   &ociPids{Limit: p.cfg.PidsLimit},
 			},
-			Namespaces: []ociNamespace{{"pid"}, {"ipc"}, {"uts"}, {"mount"}, {"network"}},
+			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}, {Type: "network"}},
 		},
 	}
+}
+
+// egressSpec puts the cell in a network namespace of its own on the
+// egress net, with policy pol, and points its resolver at the gateway (on
+// the default root filesystem, whose synthetic nsswitch.conf looks up
+// hosts in files only, its hosts in DNS too).
+func (p *Provider) egressSpec(ctx context.Context, spec *ociSpec, cell uuid.UUID, bundle string, img *imageStore, pol egress.Policy) error {
+	ns, err := p.cfg.Egress.Attach(ctx, cell, pol)
+	if err != nil {
+		return err
+	}
+	resolv := filepath.Join(bundle, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver "+p.cfg.Egress.cfg.Address.String()+"\n"), 0o644); err != nil {
+		return err
+	}
+	spec.Mounts = append(spec.Mounts, ociMount{Destination: "/etc/resolv.conf", Type: "bind", Source: resolv,
+		Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	if img == nil {
+		nss := filepath.Join(bundle, "nsswitch.conf")
+		if err := os.WriteFile(nss, []byte(strings.Replace(syntheticEtc["nsswitch.conf"], "hosts: files\n", "hosts: files dns\n", 1)), 0o644); err != nil {
+			return err
+		}
+		spec.Mounts = append(spec.Mounts, ociMount{Destination: "/etc/nsswitch.conf", Type: "bind", Source: nss,
+			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	}
+	for i := range spec.Linux.Namespaces {
+		if spec.Linux.Namespaces[i].Type == "network" {
+			spec.Linux.Namespaces[i].Path = ns
+		}
+	}
+	return nil
 }
 
 // writeJSON writes v to path, readable by the owner only.

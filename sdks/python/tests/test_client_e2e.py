@@ -353,4 +353,5 @@ def test_claim_egress(server: Server) -> None:
         assert cl.lease is not None
         ev = c.evidence(cl.lease.lease_id)
         assert ev.egress == "none" and ev.egress_digest == hashlib.sha256(b"none").hexdigest()
+        assert c.egress(cl.lease.lease_id) == []  # no network, no connections
         release_and_wait(c, cl)

@@ -22,6 +22,8 @@ from .errors import APIError, ProtocolError, TransportError
 from .models import (
     ClaimResponse,
     Disposition,
+    EgressHost,
+    EgressResponse,
     EventsResponse,
     Evidence,
     EvidenceResponse,
@@ -282,6 +284,10 @@ class AsyncClient:
 
     async def evidence(self, lease_id: uuid.UUID | str) -> Evidence:
         return (await self._json(Req("GET", _core.lease_path(lease_id, "/evidence"), retry=True), EvidenceResponse)).evidence
+
+    async def egress(self, lease_id: uuid.UUID | str) -> list[EgressHost]:
+        """See :meth:`sandboxwich.Client.egress`."""
+        return (await self._json(Req("GET", _core.lease_path(lease_id, "/egress"), retry=True), EgressResponse)).hosts
 
     async def exec(
         self,

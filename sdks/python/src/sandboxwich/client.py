@@ -21,6 +21,8 @@ from .errors import APIError, ProtocolError, SandboxwichError, TransportError
 from .models import (
     ClaimResponse,
     Disposition,
+    EgressHost,
+    EgressResponse,
     Event,
     EventsResponse,
     Evidence,
@@ -398,6 +400,11 @@ class Client:
     def evidence(self, lease_id: uuid.UUID | str) -> Evidence:
         """What the plane verified about the lease's cell (CONTRACT §15)."""
         return self._json(Req("GET", _core.lease_path(lease_id, "/evidence"), retry=True), EvidenceResponse).evidence
+
+    def egress(self, lease_id: uuid.UUID | str) -> list[EgressHost]:
+        """The connections of the lease's cell through the egress gateway, by
+        host (CONTRACT §22): empty for a cell without egress."""
+        return self._json(Req("GET", _core.lease_path(lease_id, "/egress"), retry=True), EgressResponse).hosts
 
     def exec(
         self,

@@ -261,6 +261,20 @@ class Evidence(_Model):
     last_verified_at: datetime
 
 
+class EgressHost(_Model):
+    """Connections of a lease's cell to one host through the egress gateway
+    (CONTRACT §22); ``host`` is ``"-"`` for those that named none."""
+
+    host: str
+    allowed: int
+    refused: int
+
+
+class EgressResponse(_Model):
+    ok: bool
+    hosts: list[EgressHost]
+
+
 class EvidenceResponse(_Model):
     ok: bool
     evidence: Evidence

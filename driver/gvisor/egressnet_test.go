@@ -1,0 +1,211 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxwich/sandboxwich/agent"
+	"github.com/sandboxwich/sandboxwich/driver"
+	"github.com/sandboxwich/sandboxwich/egress"
+	"github.com/sandboxwich/sandboxwich/egress/gateway"
+	"github.com/sandboxwich/sandboxwich/lease"
+)
+
+// testInternet is what the gateway of a test reaches: names resolve to
+// documentation addresses (or to loopback, for a name that must be
+// refused after resolving), and every connection the gateway allowed lands
+// on one HTTP server of the test, which answers with the Host it was
+// asked for. Nothing leaves the machine.
+type testInternet struct {
+	srv    *httptest.Server
+	mu     sync.Mutex
+	dialed []netip.AddrPort
+}
+
+func newTestInternet(t *testing.T) *testInternet {
+	in := &testInternet{}
+	in.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s", r.Host)
+	}))
+	t.Cleanup(in.srv.Close)
+	return in
+}
+
+func (in *testInternet) resolve(_ context.Context, host string) ([]netip.Addr, error) {
+	switch host {
+	case "pkgs.test":
+		return []netip.Addr{netip.MustParseAddr("203.0.113.7")}, nil
+	case "loop.test":
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+func (in *testInternet) dial(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+	in.mu.Lock()
+	in.dialed = append(in.dialed, ap)
+	in.mu.Unlock()
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", in.srv.Listener.Addr().String())
+}
+
+// newTestEgressNet is an egress net of a name of its own, whose gateway
+// namespace is removed at cleanup.
+func newTestEgressNet(t *testing.T, ctx context.Context, in *testInternet, state string) *EgressNet {
+	t.Helper()
+	name := "t" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	n, err := NewEgressNet(ctx, EgressConfig{Name: name, StateDir: state, Ports: []uint16{80},
+		Resolve: in.resolve, Dial: in.dial})
+	if err != nil {
+		t.Fatalf("NewEgressNet: %v", err)
+	}
+	t.Cleanup(func() { _ = ipBatch(context.Background(), "", "netns delete "+n.gatewayNS()) })
+	return n
+}
+
+// cellProbe runs in a cell: what DNS, HTTP through the gateway and direct
+// connections give. One line each.
+const cellProbe = `
+import socket, urllib.request
+def line(f):
+    try:
+        print(f())
+    except Exception as e:
+        print("error:", type(e).__name__)
+line(lambda: socket.gethostbyname("pkgs.test"))
+line(lambda: socket.gethostbyname("evil.test"))
+line(lambda: urllib.request.urlopen("http://pkgs.test/simple/", timeout=10).read().decode())
+line(lambda: urllib.request.urlopen("http://loop.test/", timeout=10).read().decode())
+def connect(addr):
+    s = socket.socket()
+    s.settimeout(5)
+    return s.connect_ex(addr)
+line(lambda: connect(("10.0.0.1", 80)))
+line(lambda: connect(("%s", 22)))
+`
+
+// TestEgressCell (CONTRACT §22): a cell of an egress net resolves only
+// the names its policy allows (to the gateway), reaches an allowed name
+// over HTTP through the gateway, is refused a name that resolves to
+// loopback, has no route to any other address and finds nothing else on
+// the gateway's address; the counts say so. Narrowed to none, it reaches
+// nothing. Its destruction removes its namespace and record.
+func TestEgressCell(t *testing.T) {
+	requireRunsc(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	in := newTestInternet(t)
+	cfg := testConfig(t)
+	n := newTestEgressNet(t, ctx, in, t.TempDir())
+	cfg.Egress = n
+	p := newProvider(t, cfg)
+	if !p.Capabilities().Egress {
+		t.Fatal("a provider with an egress net does not report Egress")
+	}
+	pol, err := egress.Parse([]string{"pkgs.test:80", "loop.test:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cellID := uuid.Must(uuid.NewV7())
+	obj, err := p.Provision(ctx, driver.ProvisionRequest{CellID: cellID, RuntimeClass: lease.GVisorLowerRisk, Egress: pol})
+	if err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	destroyed := false
+	t.Cleanup(func() {
+		if !destroyed {
+			_ = p.Destroy(context.Background(), obj)
+		}
+	})
+	c := activate(t, p, obj)
+	probe := func() []string {
+		res := c.runAs(t, agent.UserRoot, "python3", "-c", fmt.Sprintf(cellProbe, n.cfg.Address))
+		return strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
+	}
+	got := probe()
+	want := []string{n.cfg.Address.String(), "error: gaierror", "hello from pkgs.test", "error: RemoteDisconnected", "101", "111"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("the cell's probe:\n got %q\nwant %q", got, want)
+	}
+	in.mu.Lock()
+	dialed := append([]netip.AddrPort(nil), in.dialed...)
+	in.mu.Unlock()
+	if len(dialed) != 1 || dialed[0] != netip.MustParseAddrPort("203.0.113.7:80") {
+		t.Errorf("the gateway dialed %v, want only pkgs.test's 203.0.113.7:80", dialed)
+	}
+	counts := n.Gateway().Counts(cellID.String())
+	if counts["pkgs.test"] != (gateway.Count{Allowed: 1}) || counts["loop.test"].Refused != 1 {
+		t.Errorf("the cell's counts: %+v, want pkgs.test allowed once and loop.test refused", counts)
+	}
+
+	if err := p.SetEgress(ctx, obj, egress.None); err != nil {
+		t.Fatalf("SetEgress none: %v", err)
+	}
+	if got := probe(); got[0] != "error: gaierror" || got[2] == "hello from pkgs.test" {
+		t.Errorf("the cell's probe narrowed to none: %q, want pkgs.test refused", got)
+	}
+
+	if err := p.Destroy(ctx, obj); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	destroyed = true
+	if nsExists(n.cellNS(cellID)) {
+		t.Error("the cell's namespace outlived it")
+	}
+	if _, err := os.Stat(n.stateFile(cellID)); !os.IsNotExist(err) {
+		t.Errorf("the cell's record outlived it: %v", err)
+	}
+	if _, ok := n.lookup(netip.MustParseAddr("100.64.0.2")); ok {
+		t.Error("the gateway still knows the cell's address")
+	}
+}
+
+// TestEgressNetRestart: a restarted egress net (a new process, the same
+// name and state) adopts the namespace of a live cell with its address and
+// policy, and removes a namespace of its name that no record holds.
+func TestEgressNetRestart(t *testing.T) {
+	requireRoot(t)
+	in := newTestInternet(t)
+	state := t.TempDir()
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	n1 := newTestEgressNet(t, ctx1, in, state)
+	live := uuid.New()
+	pol, _ := egress.Parse([]string{"pkgs.test"})
+	if _, err := n1.Attach(ctx1, live, pol); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	stray := uuid.New()
+	if err := ipBatch(ctx1, "", "netns add "+n1.cellNS(stray)); err != nil {
+		t.Fatal(err)
+	}
+	addr := n1.byCell[live].addr
+	cancel1() // the process ends: its sockets close, the namespaces stay
+
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	n2, err := NewEgressNet(ctx2, n1.cfg)
+	if err != nil {
+		t.Fatalf("NewEgressNet again: %v", err)
+	}
+	t.Cleanup(func() { _ = n2.Detach(context.Background(), live) })
+	src, ok := n2.lookup(addr)
+	if !ok || src.Key != live.String() || src.Policy.Canonical() != pol.Canonical() {
+		t.Errorf("the adopted cell: %+v %v, want cell %s with %q", src, ok, live, pol.Canonical())
+	}
+	if nsExists(n2.cellNS(stray)) {
+		t.Error("a namespace no record holds survived the restart")
+	}
+	if err := n2.Detach(ctx2, live); err != nil || nsExists(n2.cellNS(live)) {
+		t.Errorf("Detach: %v (namespace left: %v)", err, nsExists(n2.cellNS(live)))
+	}
+}
