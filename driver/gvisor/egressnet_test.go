@@ -2,12 +2,14 @@ package gvisor
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,34 +19,41 @@ import (
 	"github.com/sandboxwich/sandboxwich/agent"
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/egress"
-	"github.com/sandboxwich/sandboxwich/egress/gateway"
 	"github.com/sandboxwich/sandboxwich/lease"
 )
 
 // testInternet is what the gateway of a test reaches: names resolve to
 // documentation addresses (or to loopback, for a name that must be
 // refused after resolving), and every connection the gateway allowed lands
-// on one HTTP server of the test, which answers with the Host it was
-// asked for. Nothing leaves the machine.
+// on a server of the test — HTTPS for port 443 (a certificate for
+// example.com), HTTP otherwise — which answers with the Host it was asked
+// for. Nothing leaves the machine.
 type testInternet struct {
-	srv    *httptest.Server
-	mu     sync.Mutex
-	dialed []netip.AddrPort
+	srv, tls *httptest.Server
+	mu       sync.Mutex
+	dialed   []netip.AddrPort
 }
 
 func newTestInternet(t *testing.T) *testInternet {
 	in := &testInternet{}
-	in.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello from %s", r.Host)
-	}))
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello from %s", r.Host) })
+	in.srv, in.tls = httptest.NewServer(hello), httptest.NewTLSServer(hello)
 	t.Cleanup(in.srv.Close)
+	t.Cleanup(in.tls.Close)
 	return in
+}
+
+// caPEM is the certificate a client of the HTTPS server trusts.
+func (in *testInternet) caPEM() string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: in.tls.Certificate().Raw}))
 }
 
 func (in *testInternet) resolve(_ context.Context, host string) ([]netip.Addr, error) {
 	switch host {
 	case "pkgs.test":
 		return []netip.Addr{netip.MustParseAddr("203.0.113.7")}, nil
+	case "example.com":
+		return []netip.Addr{netip.MustParseAddr("203.0.113.8")}, nil
 	case "loop.test":
 		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 	}
@@ -55,8 +64,12 @@ func (in *testInternet) dial(ctx context.Context, ap netip.AddrPort) (net.Conn, 
 	in.mu.Lock()
 	in.dialed = append(in.dialed, ap)
 	in.mu.Unlock()
+	srv := in.srv
+	if ap.Port() == 443 {
+		srv = in.tls
+	}
 	var d net.Dialer
-	return d.DialContext(ctx, "tcp", in.srv.Listener.Addr().String())
+	return d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
 }
 
 // newTestEgressNet is an egress net of a name of its own, whose gateway
@@ -64,7 +77,7 @@ func (in *testInternet) dial(ctx context.Context, ap netip.AddrPort) (net.Conn, 
 func newTestEgressNet(t *testing.T, ctx context.Context, in *testInternet, state string) *EgressNet {
 	t.Helper()
 	name := "t" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
-	n, err := NewEgressNet(ctx, EgressConfig{Name: name, StateDir: state, Ports: []uint16{80},
+	n, err := NewEgressNet(ctx, EgressConfig{Name: name, StateDir: state, Ports: []uint16{80, 443},
 		Resolve: in.resolve, Dial: in.dial})
 	if err != nil {
 		t.Fatalf("NewEgressNet: %v", err)
@@ -76,7 +89,7 @@ func newTestEgressNet(t *testing.T, ctx context.Context, in *testInternet, state
 // cellProbe runs in a cell: what DNS, HTTP through the gateway and direct
 // connections give. One line each.
 const cellProbe = `
-import socket, urllib.request
+import socket, ssl, urllib.request
 def line(f):
     try:
         print(f())
@@ -86,12 +99,13 @@ line(lambda: socket.gethostbyname("pkgs.test"))
 line(lambda: socket.gethostbyname("evil.test"))
 line(lambda: urllib.request.urlopen("http://pkgs.test/simple/", timeout=10).read().decode())
 line(lambda: urllib.request.urlopen("http://loop.test/", timeout=10).read().decode())
+line(lambda: urllib.request.urlopen("https://example.com/", timeout=10, context=ssl.create_default_context(cadata="""%s""")).read().decode())
 def connect(addr):
     s = socket.socket()
     s.settimeout(5)
     return s.connect_ex(addr)
 line(lambda: connect(("10.0.0.1", 80)))
-line(lambda: connect(("%s", 22)))
+line(lambda: connect(("%[2]s", 22)))
 `
 
 // TestEgressCell (CONTRACT §22): a cell of an egress net resolves only
@@ -112,7 +126,7 @@ func TestEgressCell(t *testing.T) {
 	if !p.Capabilities().Egress {
 		t.Fatal("a provider with an egress net does not report Egress")
 	}
-	pol, err := egress.Parse([]string{"pkgs.test:80", "loop.test:80"})
+	pol, err := egress.Parse([]string{"pkgs.test:80", "loop.test:80", "example.com:443"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,29 +143,31 @@ func TestEgressCell(t *testing.T) {
 	})
 	c := activate(t, p, obj)
 	probe := func() []string {
-		res := c.runAs(t, agent.UserRoot, "python3", "-c", fmt.Sprintf(cellProbe, n.cfg.Address))
+		res := c.runAs(t, agent.UserRoot, "python3", "-c", fmt.Sprintf(cellProbe, in.caPEM(), n.cfg.Address))
 		return strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
 	}
 	got := probe()
-	want := []string{n.cfg.Address.String(), "error: gaierror", "hello from pkgs.test", "error: RemoteDisconnected", "101", "111"}
+	want := []string{n.cfg.Address.String(), "error: gaierror", "hello from pkgs.test", "error: RemoteDisconnected",
+		"hello from example.com", "101", "111"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("the cell's probe:\n got %q\nwant %q", got, want)
 	}
 	in.mu.Lock()
 	dialed := append([]netip.AddrPort(nil), in.dialed...)
 	in.mu.Unlock()
-	if len(dialed) != 1 || dialed[0] != netip.MustParseAddrPort("203.0.113.7:80") {
-		t.Errorf("the gateway dialed %v, want only pkgs.test's 203.0.113.7:80", dialed)
+	if want := []netip.AddrPort{netip.MustParseAddrPort("203.0.113.7:80"), netip.MustParseAddrPort("203.0.113.8:443")}; !slices.Equal(dialed, want) {
+		t.Errorf("the gateway dialed %v, want only %v (pkgs.test over HTTP, example.com over TLS)", dialed, want)
 	}
-	counts := n.Gateway().Counts(cellID.String())
-	if counts["pkgs.test"] != (gateway.Count{Allowed: 1}) || counts["loop.test"].Refused != 1 {
-		t.Errorf("the cell's counts: %+v, want pkgs.test allowed once and loop.test refused", counts)
+	counts := p.EgressCounts(obj)
+	if counts["pkgs.test"] != (driver.EgressCount{Allowed: 1}) || counts["example.com"] != (driver.EgressCount{Allowed: 1}) ||
+		counts["loop.test"].Refused != 1 {
+		t.Errorf("the cell's counts: %+v, want pkgs.test and example.com allowed once, loop.test refused", counts)
 	}
 
 	if err := p.SetEgress(ctx, obj, egress.None); err != nil {
 		t.Fatalf("SetEgress none: %v", err)
 	}
-	if got := probe(); got[0] != "error: gaierror" || got[2] == "hello from pkgs.test" {
+	if got := probe(); got[0] != "error: gaierror" || got[2] == "hello from pkgs.test" || got[4] == "hello from example.com" {
 		t.Errorf("the cell's probe narrowed to none: %q, want pkgs.test refused", got)
 	}
 
