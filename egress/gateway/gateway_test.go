@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -332,5 +334,93 @@ func TestForbidden(t *testing.T) {
 		if why := Forbidden(netip.MustParseAddr(a)); why != "" {
 			t.Errorf("%s is forbidden: %s", a, why)
 		}
+	}
+}
+
+// TestGatewayHostile: inputs a hostile cell may send leave the gateway
+// serving and dialing nothing — a ClientHello whose SNI is 60 KiB, a
+// request trickled a byte at a time (closed once the first-bytes timeout
+// passes, however slowly it trickles), a hundred connections that stay
+// silent at once, and a burst of garbage DNS packets, after each of which
+// an allowed request still goes through.
+func TestGatewayHostile(t *testing.T) {
+	r := newRig(t, upstream(t, true))
+	stillServes := func(after string) {
+		t.Helper()
+		if body, err := r.getTLS("pkgs.test", "pkgs.test"); err != nil || body != "hello pkgs.test" {
+			t.Fatalf("after %s, TLS to pkgs.test: %q %v", after, body, err)
+		}
+	}
+	closed := func(c net.Conn, what string) {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var ne net.Error
+		if _, err := c.Read(make([]byte, 1)); err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+			t.Errorf("%s: %v, want the connection closed by the gateway", what, err)
+		}
+	}
+
+	// A ClientHello with a 60 KiB server name (a TLS record holds 16 KiB).
+	c, err := net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := strings.Repeat("a", 60<<10)
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _ = c.Write(append([]byte{0x16, 0x03, 0x01, 0xff, 0xff, 0x01, 0x00, 0xff, 0xfb}, huge...))
+	closed(c, "a 60 KiB ClientHello")
+	c.Close()
+	stillServes("a huge ClientHello")
+
+	// Slowloris: one byte every 50 ms of an allowed request never gets
+	// past the first-bytes timeout (500 ms here).
+	c, err = net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := []byte("GET /x HTTP/1.1\r\nHost: pkgs.test\r\nX-Pad: " + strings.Repeat("p", 400) + "\r\n\r\n")
+	go func() {
+		for _, b := range req {
+			if _, err := c.Write([]byte{b}); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	closed(c, "a trickled request") // long before the trickle's 20 s end
+	c.Close()
+
+	// A hundred silent connections at once, all closed; then service.
+	var conns []net.Conn
+	for range 100 {
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		closed(c, "one of a hundred silent connections")
+		c.Close()
+	}
+	stillServes("a hundred silent connections")
+
+	// Garbage DNS: empty, short, oversize, a compression loop.
+	d, err := net.Dial("udp", r.dns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	loop := []byte{0, 9, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1}
+	for _, p := range [][]byte{{}, {1}, make([]byte, 9000), loop, bytes.Repeat([]byte{0xff}, 512)} {
+		_, _ = d.Write(p)
+	}
+	_ = d.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := d.Read(make([]byte, 512)); err == nil {
+		t.Errorf("garbage DNS was answered (%d bytes)", n)
+	}
+	stillServes("garbage DNS")
+	if got := r.dialed(); len(got) != 3 {
+		t.Errorf("the gateway dialed %v, want only the three allowed requests", got)
 	}
 }
