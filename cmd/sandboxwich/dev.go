@@ -170,11 +170,18 @@ func dev(ctx context.Context, e env, args []string) error {
 	}
 	printDevHelp(e, url, abs, *provider, rel, workerID, inspectConfig)
 	s.drainTimeout = devDrainTimeout // Ctrl-C leaves no sandbox running, leased or not
-	if *provider == "gvisor" && *stateDir == "" {
-		// No container is left in dev's own root: unmount what runsc pins
-		// there, so that removing --dir works. A root given by --state-dir
-		// may be shared, and is left alone.
-		s.drained = func() { _ = gvisor.RemoveStateDir(settings["state_dir"]) }
+	s.drained = func() {
+		if *provider == "gvisor" && *stateDir == "" {
+			// No container is left in dev's own root: unmount what runsc
+			// pins there, so that removing --dir works. A root given by
+			// --state-dir may be shared, and is left alone.
+			_ = gvisor.RemoveStateDir(settings["state_dir"])
+		}
+		if s.egress != nil { // no cell is left on it either
+			if err := s.egress.Remove(context.WithoutCancel(ctx)); err != nil {
+				log.Warn("removing the egress net", "error", err)
+			}
+		}
 	}
 	return s.run(ctx, ln)
 }

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/sandboxwich/sandboxwich/client"
+	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/egress"
 	"github.com/sandboxwich/sandboxwich/errcode"
 	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/store/sqlite"
 	"github.com/sandboxwich/sandboxwich/wire"
 )
 
@@ -74,7 +76,6 @@ func TestDevEgress(t *testing.T) {
 	if err != nil || len(hosts) != 1 || hosts[0] != (wire.EgressHost{Host: "pkgs.test", Refused: 1}) {
 		t.Errorf("the lease's egress counts: %+v %v, want pkgs.test refused once (it resolves nowhere from this host)", hosts, err)
 	}
-	cellID := cl.Lease.CellID.String()
 	cancel() // Ctrl-C: every cell ends, with proof
 	select {
 	case err := <-done:
@@ -84,8 +85,20 @@ func TestDevEgress(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatal("dev did not end")
 	}
+	// dev ended every cell, then removed its egress net: no namespace of
+	// its installation is left.
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "sandboxwich.db"), sqlite.Options{SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	installation, err := st.Installation(context.Background())
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := driver.InstallationTag(installation)
 	out, err := exec.Command("ip", "netns", "list").Output()
-	if err != nil || strings.Contains(string(out), cellID) {
-		t.Errorf("namespaces after Ctrl-C (%v): %s", err, out)
+	if err != nil || strings.Contains(string(out), "sbw-"+tag+"-") {
+		t.Errorf("namespaces of installation %s after Ctrl-C (%v): %s", tag, err, out)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich"
 	"github.com/sandboxwich/sandboxwich/attest"
+	"github.com/sandboxwich/sandboxwich/driver/gvisor"
 	"github.com/sandboxwich/sandboxwich/httpapi"
 	"github.com/sandboxwich/sandboxwich/pool"
 	"github.com/sandboxwich/sandboxwich/store"
@@ -85,6 +86,9 @@ type server struct {
 	drainTimeout time.Duration
 	// drained, when set, runs after a drain that ended every cell.
 	drained func()
+	// egress is the egress net of the gvisor pools with an allow-list,
+	// nil without one.
+	egress *gvisor.EgressNet
 }
 
 // build opens the store, builds pools and the plane, and the HTTP handler.
@@ -165,7 +169,7 @@ func build(ctx context.Context, c *config, log *slog.Logger) (*server, error) {
 		return nil, err
 	}
 	return &server{cfg: c, log: log, store: st, plane: plane, handler: h, webhooks: deliverer,
-		endStreams: sync.OnceFunc(func() { close(streamsDone) })}, nil
+		endStreams: sync.OnceFunc(func() { close(streamsDone) }), egress: egressNet}, nil
 }
 
 // run serves until ctx ends, then shuts down in order: stop accepting, let

@@ -36,10 +36,12 @@ import (
 //
 // One EgressNet serves every gVisor provider of a plane; each provider
 // given one (Config.Egress) runs its cells with runsc --network=sandbox in
-// the namespaces it makes. It needs root and the ip command (iproute2).
-// A restarted plane adopts the namespaces of the live cells it finds
-// (their address and policy are recorded in StateDir) and removes the
-// others.
+// the namespaces it makes. A namespace is named after its cell's address
+// and made ahead of the provision that takes it (EgressConfig.Spare), so
+// that a provision waits for none. It needs root and the ip command
+// (iproute2). A restarted plane adopts the namespaces of the live cells it
+// finds (their address and policy are recorded in StateDir) and removes
+// the others.
 type EgressNet struct {
 	cfg EgressConfig
 	gw  *gateway.Gateway
@@ -48,7 +50,13 @@ type EgressNet struct {
 	mu     sync.Mutex
 	byAddr map[netip.Addr]*egressCell
 	byCell map[uuid.UUID]*egressCell
-	next   netip.Addr // the next address to try
+	// used are the addresses given a namespace (a cell's or a spare's) or
+	// being given one; spares are the namespaces made ahead, no cell's yet.
+	used   map[netip.Addr]bool
+	spares []netip.Addr
+	refill chan struct{} // wakes the maker of spares
+	made   chan struct{} // closed when the maker of spares has stopped
+	next   netip.Addr    // the next address to try
 	// gone are the cells detached lately, oldest first: the gateway keeps
 	// their counts until keptCounts later cells are gone.
 	gone []uuid.UUID
@@ -82,6 +90,9 @@ type EgressConfig struct {
 	// StateDir records each cell's address and policy, for a restarted
 	// plane; created 0700. Required.
 	StateDir string
+	// Spare is how many namespaces are kept made ahead of provisions
+	// (default 2).
+	Spare int
 	// Resolve, Dial and Own are the gateway's (gateway.Config).
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	Dial    func(ctx context.Context, addr netip.AddrPort) (net.Conn, error)
@@ -108,6 +119,9 @@ func NewEgressNet(ctx context.Context, cfg EgressConfig) (*EgressNet, error) {
 	if len(cfg.Ports) == 0 {
 		cfg.Ports = []uint16{443, 80}
 	}
+	if cfg.Spare <= 0 {
+		cfg.Spare = 2
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -127,7 +141,8 @@ func NewEgressNet(ctx context.Context, cfg EgressConfig) (*EgressNet, error) {
 		return nil, fmt.Errorf("gvisor: egress state dir: %w", err)
 	}
 	n := &EgressNet{cfg: cfg, log: cfg.Logger.With("egress", cfg.Name), byAddr: map[netip.Addr]*egressCell{},
-		byCell: map[uuid.UUID]*egressCell{}, next: cfg.Subnet.Masked().Addr().Next()}
+		byCell: map[uuid.UUID]*egressCell{}, used: map[netip.Addr]bool{}, refill: make(chan struct{}, 1),
+		made: make(chan struct{}), next: cfg.Subnet.Masked().Addr().Next()}
 	n.gw, err = gateway.New(gateway.Config{Address: cfg.Address, Lookup: n.lookup, Resolve: cfg.Resolve, Dial: cfg.Dial,
 		Own: cfg.Own, Logger: n.log})
 	if err != nil {
@@ -176,7 +191,51 @@ func NewEgressNet(ctx context.Context, cfg EgressConfig) (*EgressNet, error) {
 	for _, ln := range lns {
 		go n.gw.ServeTCP(ctx, ln)
 	}
+	go n.makeSpares(ctx)
 	return n, nil
+}
+
+// makeSpares keeps Spare namespaces made ahead until ctx ends. A failure
+// is logged and retried at the next provision's wake-up.
+func (n *EgressNet) makeSpares(ctx context.Context) {
+	defer close(n.made)
+	n.wake()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.refill:
+		}
+		for ctx.Err() == nil {
+			n.mu.Lock()
+			if len(n.spares) >= n.cfg.Spare {
+				n.mu.Unlock()
+				break
+			}
+			addr, err := n.allocate()
+			n.mu.Unlock()
+			if err != nil {
+				n.log.Warn("no spare egress namespace", "error", err)
+				break
+			}
+			if err := n.makeNS(ctx, addr); err != nil {
+				n.log.Warn("making a spare egress namespace", "error", err)
+				n.free(context.WithoutCancel(ctx), addr)
+				break
+			}
+			n.mu.Lock()
+			n.spares = append(n.spares, addr)
+			n.mu.Unlock()
+		}
+	}
+}
+
+// wake asks for the spares to be made up.
+func (n *EgressNet) wake() {
+	select {
+	case n.refill <- struct{}{}:
+	default:
+	}
 }
 
 // Gateway returns the gateway, whose Counts are the cells' connections by
@@ -185,7 +244,10 @@ func (n *EgressNet) Gateway() *gateway.Gateway { return n.gw }
 
 func (n *EgressNet) gatewayNS() string { return "sbw-" + n.cfg.Name + "-gw" }
 
-func (n *EgressNet) cellNS(id uuid.UUID) string { return "sbw-" + n.cfg.Name + "-" + id.String() }
+// addrNS names the namespace of the cell (or spare) at addr.
+func (n *EgressNet) addrNS(addr netip.Addr) string {
+	return "sbw-" + n.cfg.Name + "-" + strings.ReplaceAll(addr.String(), ".", "-")
+}
 
 func (n *EgressNet) stateFile(id uuid.UUID) string {
 	return filepath.Join(n.cfg.StateDir, id.String()+".egress")
@@ -202,29 +264,54 @@ func (n *EgressNet) lookup(src netip.Addr) (gateway.Source, bool) {
 	return gateway.Source{Policy: c.policy, Key: c.id.String()}, true
 }
 
-// Attach makes the cell's namespace with policy p and returns its path,
-// for the cell's OCI spec. Attaching a cell attached already replaces its
-// namespace.
+// Attach gives the cell a namespace (one made ahead when there is one)
+// with policy p and returns its path, for the cell's OCI spec. Attaching
+// a cell attached already gives it a new namespace.
 func (n *EgressNet) Attach(ctx context.Context, id uuid.UUID, p egress.Policy) (string, error) {
 	if err := n.Detach(ctx, id); err != nil {
 		return "", err
 	}
 	n.mu.Lock()
-	addr, err := n.allocate()
-	if err == nil {
-		c := &egressCell{id: id, addr: addr, policy: p}
-		n.byAddr[addr], n.byCell[id] = c, c
+	var addr netip.Addr
+	var err error
+	spare := len(n.spares) > 0
+	if spare {
+		addr, n.spares = n.spares[0], n.spares[1:]
+	} else {
+		addr, err = n.allocate()
 	}
 	n.mu.Unlock()
+	n.wake()
 	if err != nil {
 		return "", err
 	}
-	if err := n.record(id, addr, p); err != nil {
-		return "", errors.Join(err, n.Detach(ctx, id))
+	if !spare {
+		if err := n.makeNS(ctx, addr); err != nil {
+			n.free(context.WithoutCancel(ctx), addr)
+			return "", fmt.Errorf("gvisor: egress namespace of cell %s: %w", id, err)
+		}
 	}
-	ns, tag := n.cellNS(id), strings.ReplaceAll(id.String(), "-", "")[:12]
-	host, cell := "sbh"+tag, "sbc"+tag
-	err = ipBatch(ctx, "", "netns add "+ns, "link add "+host+" type veth peer name "+cell+" netns "+ns,
+	// Recorded before runsc may use it: a namespace without a record was
+	// never a cell's, and a restarted plane deletes it.
+	if err := n.record(id, addr, p); err != nil {
+		n.free(context.WithoutCancel(ctx), addr)
+		return "", err
+	}
+	c := &egressCell{id: id, addr: addr, policy: p}
+	n.mu.Lock()
+	n.byAddr[addr], n.byCell[id] = c, c
+	n.mu.Unlock()
+	return nsPath(n.addrNS(addr)), nil
+}
+
+// makeNS makes the namespace of addr: a veth pair from it to the
+// gateway's namespace, addr on its end, a route to the gateway alone, and
+// on the gateway's end a route back to addr.
+func (n *EgressNet) makeNS(ctx context.Context, addr netip.Addr) error {
+	a4 := addr.As4()
+	tag := fmt.Sprintf("%02x%02x%02x%02x", a4[0], a4[1], a4[2], a4[3])
+	ns, host, cell := n.addrNS(addr), "sbh"+tag, "sbc"+tag
+	err := ipBatch(ctx, "", "netns add "+ns, "link add "+host+" type veth peer name "+cell+" netns "+ns,
 		"link set "+host+" netns "+n.gatewayNS())
 	if err == nil {
 		err = ipBatch(ctx, n.gatewayNS(), "link set "+host+" up", "route replace "+addr.String()+"/32 dev "+host)
@@ -233,10 +320,21 @@ func (n *EgressNet) Attach(ctx context.Context, id uuid.UUID, p egress.Policy) (
 		err = ipBatch(ctx, ns, "link set lo up", "link set "+cell+" name eth0", "address add "+addr.String()+"/32 dev eth0",
 			"link set eth0 up", "route add "+n.cfg.Address.String()+"/32 dev eth0")
 	}
-	if err != nil {
-		return "", errors.Join(fmt.Errorf("gvisor: egress namespace of cell %s: %w", id, err), n.Detach(ctx, id))
+	return err
+}
+
+// free deletes the namespace of addr, if there is one (with it the veth
+// pair and the routes), and frees the address.
+func (n *EgressNet) free(ctx context.Context, addr netip.Addr) error {
+	if ns := n.addrNS(addr); nsExists(ns) {
+		if err := ipBatch(ctx, "", "netns delete "+ns); err != nil {
+			return err
+		}
 	}
-	return nsPath(ns), nil
+	n.mu.Lock()
+	delete(n.used, addr)
+	n.mu.Unlock()
+	return nil
 }
 
 // Narrow replaces the policy of an attached cell (a claim's narrower one).
@@ -254,28 +352,53 @@ func (n *EgressNet) Narrow(id uuid.UUID, p egress.Policy) error {
 }
 
 // Detach removes the cell's namespace (and with it the veth pair and its
-// route), its record and its address. A cell without one is no error.
+// routes), its record and its address. A cell without one is no error.
 func (n *EgressNet) Detach(ctx context.Context, id uuid.UUID) error {
-	ns := n.cellNS(id)
-	if nsExists(ns) {
-		if err := ipBatch(ctx, "", "netns delete "+ns); err != nil {
-			return err
-		}
+	n.mu.Lock()
+	c, ok := n.byCell[id]
+	n.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := n.free(ctx, c.addr); err != nil {
+		return err
 	}
 	if err := os.Remove(n.stateFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	n.mu.Lock()
-	if c, ok := n.byCell[id]; ok {
-		delete(n.byAddr, c.addr)
-		delete(n.byCell, id)
-		if n.gone = append(n.gone, id); len(n.gone) > keptCounts {
-			n.gw.Forget(n.gone[0].String())
-			n.gone = n.gone[1:]
-		}
+	delete(n.byAddr, c.addr)
+	delete(n.byCell, id)
+	if n.gone = append(n.gone, id); len(n.gone) > keptCounts {
+		n.gw.Forget(n.gone[0].String())
+		n.gone = n.gone[1:]
 	}
 	n.mu.Unlock()
 	return nil
+}
+
+// Remove deletes the spare namespaces and the gateway's, once no cell is
+// attached (a plane whose egress pools are gone for good; tests and
+// benchmarks). It waits for the context NewEgressNet got to end, which
+// stops the gateway and the making of spares.
+func (n *EgressNet) Remove(ctx context.Context) error {
+	<-n.made
+	n.mu.Lock()
+	cells, spares := len(n.byCell), n.spares
+	n.spares = nil
+	n.mu.Unlock()
+	if cells > 0 {
+		return fmt.Errorf("gvisor: the egress net still serves %d cells", cells)
+	}
+	for _, a := range spares {
+		if err := n.free(ctx, a); err != nil {
+			return err
+		}
+	}
+	if !nsExists(n.gatewayNS()) {
+		return nil
+	}
+	return ipBatch(ctx, "", "netns delete "+n.gatewayNS())
 }
 
 // counts are the cell's connections by host, as the gateway counted them.
@@ -290,8 +413,8 @@ func (n *EgressNet) counts(id uuid.UUID) map[string]driver.EgressCount {
 	return out
 }
 
-// allocate returns a free address of the subnet, neither its first nor
-// its last nor the gateway's. The caller holds n.mu.
+// allocate takes a free address of the subnet, neither its first nor its
+// last nor the gateway's. The caller holds n.mu.
 func (n *EgressNet) allocate() (netip.Addr, error) {
 	sub := n.cfg.Subnet.Masked()
 	size := 1 << (32 - sub.Bits())
@@ -301,7 +424,8 @@ func (n *EgressNet) allocate() (netip.Addr, error) {
 			n.next = sub.Addr().Next()
 		}
 		last := !sub.Contains(a.Next())
-		if _, used := n.byAddr[a]; !used && a != n.cfg.Address && a != sub.Addr() && !last {
+		if !n.used[a] && a != n.cfg.Address && a != sub.Addr() && !last {
+			n.used[a] = true
 			return a, nil
 		}
 	}
@@ -313,42 +437,44 @@ func (n *EgressNet) record(id uuid.UUID, addr netip.Addr, p egress.Policy) error
 	return os.WriteFile(n.stateFile(id), []byte(addr.String()+"\n"+p.Canonical()+"\n"), 0o600)
 }
 
-// adopt registers the cells whose namespace and record both exist, and
-// removes this plane's other cell namespaces and records.
+// adopt registers the cells whose record names a namespace that exists,
+// and removes this plane's other namespaces (spares of an earlier run
+// among them) and records.
 func (n *EgressNet) adopt(ctx context.Context) error {
-	out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()
-	if err != nil {
-		return fmt.Errorf("gvisor: ip netns list: %w", err)
-	}
-	prefix := "sbw-" + n.cfg.Name + "-"
-	live := map[uuid.UUID]bool{}
-	for _, line := range strings.Split(string(out), "\n") {
-		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-		rest, ok := strings.CutPrefix(name, prefix)
-		if !ok || name == n.gatewayNS() {
-			continue
-		}
-		id, err := uuid.Parse(rest)
-		if err == nil {
-			if c, ok := n.readRecord(id); ok {
-				n.byAddr[c.addr], n.byCell[id], live[id] = c, c, true
-				continue
-			}
-		}
-		n.log.Warn("removing an egress namespace no live cell records", "netns", name)
-		if err := ipBatch(ctx, "", "netns delete "+name); err != nil {
-			return err
-		}
-	}
+	recorded := map[netip.Addr]*egressCell{}
 	files, err := filepath.Glob(filepath.Join(n.cfg.StateDir, "*.egress"))
 	if err != nil {
 		return err
 	}
 	for _, f := range files {
-		if id, err := uuid.Parse(strings.TrimSuffix(filepath.Base(f), ".egress")); err != nil || !live[id] {
+		id, err := uuid.Parse(strings.TrimSuffix(filepath.Base(f), ".egress"))
+		c, ok := n.readRecord(id)
+		if err != nil || !ok || !nsExists(n.addrNS(c.addr)) {
 			if err := os.Remove(f); err != nil {
 				return err
 			}
+			continue
+		}
+		recorded[c.addr] = c
+	}
+	out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()
+	if err != nil {
+		return fmt.Errorf("gvisor: ip netns list: %w", err)
+	}
+	prefix := "sbw-" + n.cfg.Name + "-"
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if !strings.HasPrefix(name, prefix) || name == n.gatewayNS() {
+			continue
+		}
+		addr, err := netip.ParseAddr(strings.ReplaceAll(strings.TrimPrefix(name, prefix), "-", "."))
+		if c, ok := recorded[addr]; err == nil && ok {
+			n.byAddr[addr], n.byCell[c.id], n.used[addr] = c, c, true
+			continue
+		}
+		n.log.Info("removing an egress namespace no live cell records", "netns", name)
+		if err := ipBatch(ctx, "", "netns delete "+name); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -128,7 +128,11 @@ func newTestEgressNet(t *testing.T, ctx context.Context, in *testInternet, state
 	if err != nil {
 		t.Fatalf("NewEgressNet: %v", err)
 	}
-	t.Cleanup(func() { _ = ipBatch(context.Background(), "", "netns delete "+n.gatewayNS()) })
+	t.Cleanup(func() {
+		if err := n.Remove(context.Background()); err != nil {
+			t.Errorf("Remove: %v", err)
+		}
+	})
 	return n
 }
 
@@ -227,17 +231,20 @@ func TestEgressCell(t *testing.T) {
 		t.Errorf("the cell's probe narrowed to none: %q, want pkgs.test refused", got)
 	}
 
+	n.mu.Lock()
+	addr := n.byCell[cellID].addr
+	n.mu.Unlock()
 	if err := p.Destroy(ctx, obj); err != nil {
 		t.Fatalf("Destroy: %v", err)
 	}
 	destroyed = true
-	if nsExists(n.cellNS(cellID)) {
+	if nsExists(n.addrNS(addr)) {
 		t.Error("the cell's namespace outlived it")
 	}
 	if _, err := os.Stat(n.stateFile(cellID)); !os.IsNotExist(err) {
 		t.Errorf("the cell's record outlived it: %v", err)
 	}
-	if _, ok := n.lookup(netip.MustParseAddr("100.64.0.2")); ok {
+	if _, ok := n.lookup(addr); ok {
 		t.Error("the gateway still knows the cell's address")
 	}
 }
@@ -250,18 +257,23 @@ func TestEgressNetRestart(t *testing.T) {
 	in := newTestInternet(t)
 	state := t.TempDir()
 	ctx1, cancel1 := context.WithCancel(context.Background())
-	n1 := newTestEgressNet(t, ctx1, in, state)
+	n1, err := NewEgressNet(ctx1, EgressConfig{Name: "t" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12], StateDir: state,
+		Resolve: in.resolve, Dial: in.dial})
+	if err != nil {
+		t.Fatal(err)
+	}
 	live := uuid.New()
 	pol, _ := egress.Parse([]string{"pkgs.test"})
 	if _, err := n1.Attach(ctx1, live, pol); err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
-	stray := uuid.New()
-	if err := ipBatch(ctx1, "", "netns add "+n1.cellNS(stray)); err != nil {
+	stray := n1.addrNS(netip.MustParseAddr("100.64.9.9"))
+	if err := ipBatch(ctx1, "", "netns add "+stray); err != nil {
 		t.Fatal(err)
 	}
 	addr := n1.byCell[live].addr
 	cancel1() // the process ends: its sockets close, the namespaces stay
+	<-n1.made
 
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
@@ -269,15 +281,21 @@ func TestEgressNetRestart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("NewEgressNet again: %v", err)
 	}
-	t.Cleanup(func() { _ = n2.Detach(context.Background(), live) })
+	t.Cleanup(func() {
+		_ = n2.Detach(context.Background(), live)
+		cancel2()
+		if err := n2.Remove(context.Background()); err != nil {
+			t.Errorf("Remove: %v", err)
+		}
+	})
 	src, ok := n2.lookup(addr)
 	if !ok || src.Key != live.String() || src.Policy.Canonical() != pol.Canonical() {
 		t.Errorf("the adopted cell: %+v %v, want cell %s with %q", src, ok, live, pol.Canonical())
 	}
-	if nsExists(n2.cellNS(stray)) {
+	if nsExists(stray) {
 		t.Error("a namespace no record holds survived the restart")
 	}
-	if err := n2.Detach(ctx2, live); err != nil || nsExists(n2.cellNS(live)) {
-		t.Errorf("Detach: %v (namespace left: %v)", err, nsExists(n2.cellNS(live)))
+	if err := n2.Detach(ctx2, live); err != nil || nsExists(n2.addrNS(addr)) {
+		t.Errorf("Detach: %v (namespace left: %v)", err, nsExists(n2.addrNS(addr)))
 	}
 }

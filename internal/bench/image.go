@@ -25,7 +25,7 @@ import (
 
 	"github.com/sandboxwich/sandboxwich/driver"
 	"github.com/sandboxwich/sandboxwich/driver/gvisor"
-	"github.com/sandboxwich/sandboxwich/lease"
+	"github.com/sandboxwich/sandboxwich/egress"
 )
 
 // ImageReport is R9: a cold provision of a gVisor cell whose root is a
@@ -93,24 +93,14 @@ func benchImage(ctx context.Context, dir string, quick bool) (*ImageReport, erro
 	rep.PullMS = ms(time.Since(t0))
 	rep.CacheBytes, _ = duBytes(filepath.Join(dir, "images"))
 
-	cold := func(p *gvisor.Provider) (time.Duration, error) {
-		obj := driver.Object{CellID: uuid.Must(uuid.NewV7())}
-		t0 := time.Now()
-		_, err := p.Provision(ctx, driver.ProvisionRequest{CellID: obj.CellID, RuntimeClass: lease.GVisorLowerRisk})
-		took := time.Since(t0)
-		if derr := p.Destroy(ctx, obj); err == nil {
-			err = derr
-		}
-		return took, err
-	}
 	t, err := inTurns(n, func() (time.Duration, error) {
-		d, err := cold(fromDir)
+		d, err := provisionOnce(ctx, fromDir, egress.None)
 		if err != nil {
 			err = fmt.Errorf("provision from the directory: %w", err)
 		}
 		return d, err
 	}, func() (time.Duration, error) {
-		d, err := cold(fromImage)
+		d, err := provisionOnce(ctx, fromImage, egress.None)
 		if err != nil {
 			err = fmt.Errorf("provision from the image: %w", err)
 		}
