@@ -193,7 +193,10 @@ func (p *Plane) claimWaiting(ctx context.Context, params store.ClaimParams, d ti
 // class maker (if any) keeps a cell of the claim's image coming for it.
 func (p *Plane) wait(ctx context.Context, params store.ClaimParams, d time.Duration, maker string) (store.ClaimResult, error) {
 	r := params.Release
-	wt := p.waits.enqueue(strings.Join([]string{params.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest, params.Image}, "\x00"))
+	// The cells a claim may take are its inventory: tenant, release, image
+	// and, for a claim that narrows egress, the pools that cover it.
+	wt := p.waits.enqueue(strings.Join(append([]string{params.TenantID, r.ReleaseSetID, string(r.RuntimeClass), r.PolicyDigest,
+		params.Image}, params.Pools...), "\x00"))
 	defer p.waits.leave(wt)
 	if maker != "" {
 		defer p.pools.Want(maker, params.Image)()

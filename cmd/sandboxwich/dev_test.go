@@ -94,49 +94,9 @@ func TestDevCtrlCEndsEveryCell(t *testing.T) {
 
 func testDevCtrlC(t *testing.T, provider string) {
 	dir := filepath.Join(t.TempDir(), "dev")
-	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- dev(ctx, env{stdout: stdout, stderr: stderr, getenv: func(string) string { return "" }},
-			[]string{"--dir", dir, "--listen", "127.0.0.1:0", "--provider", provider})
-	}()
-	stateDir := filepath.Join(dir, "runsc-state")
-	t.Cleanup(func() { // never leave a sandbox behind, even on failure
-		if provider != "gvisor" {
-			return
-		}
-		out, _ := exec.Command("runsc", "--root", stateDir, "list", "-quiet").Output()
-		for _, id := range strings.Fields(string(out)) {
-			_ = exec.Command("runsc", "--root", stateDir, "delete", "--force", id).Run()
-		}
-		// runsc keeps a network namespace mounted in its root; unmount it
-		// so the directory can be removed.
-		_ = gvisor.RemoveStateDir(stateDir)
-	})
-	url := ""
-	for deadline := time.Now().Add(60 * time.Second); url == "" && time.Now().Before(deadline); {
-		if m := regexp.MustCompile(`serving (http://\S+)`).FindStringSubmatch(stdout.String()); m != nil {
-			url = m[1]
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if url == "" {
-		t.Fatalf("dev printed no banner:\n%s\n%s", stdout.String(), stderr.String())
-	}
-	tok, _ := os.ReadFile(filepath.Join(dir, "tenant-token"))
-	c, err := client.New(url, client.WithToken(strings.TrimSpace(string(tok))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := attest.LoadKeyFile(filepath.Join(dir, "signing.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := regexp.MustCompile(`--policy-digest (\S+)`).FindStringSubmatch(stdout.String())
-	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: sum[1]}
-	rel.Signature = keys.SignRelease(rel)
+	_, c, rel, stdout, stderr, done := startDevForTest(ctx, t, dir, provider)
 	b := lease.Binding{OrganizationID: "o", WorkspaceID: "w", ThreadID: "t", RunnerSessionID: "s"}
 	claim := func() client.Claim {
 		max := uint64(sandboxwich.MaxLeaseSeconds)
@@ -209,6 +169,10 @@ func testDevCtrlC(t *testing.T, provider string) {
 			t.Fatalf("members left live: %v", counts)
 		}
 	}
+	keys, err := attest.LoadKeyFile(filepath.Join(dir, "signing.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	plane, err := sandboxwich.New(st, keys)
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +184,7 @@ func testDevCtrlC(t *testing.T, provider string) {
 		t.Fatalf("validate of the ended lease: %v", err)
 	}
 	if provider == "gvisor" {
-		out, err := exec.Command("runsc", "--root", stateDir, "list", "-quiet").CombinedOutput()
+		out, err := exec.Command("runsc", "--root", filepath.Join(dir, "runsc-state"), "list", "-quiet").CombinedOutput()
 		if err != nil || strings.TrimSpace(string(out)) != "" {
 			t.Fatalf("runsc still holds containers after Ctrl-C (%v): %q", err, out)
 		}
@@ -249,14 +213,20 @@ func startDevForTest(ctx context.Context, t *testing.T, dir, provider string, ex
 			_ = gvisor.RemoveStateDir(stateDir)
 		})
 	}
-	url := ""
-	for deadline := time.Now().Add(60 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if m := regexp.MustCompile(`serving (http://\S+)`).FindStringSubmatch(stdout.String()); m != nil {
+	// The banner is written line by line: wait for both lines read here,
+	// the URL's and, further down, the release's policy digest.
+	var url, digest string
+	for deadline := time.Now().Add(60 * time.Second); digest == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		out := stdout.String()
+		if m := regexp.MustCompile(`serving (http://\S+)`).FindStringSubmatch(out); m != nil {
 			url = m[1]
+			if m := regexp.MustCompile(`--policy-digest (\S+)`).FindStringSubmatch(out); m != nil {
+				digest = m[1]
+			}
 		}
 	}
-	if url == "" {
-		t.Fatalf("dev printed no banner:\n%s\n%s", stdout.String(), stderr.String())
+	if digest == "" {
+		t.Fatalf("dev printed no banner (or none with the release's policy digest):\n%s\n%s", stdout.String(), stderr.String())
 	}
 	tok, _ := os.ReadFile(filepath.Join(dir, "tenant-token"))
 	c, err := client.New(url, client.WithToken(strings.TrimSpace(string(tok))))
@@ -267,8 +237,7 @@ func startDevForTest(ctx context.Context, t *testing.T, dir, provider string, ex
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := regexp.MustCompile(`--policy-digest (\S+)`).FindStringSubmatch(stdout.String())
-	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: sum[1]}
+	rel := lease.Release{ReleaseSetID: devReleaseSetID, RuntimeClass: lease.GVisorLowerRisk, PolicyDigest: digest}
 	rel.Signature = keys.SignRelease(rel)
 	return url, c, rel, stdout, stderr, done
 }

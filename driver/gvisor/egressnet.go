@@ -165,6 +165,14 @@ func NewEgressNet(ctx context.Context, cfg EgressConfig) (*EgressNet, error) {
 	var pc net.PacketConn
 	var lns []net.Listener
 	err = inNetNS(nsPath(gwns), func() error {
+		// Strict reverse-path filtering: a packet whose source is not
+		// routed back through the veth it came on (a cell posing as
+		// another) is dropped before the gateway sees it.
+		for _, conf := range []string{"all", "default"} {
+			if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+conf+"/rp_filter", []byte("1"), 0o644); err != nil {
+				return err
+			}
+		}
 		var err error
 		if pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(cfg.Address, 53).String()); err != nil {
 			return err

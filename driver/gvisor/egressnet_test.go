@@ -193,6 +193,13 @@ func TestEgressCell(t *testing.T) {
 		}
 	})
 	c := activate(t, p, obj)
+	var rp []byte
+	if err := inNetNS(nsPath(n.gatewayNS()), func() (err error) {
+		rp, err = os.ReadFile("/proc/sys/net/ipv4/conf/all/rp_filter")
+		return err
+	}); err != nil || strings.TrimSpace(string(rp)) != "1" {
+		t.Errorf("the gateway namespace's rp_filter: %q %v, want 1 (strict)", rp, err)
+	}
 	probe := func() []string {
 		res := c.runAs(t, agent.UserRoot, "python3", "-c", fmt.Sprintf(cellProbe, in.caPEM(), n.cfg.Address))
 		return strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
