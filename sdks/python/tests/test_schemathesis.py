@@ -13,8 +13,9 @@ tokens of the route's principal, a signed release for claims and prepares,
 the live lease's ID and proof on the lease routes (a fresh lease whenever
 the last one ended), one of the worker's own cells on the worker routes, and
 a prepare deadline within the server's 7 days. It overwrites only fields
-the case already has (and, in a claim, drops an image string and shortens
-a valid wait_seconds to at most 1 s: see before_call), and schemathesis
+the case already has (and, in a claim, drops an image string and an egress
+list and shortens a valid wait_seconds to at most 1 s: see before_call),
+and schemathesis
 re-validates a case a hook changed, so a negative case stays negative only
 while it still breaks the document.
 
@@ -218,6 +219,12 @@ def before_call(context: HookContext, case: Case[Any], kwargs: dict[str, Any]) -
         # test_claim_wait_e2e.py covers claims of an image.
         if isinstance(body.get("image"), str):
             del body["image"]
+        # Likewise an egress list: the schema cannot say which strings are
+        # host[:port] entries (else 422 invalid_request), nor which a pool
+        # covers (else 422 egress_not_allowed, and this pool allows none);
+        # test_client_e2e.py and test_egress_unit.py cover a claim's egress.
+        if isinstance(body.get("egress"), list):
+            del body["egress"]
         # A valid wait stays valid, but short: a claim that finds no ready
         # cell waits that long (CONTRACT §21).
         wait = body.get("wait_seconds")
