@@ -50,26 +50,24 @@ func (p *Plane) egressPools(tenantID string, req ClaimRequest, image string) ([]
 // provider enforces no egress has none, which every claim's covers. A
 // cell whose policy could not be set is quarantined, and the claim fails
 // (its fence then answers a conflict: claim again under a new claim_id).
-func (p *Plane) setEgress(ctx context.Context, cellID uuid.UUID, pol egress.Policy) error {
-	m, err := p.store.Member(ctx, cellID)
-	if errors.Is(err, errcode.ErrNotFound) {
-		return nil // an external worker's cell: no network
-	}
-	if err != nil {
-		return err
-	}
-	prov := p.provider(m.Pool)
+func (p *Plane) setEgress(ctx context.Context, poolName string, cellID uuid.UUID, pol egress.Policy) error {
+	prov := p.provider(poolName) // nil for an external worker's cell: no network
 	setter, ok := prov.(driver.EgressEnforcer)
 	if !ok || !prov.Capabilities().Egress {
 		return nil
 	}
 	sctx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
-	if err := setter.SetEgress(sctx, driver.Object{CellID: m.CellID, Identity: m.Identity}, pol); err != nil {
-		return p.quarantine(ctx, &m, "setting the claim's egress failed", store.ReasonRuntimeUnverified, err,
-			errcode.New(errcode.Internal, "the cell's egress could not be set to the claim's; it was quarantined: claim again under a new claim_id"))
+	err := setter.SetEgress(sctx, driver.Object{CellID: cellID}, pol)
+	if err == nil {
+		return nil
 	}
-	return nil
+	m, merr := p.store.Member(ctx, cellID) // only a failure reads the member back
+	if merr != nil {
+		return errors.Join(err, merr)
+	}
+	return p.quarantine(ctx, &m, "setting the claim's egress failed", store.ReasonRuntimeUnverified, err,
+		errcode.New(errcode.Internal, "the cell's egress could not be set to the claim's; it was quarantined: claim again under a new claim_id"))
 }
 
 // EgressHost is how many connections of a lease's cell to one host its

@@ -490,7 +490,7 @@ func (p *Plane) Claim(ctx context.Context, tenantID string, req ClaimRequest) (C
 	if req.Egress != nil && res.Lease != nil {
 		// A replay sets it again: the first answer may have been lost
 		// with the process before it was set.
-		if err := p.setEgress(ctx, res.Lease.CellID, *req.Egress); err != nil {
+		if err := p.setEgress(ctx, res.PoolName, res.Lease.CellID, *req.Egress); err != nil {
 			return ClaimResult{}, err
 		}
 	}
